@@ -1,0 +1,24 @@
+"""costmodel: measured GPU cost models for variable-length LLM training micro-batches,
+and a scheduler that balances predicted time across data-parallel ranks.
+
+Importing this package needs numpy and scipy only; torch and triton load lazily.
+"""
+
+from costmodel.flops import (
+    calculate_fwd_flops,
+    calculate_train_flops,
+    flops_breakdown,
+    sequence_fwd_flops,
+)
+from costmodel.spec import ModelSpec, preset_names
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "ModelSpec",
+    "calculate_fwd_flops",
+    "calculate_train_flops",
+    "flops_breakdown",
+    "preset_names",
+    "sequence_fwd_flops",
+]

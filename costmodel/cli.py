@@ -1,0 +1,72 @@
+"""The `costmodel` command.
+
+Each subcommand lives in its own module under `costmodel/commands/` and exposes
+`register(subparsers)`, which adds its parser and sets `func` to a
+`run(args) -> int`. Command modules import only numpy/scipy at top level, so
+`costmodel --help` works without torch; GPU work imports torch inside `run`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+
+# Order is the order `costmodel --help` lists them in.
+_COMMAND_MODULES = (
+    "presets",
+    "flops",
+    "schedule",
+    "simulate",
+    "calibrate",
+    "report",
+    "validate",
+    "bench_schedule",
+    "train_demo",
+)
+
+# User mistakes: one line on stderr, no traceback.
+_USER_ERRORS = (ValueError, RuntimeError, FileNotFoundError, KeyError)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="costmodel",
+        description=(
+            "Measure GPU cost curves for variable-length transformer micro-batches and "
+            "schedule micro-batches over data-parallel ranks by predicted time."
+        ),
+    )
+    parser.add_argument("-v", "--verbose", action="store_true", help="log progress details")
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in _COMMAND_MODULES:
+        try:
+            module = importlib.import_module(f"costmodel.commands.{name}")
+        except ModuleNotFoundError as err:
+            if err.name == f"costmodel.commands.{name}":
+                continue  # command not built yet in this checkout
+            raise
+        module.register(subparsers)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.INFO if args.verbose else logging.WARNING,
+        format="%(levelname)s %(name)s: %(message)s",
+    )
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    try:
+        return int(args.func(args) or 0)
+    except _USER_ERRORS as err:
+        message = err.args[0] if isinstance(err, KeyError) and err.args else err
+        print(f"costmodel {args.command}: error: {message}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"costmodel {args.command}: interrupted", file=sys.stderr)
+        return 130

@@ -1,0 +1,199 @@
+"""Exact analytic matmul FLOPs of a decoder-only transformer over packed sequences.
+
+Conventions (DESIGN.md): 2 FLOPs per multiply-add; sequences are independent (packed
+with cu_seqlens, no attention across them); causal attention counts exactly
+L(L+1)/2 query-key pairs, not the usual L²/2. Only matrix multiplies are counted:
+norms, softmax, rotary embeddings, activations, residual adds and embedding lookups
+are not matmul FLOPs; their cost shows up in measured time, not here.
+
+Derivation, per token and per layer (h = hidden, nh/nkv = query/kv heads,
+d = head dim, f = MLP width):
+  1. q, k, v projections: 2·h·nh·d + 2·(2·h·nkv·d). With GQA, k and v are narrower.
+  2. output projection: 2·nh·d·h. This is *not* 2·h² when nh·d ≠ h (Qwen3-0.6B/4B/32B).
+  3. SwiGLU MLP: gate and up 2·(2·h·f), down 2·f·h, so 6·h·f.
+  4. MoE layer: router 2·h·E (usually left out; it is ~1% for 128 experts at h=2048),
+     top-k routed experts 6·h·f_e each, shared experts 6·h·f_shared.
+  5. MLA (DeepSeek-V3): q down 2·h·r_q and up 2·r_q·nh·(d_nope + d_rope) (or one direct
+     projection when r_q = 0), kv down 2·h·(r_kv + d_rope), kv up 2·r_kv·nh·(d_nope + d_v),
+     output 2·nh·d_v·h.
+Per sequence and layer, attention core: QKᵀ is 2·d_qk and AV is 2·d_v FLOPs per query-key
+pair per head: 2·nh·(d_qk + d_v)·pairs(L). A sliding window W caps every query at W keys
+(itself included): pairs = W(W+1)/2 + (L−W)·W when L > W.
+LM head: 2·h·V per token (tied embeddings change memory, not FLOPs).
+Backward is 2 × forward for every matmul (one product for the input gradient, one for the
+weight gradient), so training is 3 × forward. A flash-attention backward that recomputes
+QKᵀ does 2.5 × the attention-core forward in hardware; that is kernel work, not model
+FLOPs, and is left out of `calculate_train_flops`.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numpy.typing import ArrayLike
+
+from costmodel.spec import ModelSpec
+
+# Above this, Σ L² could overflow int64, so the exact sums fall back to Python ints.
+_INT64_SAFE = 2**62
+
+BREAKDOWN_KEYS = (
+    "attention_projections",
+    "attention_core",
+    "dense_mlp",
+    "moe_router",
+    "moe_experts",
+    "moe_shared_experts",
+    "lm_head",
+)
+
+
+def as_lengths(seqlens: ArrayLike, what: str = "sequence lengths") -> np.ndarray:
+    """Validate lengths: a 1-D sequence of positive integers, returned as int64."""
+    arr = np.asarray(seqlens)
+    if arr.ndim == 0:
+        arr = arr.reshape(1)
+    if arr.ndim != 1:
+        raise ValueError(f"{what} must be a 1-D list of integers, got shape {arr.shape}")
+    if arr.size == 0:
+        return np.zeros(0, dtype=np.int64)
+    if arr.dtype.kind == "f":
+        if not np.all(np.isfinite(arr)) or np.any(arr != np.floor(arr)):
+            bad = arr[~np.isfinite(arr) | (arr != np.floor(arr))][0]
+            raise ValueError(f"{what} must be whole numbers of tokens, got {bad!r}")
+    elif arr.dtype.kind not in "iu":
+        raise ValueError(f"{what} must be integers, got dtype {arr.dtype}")
+    lengths = arr.astype(np.int64)
+    if np.any(lengths < 1):
+        bad = lengths[lengths < 1][0]
+        raise ValueError(f"{what} must be positive (>= 1 token), got {bad}")
+    return lengths
+
+
+def causal_pairs(seqlens: ArrayLike, window: int = 0) -> np.ndarray:
+    """Query-key pairs of causal attention per sequence: L(L+1)/2, or capped by a window."""
+    lengths = as_lengths(seqlens)
+    full = lengths * (lengths + 1) // 2
+    if window <= 0:
+        return full
+    capped = window * (window + 1) // 2 + (lengths - window) * window
+    return np.where(lengths > window, capped, full)
+
+
+# ---- per-token and per-pair coefficients of one layer -------------------------------------
+def attention_projection_flops_per_token(spec: ModelSpec) -> int:
+    """q/k/v/o projections of one layer, per token (items 1, 2 and 5 above)."""
+    h, nh = spec.hidden_size, spec.num_heads
+    if spec.is_mla:
+        d_qk, d_v = spec.qk_head_dim, spec.v_head_dim
+        if spec.q_lora_rank:
+            q = 2 * h * spec.q_lora_rank + 2 * spec.q_lora_rank * nh * d_qk
+        else:
+            q = 2 * h * nh * d_qk
+        kv_down = 2 * h * (spec.kv_lora_rank + spec.qk_rope_head_dim)
+        kv_up = 2 * spec.kv_lora_rank * nh * (spec.qk_nope_head_dim + d_v)
+        return q + kv_down + kv_up + 2 * nh * d_v * h
+    d = spec.head_dim
+    return 2 * h * nh * d + 2 * (2 * h * spec.num_kv_heads * d) + 2 * nh * d * h
+
+
+def attention_flops_per_pair(spec: ModelSpec) -> int:
+    """QKᵀ and AV of one layer, per causal query-key pair, all heads."""
+    return 2 * spec.num_heads * (spec.qk_head_dim + spec.value_head_dim)
+
+
+def mlp_flops_per_token(spec: ModelSpec, *, moe: bool) -> dict[str, int]:
+    """The MLP part of one layer per token, by component (items 3 and 4 above)."""
+    h = spec.hidden_size
+    if not moe:
+        return {"dense_mlp": 6 * h * spec.intermediate_size}
+    return {
+        "moe_router": 2 * h * spec.num_experts,
+        "moe_experts": spec.num_experts_per_tok * 6 * h * spec.moe_intermediate_size,
+        "moe_shared_experts": 6 * h * spec.shared_expert_intermediate_size,
+    }
+
+
+def layer_linear_flops(tokens: ArrayLike, spec: ModelSpec, *, moe: bool) -> np.ndarray:
+    """Token-linear FLOPs (projections + MLP) of one layer for each token count."""
+    per_token = attention_projection_flops_per_token(spec) + sum(
+        mlp_flops_per_token(spec, moe=moe).values()
+    )
+    return np.asarray(tokens, dtype=np.float64) * per_token
+
+
+def attention_core_flops(seqlens: ArrayLike, spec: ModelSpec, *, window: int = 0) -> np.ndarray:
+    """Attention-core forward FLOPs of one layer, per sequence (float64)."""
+    return causal_pairs(seqlens, window).astype(np.float64) * attention_flops_per_pair(spec)
+
+
+def lm_head_flops_per_token(spec: ModelSpec) -> int:
+    return 2 * spec.hidden_size * spec.vocab_size
+
+
+# ---- totals ------------------------------------------------------------------------------
+def _exact_sum(values: np.ndarray, bound: int) -> int:
+    if values.size == 0:
+        return 0
+    if bound * values.size < _INT64_SAFE:
+        return int(values.sum(dtype=np.int64))
+    return int(values.astype(object).sum())
+
+
+def flops_breakdown(seqlens: ArrayLike, spec: ModelSpec) -> dict[str, int]:
+    """Forward matmul FLOPs summed over sequences, by component, summed over layers."""
+    lengths = as_lengths(seqlens)
+    max_len = int(lengths.max()) if lengths.size else 0
+    tokens = _exact_sum(lengths, max_len)
+    pair_bound = max_len * (max_len + 1) // 2
+    n_window = spec.sliding_window_layers
+    full_pairs = _exact_sum(causal_pairs(lengths), pair_bound)
+    window_pairs = (
+        _exact_sum(causal_pairs(lengths, spec.sliding_window), pair_bound) if n_window else 0
+    )
+    n_moe = spec.num_moe_layers
+    n_dense = spec.num_layers - n_moe
+    out = dict.fromkeys(BREAKDOWN_KEYS, 0)
+    out["attention_projections"] = spec.num_layers * tokens * attention_projection_flops_per_token(spec)
+    out["attention_core"] = attention_flops_per_pair(spec) * (
+        (spec.num_layers - n_window) * full_pairs + n_window * window_pairs
+    )
+    for kind, count in mlp_flops_per_token(spec, moe=False).items():
+        out[kind] += n_dense * tokens * count
+    if n_moe:
+        for kind, count in mlp_flops_per_token(spec, moe=True).items():
+            out[kind] += n_moe * tokens * count
+    out["lm_head"] = tokens * lm_head_flops_per_token(spec)
+    return out
+
+
+def calculate_fwd_flops(seqlens: ArrayLike, spec: ModelSpec) -> int:
+    """Exact forward matmul FLOPs of `spec` over independent sequences of these lengths.
+
+    Counts q/k/v/o projections with the true head dim, causal attention over exactly
+    L(L+1)/2 query-key pairs (QKᵀ and AV; capped on sliding-window layers), SwiGLU MLPs,
+    MoE router + top-k routed experts + shared experts on MoE layers, MLA projections and
+    the LM head, at 2 FLOPs per multiply-add. Norms, softmax, rotary embeddings and
+    activations are not matmul FLOPs and are not counted.
+    """
+    return sum(flops_breakdown(seqlens, spec).values())
+
+
+def calculate_train_flops(seqlens: ArrayLike, spec: ModelSpec) -> int:
+    """Forward + backward model FLOPs: 3 × forward (backward is 2 × forward per matmul)."""
+    return 3 * calculate_fwd_flops(seqlens, spec)
+
+
+def sequence_fwd_flops(seqlens: ArrayLike, spec: ModelSpec) -> np.ndarray:
+    """Forward FLOPs of each sequence alone, vectorised (float64: exact below 2**53)."""
+    lengths = as_lengths(seqlens)
+    per_token = (
+        spec.num_layers * attention_projection_flops_per_token(spec)
+        + spec.num_dense_layers * sum(mlp_flops_per_token(spec, moe=False).values())
+        + spec.num_moe_layers * sum(mlp_flops_per_token(spec, moe=True).values())
+        + lm_head_flops_per_token(spec)
+    )
+    n_window = spec.sliding_window_layers
+    core = attention_core_flops(lengths, spec) * (spec.num_layers - n_window)
+    if n_window:
+        core += attention_core_flops(lengths, spec, window=spec.sliding_window) * n_window
+    return lengths.astype(np.float64) * per_token + core

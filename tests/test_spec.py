@@ -1,0 +1,188 @@
+"""ModelSpec: presets, HF config.json, Megatron args, and rejection of bad shapes."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import pytest
+
+from costmodel.spec import PRESETS, ModelSpec, preset_names
+
+REQUIRED_PRESETS = [
+    "qwen3-0.6b", "qwen3-4b", "qwen3-8b", "qwen3-32b", "qwen3-30b-a3b", "qwen3-235b-a22b",
+    "llama-3.1-8b", "llama-3.1-70b", "qwen2.5-7b", "deepseek-v3",
+]
+
+
+def test_required_presets_exist():
+    assert set(REQUIRED_PRESETS) <= set(preset_names())
+
+
+def test_unknown_preset_lists_known():
+    with pytest.raises(ValueError, match="qwen3-8b"):
+        ModelSpec.from_preset("gpt-5")
+
+
+def test_round_trip_and_fingerprint():
+    for spec in PRESETS.values():
+        again = ModelSpec.from_dict(json.loads(json.dumps(spec.to_dict())))
+        assert again == spec and again.fingerprint() == spec.fingerprint()
+    fps = {s.fingerprint() for s in PRESETS.values()}
+    assert len(fps) == len(PRESETS)
+    renamed = ModelSpec.from_dict({**PRESETS["qwen3-8b"].to_dict(), "name": "other"})
+    assert renamed.fingerprint() == PRESETS["qwen3-8b"].fingerprint()
+
+
+def test_from_dict_rejects_unknown_and_missing():
+    with pytest.raises(ValueError, match="unknown ModelSpec fields"):
+        ModelSpec.from_dict({**PRESETS["qwen3-8b"].to_dict(), "bogus": 1})
+    d = PRESETS["qwen3-8b"].to_dict()
+    del d["hidden_size"]
+    with pytest.raises(ValueError, match="hidden_size"):
+        ModelSpec.from_dict(d)
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"num_kv_heads": 5}, "not a multiple"),
+        ({"hidden_size": 0}, "hidden_size"),
+        ({"num_experts": 8, "num_experts_per_tok": 9, "moe_intermediate_size": 4}, "num_experts_per_tok"),
+        ({"num_experts": 8, "num_experts_per_tok": 2}, "moe_intermediate_size"),
+        ({"kv_lora_rank": 8}, "qk_nope_head_dim"),
+        ({"sliding_window_layers": 2}, "sliding_window"),
+        ({"dtype": "int4"}, "dtype"),
+        ({"num_layers": 2.5}, "num_layers"),
+    ],
+)
+def test_inconsistent_shapes_rejected(change, message):
+    with pytest.raises(ValueError, match=message):
+        ModelSpec.from_dict({**PRESETS["qwen3-0.6b"].to_dict(), **change})
+
+
+def _write(tmp_path, cfg):
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    return tmp_path
+
+
+QWEN3_8B_HF = {
+    "model_type": "qwen3", "hidden_size": 4096, "num_hidden_layers": 36,
+    "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128,
+    "intermediate_size": 12288, "vocab_size": 151936, "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16", "use_sliding_window": False, "sliding_window": None,
+}
+
+
+def test_hf_qwen3_matches_preset(tmp_path):
+    spec = ModelSpec.from_hf_config(_write(tmp_path, QWEN3_8B_HF))
+    assert spec.fingerprint() == PRESETS["qwen3-8b"].fingerprint()
+    assert ModelSpec.from_any(tmp_path / "config.json") == spec
+
+
+def test_hf_llama_defaults_head_dim(tmp_path):
+    cfg = {"model_type": "llama", "hidden_size": 4096, "num_hidden_layers": 32,
+           "num_attention_heads": 32, "num_key_value_heads": 8, "intermediate_size": 14336,
+           "vocab_size": 128256}
+    spec = ModelSpec.from_hf_config(_write(tmp_path, cfg))
+    assert spec.fingerprint() == PRESETS["llama-3.1-8b"].fingerprint()
+
+
+def test_hf_mistral_sliding_window(tmp_path):
+    cfg = {"model_type": "mistral", "hidden_size": 4096, "num_hidden_layers": 32,
+           "num_attention_heads": 32, "num_key_value_heads": 8, "intermediate_size": 14336,
+           "vocab_size": 32000, "sliding_window": 4096}
+    spec = ModelSpec.from_hf_config(_write(tmp_path, cfg))
+    assert (spec.sliding_window, spec.sliding_window_layers) == (4096, 32)
+
+
+def test_hf_qwen2_window_layers(tmp_path):
+    cfg = {"model_type": "qwen2", "hidden_size": 3584, "num_hidden_layers": 28,
+           "num_attention_heads": 28, "num_key_value_heads": 4, "intermediate_size": 18944,
+           "vocab_size": 152064, "use_sliding_window": True, "sliding_window": 4096,
+           "max_window_layers": 21}
+    spec = ModelSpec.from_hf_config(_write(tmp_path, cfg))
+    assert (spec.sliding_window, spec.sliding_window_layers) == (4096, 7)
+
+
+def test_hf_qwen3_moe(tmp_path):
+    cfg = {"model_type": "qwen3_moe", "hidden_size": 2048, "num_hidden_layers": 48,
+           "num_attention_heads": 32, "num_key_value_heads": 4, "head_dim": 128,
+           "intermediate_size": 6144, "moe_intermediate_size": 768, "num_experts": 128,
+           "num_experts_per_tok": 8, "decoder_sparse_step": 1, "mlp_only_layers": [],
+           "vocab_size": 151936}
+    spec = ModelSpec.from_hf_config(_write(tmp_path, cfg))
+    assert spec.fingerprint() == PRESETS["qwen3-30b-a3b"].fingerprint()
+    cfg.update(decoder_sparse_step=2, mlp_only_layers=[1])
+    sparse = ModelSpec.from_hf_config(_write(tmp_path, cfg))
+    assert sparse.moe_layer_ids() == tuple(range(3, 48, 2))
+
+
+def test_hf_deepseek_v3(tmp_path):
+    cfg = {"model_type": "deepseek_v3", "hidden_size": 7168, "num_hidden_layers": 61,
+           "num_attention_heads": 128, "num_key_value_heads": 128, "intermediate_size": 18432,
+           "moe_intermediate_size": 2048, "n_routed_experts": 256, "n_shared_experts": 1,
+           "num_experts_per_tok": 8, "first_k_dense_replace": 3, "moe_layer_freq": 1,
+           "q_lora_rank": 1536, "kv_lora_rank": 512, "qk_nope_head_dim": 128,
+           "qk_rope_head_dim": 64, "v_head_dim": 128, "vocab_size": 129280}
+    spec = ModelSpec.from_hf_config(_write(tmp_path, cfg))
+    assert spec.fingerprint() == PRESETS["deepseek-v3"].fingerprint()
+
+
+def test_hf_errors(tmp_path):
+    with pytest.raises(ValueError, match="unsupported model_type 'gpt2'"):
+        ModelSpec.from_hf_config(_write(tmp_path, {"model_type": "gpt2"}))
+    with pytest.raises(ValueError, match="'num_hidden_layers'"):
+        ModelSpec.from_hf_config(_write(tmp_path, {**QWEN3_8B_HF, "num_hidden_layers": None}))
+    (tmp_path / "config.json").write_text("{not json")
+    with pytest.raises(ValueError, match="not valid JSON"):
+        ModelSpec.from_hf_config(tmp_path)
+    with pytest.raises(FileNotFoundError):
+        ModelSpec.from_hf_config(tmp_path / "missing")
+
+
+def _megatron(**kw):
+    base = dict(num_layers=36, hidden_size=4096, num_attention_heads=32,
+                group_query_attention=True, num_query_groups=8, kv_channels=128,
+                ffn_hidden_size=12288, vocab_size=151936, swiglu=True, qk_layernorm=True,
+                untie_embeddings_and_output_weights=True)
+    return argparse.Namespace(**{**base, **kw})
+
+
+def test_megatron_dense_matches_preset():
+    spec = ModelSpec.from_megatron_args(_megatron())
+    assert spec.fingerprint() == PRESETS["qwen3-8b"].fingerprint()
+
+
+def test_megatron_moe_layer_patterns():
+    moe = dict(num_layers=94, num_attention_heads=64, num_query_groups=4, num_experts=128,
+               moe_ffn_hidden_size=1536, moe_router_topk=8)
+    listed = ModelSpec.from_megatron_args(_megatron(**moe, moe_layer_freq=[1] * 94))
+    assert listed.fingerprint() == PRESETS["qwen3-235b-a22b"].fingerprint()
+    expr = ModelSpec.from_megatron_args(_megatron(**moe, moe_layer_freq="([0]*3+[1]*91)"))
+    assert expr.num_dense_layers == 3 and expr.moe_layer_ids()[0] == 3
+    every_other = ModelSpec.from_megatron_args(_megatron(**moe, moe_layer_freq=2))
+    assert every_other.num_moe_layers == 47
+    with pytest.raises(ValueError, match="only ints, lists"):
+        ModelSpec.from_megatron_args(_megatron(**moe, moe_layer_freq="__import__('os')"))
+    with pytest.raises(ValueError, match="each of the 94 layers"):
+        ModelSpec.from_megatron_args(_megatron(**moe, moe_layer_freq=[1] * 3))
+
+
+def test_megatron_mla():
+    args = _megatron(num_layers=61, hidden_size=7168, num_attention_heads=128,
+                     num_query_groups=None, ffn_hidden_size=18432, vocab_size=129280,
+                     multi_latent_attention=True, q_lora_rank=1536, kv_lora_rank=512,
+                     qk_head_dim=128, qk_pos_emb_head_dim=64, v_head_dim=128, num_experts=256,
+                     moe_ffn_hidden_size=2048, moe_router_topk=8,
+                     moe_shared_expert_intermediate_size=2048,
+                     moe_layer_freq="[0]*3+[1]*58", qk_layernorm=False)
+    spec = ModelSpec.from_megatron_args(args)
+    assert spec.fingerprint() == PRESETS["deepseek-v3"].fingerprint()
+
+
+def test_megatron_missing_field():
+    args = _megatron()
+    del args.hidden_size
+    with pytest.raises(ValueError, match="hidden_size"):
+        ModelSpec.from_megatron_args(args)
