@@ -1,0 +1,17 @@
+"""Test-session setup shared by all test modules.
+
+Triton decorates its own library functions (tl.zeros, ...) when triton is first imported,
+and reads TRITON_INTERPRET at that moment; so without a GPU the interpreter must be switched
+on before *any* module imports triton. Setting it here, before test collection, makes the
+CPU run independent of which test module happens to import triton first.
+"""
+
+import os
+
+try:
+    import torch
+except ImportError:  # numpy-only install: the torch/triton tests skip themselves
+    torch = None
+
+if torch is not None and not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")

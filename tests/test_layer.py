@@ -1,0 +1,252 @@
+"""TransformerLayer, LMHead and packed_inputs: tiny specs on CPU, real shapes on a GPU."""
+
+import importlib.util
+
+import pytest
+
+torch = pytest.importorskip("torch")
+import torch.nn.functional as F  # noqa: E402
+
+from costmodel.kernels.attention import available_attention_backends  # noqa: E402
+from costmodel.kernels.layer import LMHead, TransformerLayer, packed_inputs  # noqa: E402
+from costmodel.kernels.rotary import (  # noqa: E402
+    apply_rotary,
+    positions_from_cu_seqlens,
+    rotary_cos_sin,
+)
+from costmodel.spec import ModelSpec  # noqa: E402
+
+needs_triton = pytest.mark.skipif(importlib.util.find_spec("triton") is None,
+                                  reason="needs the triton package")
+
+_BASE = dict(num_layers=2, hidden_size=64, num_heads=4, num_kv_heads=2, head_dim=16,
+             intermediate_size=96, vocab_size=101, qk_norm=True)
+SPECS = {
+    "dense": ModelSpec(name="tiny-dense", **_BASE),
+    "moe": ModelSpec(name="tiny-moe", **{**_BASE, "num_experts": 8, "num_experts_per_tok": 2,
+                                         "moe_intermediate_size": 32,
+                                         "shared_expert_intermediate_size": 48}),
+    "mla": ModelSpec(name="tiny-mla", **{**_BASE, "num_kv_heads": 4, "qk_norm": False,
+                                         "head_dim": 0, "q_lora_rank": 32, "kv_lora_rank": 24,
+                                         "qk_nope_head_dim": 16, "qk_rope_head_dim": 8,
+                                         "v_head_dim": 12}),
+}
+LENGTHS = [5, 1, 9]
+
+
+def _layer(kind: str, attention: str = "sdpa", seed: int = 0, **kw) -> TransformerLayer:
+    torch.manual_seed(seed)
+    layer = TransformerLayer(SPECS[kind], attention=attention, dtype=torch.float32, **kw)
+    with torch.no_grad():  # larger weights than 0.02 so the sublayers visibly matter
+        for p in layer.parameters():
+            if p.dim() > 1:
+                p.mul_(5)
+    return layer
+
+
+@pytest.mark.parametrize("kind", list(SPECS))
+def test_forward_backward_shapes_and_gradients_reach_every_parameter(kind):
+    layer = _layer(kind)
+    x, cu, max_len = packed_inputs(LENGTHS, SPECS[kind], dtype=torch.float32,
+                                   requires_grad=True, seed=1)
+    out = layer(x, cu, max_len)
+    assert out.shape == x.shape and out.dtype == torch.float32
+    out.square().mean().backward()
+    missing = [n for n, p in layer.named_parameters() if p.grad is None]
+    assert not missing, f"no gradient for {missing}"
+    zero = [n for n, p in layer.named_parameters() if not p.grad.abs().sum() > 0]
+    assert not zero, f"all-zero gradient for {zero}"
+    assert torch.isfinite(x.grad).all()
+
+
+@pytest.mark.parametrize("kind", list(SPECS))
+def test_packing_is_equivalent_to_each_sequence_alone(kind):
+    layer = _layer(kind)
+    x, cu, max_len = packed_inputs(LENGTHS, SPECS[kind], dtype=torch.float32, seed=2)
+    with torch.no_grad():
+        packed = layer(x, cu, max_len)
+        start = 0
+        for n in LENGTHS:
+            alone = layer(x[start:start + n], torch.tensor([0, n], dtype=torch.int32), n)
+            torch.testing.assert_close(packed[start:start + n], alone, rtol=1e-5, atol=1e-5)
+            start += n
+
+
+def test_no_cross_sequence_leakage():
+    """Changing one sequence changes no other sequence's output."""
+    layer = _layer("dense")
+    x, cu, max_len = packed_inputs(LENGTHS, SPECS["dense"], dtype=torch.float32, seed=3)
+    with torch.no_grad():
+        before = layer(x, cu, max_len)
+        x2 = x.clone()
+        x2[5:6] += 1.0  # the 1-token sequence
+        after = layer(x2, cu, max_len)
+    assert torch.equal(before[:5], after[:5]) and torch.equal(before[6:], after[6:])
+    assert not torch.allclose(before[5:6], after[5:6])
+
+
+def test_positions_restart_per_sequence():
+    cu = torch.tensor([0, 3, 4, 8], dtype=torch.int32)
+    assert positions_from_cu_seqlens(cu, 8).tolist() == [0, 1, 2, 0, 0, 1, 2, 3]
+
+
+@pytest.mark.parametrize("kind", ["dense", "mla"])
+def test_rotary_positions_restart_in_the_layer(kind):
+    """Rotary scores only see relative positions, so the layer output cannot show absolute
+    ones: compare the rotated q and k directly, packed against each sequence alone."""
+    layer = _layer(kind)
+    x, cu, _ = packed_inputs(LENGTHS, SPECS[kind], dtype=torch.float32, seed=4)
+    with torch.no_grad():
+        q, k, _ = layer.project_qkv(x, positions_from_cu_seqlens(cu, x.shape[0]))
+        start = 0
+        for n in LENGTHS:
+            qa, ka, _ = layer.project_qkv(x[start:start + n], torch.arange(n))
+            torch.testing.assert_close(q[start:start + n], qa)
+            torch.testing.assert_close(k[start:start + n], ka)
+            start += n
+        # and running positions (no restart) would differ for the later sequences
+        q_run, _, _ = layer.project_qkv(x, torch.arange(x.shape[0]))
+        assert not torch.allclose(q_run[6:], q[6:])
+
+
+def test_rotary_is_identity_at_position_zero_and_preserves_norms():
+    x = torch.randn(4, 3, 16, dtype=torch.float64)
+    cos, sin = rotary_cos_sin(torch.tensor([0, 1, 7, 1000]), 16, dtype=torch.float64)
+    y = apply_rotary(x, cos, sin)
+    torch.testing.assert_close(y[0], x[0])
+    torch.testing.assert_close(y.norm(dim=-1), x.norm(dim=-1))
+
+
+def test_attention_none_skips_the_core_and_still_trains():
+    for kind in SPECS:
+        layer = _layer(kind, attention="none")
+        x, cu, max_len = packed_inputs(LENGTHS, SPECS[kind], dtype=torch.float32,
+                                       requires_grad=True, seed=5)
+        out = layer(x, cu, max_len)
+        out.sum().backward()
+        assert out.shape == x.shape and layer.w_o.grad is not None
+        # token-local: no mixing, so token 6 (position 0 of the third sequence) alone gives
+        # the same output as in the pack
+        with torch.no_grad():
+            single = layer(x[6:7], torch.tensor([0, 1], dtype=torch.int32), 1)
+        torch.testing.assert_close(out[6:7].detach(), single, rtol=1e-5, atol=1e-5)
+
+
+@needs_triton
+def test_triton_activation_in_the_layer_matches_torch():
+    torch.manual_seed(6)
+    a = TransformerLayer(SPECS["dense"], attention="sdpa", activation="triton",
+                         dtype=torch.float32)
+    b = TransformerLayer(SPECS["dense"], attention="sdpa", activation="torch",
+                         dtype=torch.float32)
+    b.load_state_dict(a.state_dict())
+    x, cu, max_len = packed_inputs(LENGTHS, SPECS["dense"], dtype=torch.float32, seed=6)
+    with torch.no_grad():
+        torch.testing.assert_close(a(x, cu, max_len), b(x, cu, max_len), rtol=1e-5, atol=1e-5)
+
+
+def test_moe_flag_and_dense_layer_of_moe_model():
+    layer = TransformerLayer(SPECS["moe"], attention="sdpa", moe=False, dtype=torch.float32)
+    assert not layer.is_moe and layer.mlp.intermediate_size == 96
+    assert TransformerLayer(SPECS["moe"], attention="sdpa", dtype=torch.float32).is_moe
+    with pytest.raises(ValueError, match="no experts"):
+        TransformerLayer(SPECS["dense"], attention="sdpa", moe=True)
+
+
+def test_bad_inputs_raise_value_error():
+    layer = _layer("dense")
+    x, cu, max_len = packed_inputs(LENGTHS, SPECS["dense"], dtype=torch.float32, seed=7)
+    with pytest.raises(ValueError, match="dtype"):
+        layer(x.double(), cu, max_len)
+    with pytest.raises(ValueError, match="hidden size"):
+        layer(x[:, :32], cu, max_len)
+    with pytest.raises(ValueError, match="int32"):
+        layer(x, cu.long(), max_len)
+    with pytest.raises(ValueError, match="total_tokens"):
+        layer(x[:-1], cu, max_len)
+    with pytest.raises(ValueError, match="max_seqlen"):
+        layer(x, cu, 4)
+    with pytest.raises(ValueError, match="unknown attention"):
+        TransformerLayer(SPECS["dense"], attention="xformers")
+    with pytest.raises(ValueError, match="positive ints"):
+        packed_inputs([3, 0], SPECS["dense"])
+    with pytest.raises(ValueError, match="positive ints"):
+        packed_inputs([2.5], SPECS["dense"])
+
+
+def test_packed_inputs():
+    x, cu, max_len = packed_inputs([3, 7, 2], SPECS["dense"], dtype=torch.float32, seed=0)
+    assert x.shape == (12, 64) and not x.requires_grad
+    assert cu.dtype == torch.int32 and cu.tolist() == [0, 3, 10, 12] and max_len == 7
+    x2, _, _ = packed_inputs([3, 7, 2], SPECS["dense"], dtype=torch.float32, seed=0)
+    assert torch.equal(x, x2) and x.std() > 0.5
+
+
+def test_lm_head_cross_entropy():
+    torch.manual_seed(8)
+    head = LMHead(SPECS["dense"], dtype=torch.float32)
+    x = torch.randn(10, 64, requires_grad=True)
+    targets = head.random_targets(10, seed=1)
+    loss = head(x, targets)
+    h = F.rms_norm(x.detach().double(), (64,), head.norm.detach().double(), 1e-6)
+    ref = F.cross_entropy(h @ head.weight.detach().double().T, targets)
+    torch.testing.assert_close(loss.double(), ref, rtol=1e-5, atol=1e-5)
+    loss.backward()
+    assert head.weight.grad is not None and x.grad is not None
+    with pytest.raises(ValueError, match="targets"):
+        head(x, targets[:5])
+    with pytest.raises(ValueError, match="int64"):
+        head(x, targets.int())
+    with pytest.raises(ValueError, match="hidden size"):
+        head(x[:, :8], targets)
+
+
+# ------------------------------------------------------------------------------------ GPU
+_GPU_BACKENDS = available_attention_backends() if torch.cuda.is_available() else []
+
+
+def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return ((a.float() - b.float()).norm() / b.float().norm()).item()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("backend", _GPU_BACKENDS)
+def test_gpu_layer_qwen3_8b_forward_backward(backend):
+    spec = ModelSpec.from_preset("qwen3-8b")
+    torch.manual_seed(0)
+    ref_layer = TransformerLayer(spec, attention="sdpa", device="cuda")
+    layer = TransformerLayer(spec, attention=backend, device="cuda")
+    layer.load_state_dict(ref_layer.state_dict())
+    x, cu, max_len = packed_inputs([1000, 77, 2048, 1], spec, device="cuda",
+                                   dtype=torch.bfloat16, requires_grad=True, seed=0)
+    out = layer(x, cu, max_len)
+    dout = torch.randn_like(out)
+    out.backward(dout)
+    gx, gqkv = x.grad.clone(), layer.w_qkv.grad.clone()
+    x.grad = None
+    ref = ref_layer(x, cu, max_len)
+    ref.backward(dout)
+    assert torch.isfinite(out).all() and torch.isfinite(gx).all()
+    assert _rel(out, ref) <= 1e-2
+    assert _rel(gx, x.grad) <= 1e-2
+    assert _rel(gqkv, ref_layer.w_qkv.grad) <= 2e-2
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("kind", ["qwen3-30b-a3b", "deepseek-v3-dense"])
+def test_gpu_moe_and_mla_layers_forward_backward(kind):
+    if kind == "deepseek-v3-dense":  # MLA with a dense MLP (the 256-expert layer is 22 GB)
+        spec, moe = ModelSpec.from_preset("deepseek-v3"), False
+    else:
+        spec, moe = ModelSpec.from_preset(kind), None
+    backend = "torch-varlen" if "torch-varlen" in _GPU_BACKENDS else "sdpa"
+    torch.manual_seed(0)
+    layer = TransformerLayer(spec, attention=backend, moe=moe, device="cuda")
+    x, cu, max_len = packed_inputs([700, 1300, 3], spec, device="cuda", dtype=torch.bfloat16,
+                                   requires_grad=True, seed=0)
+    out = layer(x, cu, max_len)
+    out.float().square().mean().backward()
+    assert torch.isfinite(out).all() and torch.isfinite(x.grad).all()
+    assert all(p.grad is not None for p in layer.parameters())

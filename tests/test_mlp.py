@@ -1,0 +1,250 @@
+"""SwiGLU activation and MLP: the Triton kernels against a float64 reference.
+
+Without CUDA the kernels run under the Triton interpreter (tests/conftest.py sets
+TRITON_INTERPRET=1 before triton is imported); with CUDA they run compiled, plus bf16
+checks at Qwen3-8B shapes.
+"""
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("triton")
+
+import torch.nn.functional as F  # noqa: E402
+
+from costmodel.kernels.mlp import SwiGLUMLP, mlp_flops, swiglu_activation, swiglu_mlp  # noqa: E402
+from costmodel.kernels.triton_swiglu import (  # noqa: E402
+    swiglu,
+    swiglu_backward,
+    swiglu_forward,
+    swiglu_fused,
+)
+
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+_TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
+
+
+def _ref_fwd_bwd(g: torch.Tensor, u: torch.Tensor, dout: torch.Tensor):
+    """float64 reference: out, dgate, dup through torch autograd."""
+    g64 = g.detach().double().requires_grad_()
+    u64 = u.detach().double().requires_grad_()
+    out = F.silu(g64) * u64
+    out.backward(dout.double())
+    return out.detach(), g64.grad, u64.grad
+
+
+def _close(actual: torch.Tensor, expected: torch.Tensor, dtype: torch.dtype) -> None:
+    tol = _TOL[dtype]
+    torch.testing.assert_close(actual.double(), expected, rtol=tol, atol=tol)
+
+
+# Rows/cols chosen to leave partial tiles: BLOCK_N = min(1024, next_pow2(cols)), BLOCK_M =
+# 4096 // BLOCK_N; 1100 columns span two column blocks, the second one mostly masked.
+@pytest.mark.parametrize("rows,cols", [(1, 1), (7, 13), (5, 1100), (33, 96)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_kernels_match_float64_reference_with_poisoned_outputs(rows, cols, dtype):
+    gen = torch.Generator().manual_seed(rows * 1000 + cols)
+    gate_up = (2 * torch.randn(rows, 2 * cols, generator=gen)).to(DEV, dtype)
+    g, u = gate_up[:, :cols], gate_up[:, cols:]  # strided halves, read in place
+    dout = torch.randn(rows, cols, generator=gen).to(DEV, dtype)
+    ref_out, ref_dg, ref_du = _ref_fwd_bwd(g, u, dout)
+
+    out = torch.full((rows, cols), float("nan"), device=DEV, dtype=dtype)
+    swiglu_forward(g, u, out=out)
+    _close(out, ref_out, dtype)
+
+    grad = torch.full((rows, 2 * cols), float("nan"), device=DEV, dtype=dtype)
+    swiglu_backward(dout, g, u, grad[:, :cols], grad[:, cols:])
+    _close(grad[:, :cols], ref_dg, dtype)
+    _close(grad[:, cols:], ref_du, dtype)
+
+
+@pytest.mark.parametrize("shape", [(3, 5, 2 * 70), (17, 2 * 1030)])
+def test_fused_autograd_matches_reference(shape):
+    torch.manual_seed(sum(shape))
+    gate_up = torch.randn(shape, device=DEV, dtype=torch.float32, requires_grad=True)
+    out = swiglu_fused(gate_up)
+    dout = torch.randn_like(out)
+    out.backward(dout)
+    f = shape[-1] // 2
+    ref_out, ref_dg, ref_du = _ref_fwd_bwd(gate_up[..., :f], gate_up[..., f:], dout)
+    assert out.shape == (*shape[:-1], f)
+    _close(out, ref_out, torch.float32)
+    _close(gate_up.grad, torch.cat([ref_dg, ref_du], dim=-1), torch.float32)
+
+
+def test_split_autograd_matches_reference():
+    torch.manual_seed(1)
+    g = torch.randn(9, 77, device=DEV, requires_grad=True)
+    u = torch.randn(9, 77, device=DEV, requires_grad=True)
+    out = swiglu(g, u)
+    dout = torch.randn_like(out)
+    out.backward(dout)
+    ref_out, ref_dg, ref_du = _ref_fwd_bwd(g, u, dout)
+    _close(out, ref_out, torch.float32)
+    _close(g.grad, ref_dg, torch.float32)
+    _close(u.grad, ref_du, torch.float32)
+
+
+def test_bad_inputs_raise_value_error():
+    g = torch.randn(4, 8, device=DEV)
+    with pytest.raises(ValueError, match="dtype"):
+        swiglu_forward(g, g.to(torch.bfloat16))
+    with pytest.raises(ValueError, match="dtype"):
+        swiglu_forward(g.double(), g.double())
+    with pytest.raises(ValueError, match="shape"):
+        swiglu(g, g[:, :4])
+    with pytest.raises(ValueError, match="even"):
+        swiglu_fused(torch.randn(4, 7, device=DEV))
+    with pytest.raises(ValueError, match="unit stride"):
+        swiglu_forward(g.t(), g.t())
+    with pytest.raises(ValueError, match="activation"):
+        swiglu_activation(g, "gelu")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-without-interpreter error")
+def test_cpu_without_interpreter_raises_runtime_error(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    g = torch.randn(4, 8)
+    with pytest.raises(RuntimeError, match="activation='torch'"):
+        swiglu_forward(g, g)
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_mlp_triton_and_torch_match_float64_reference(fused):
+    torch.manual_seed(2)
+    mlp = SwiGLUMLP(24, 40, activation="triton", fused_gate_up=fused, device=DEV,
+                    dtype=torch.float32)
+    with torch.no_grad():  # O(1) activations so relative checks mean something
+        for p in mlp.parameters():
+            p.mul_(10)
+    x = torch.randn(2, 11, 24, device=DEV, requires_grad=True)
+    out = mlp(x)
+    out.backward(torch.ones_like(out))
+    grads = {n: p.grad.clone() for n, p in mlp.named_parameters()}
+
+    if fused:
+        w_gu = mlp.w_gate_up.detach().double()
+    else:
+        w_gu = torch.cat([mlp.w_gate.detach(), mlp.w_up.detach()]).double()
+    w_gu.requires_grad_()
+    w_d = mlp.w_down.detach().double().requires_grad_()
+    x64 = x.detach().double().requires_grad_()
+    ref = swiglu_mlp(x64, w_gu, w_d, activation="torch")
+    ref.backward(torch.ones_like(ref))
+
+    _close(out, ref.detach(), torch.float32)
+    _close(x.grad, x64.grad, torch.float32)
+    _close(grads["w_down"], w_d.grad, torch.float32)
+    got_gu = grads["w_gate_up"] if fused else torch.cat([grads["w_gate"], grads["w_up"]])
+    _close(got_gu, w_gu.grad, torch.float32)
+
+    mlp.activation = "torch"
+    _close(mlp(x), ref.detach(), torch.float32)
+
+
+def test_mlp_bad_inputs_raise_value_error():
+    mlp = SwiGLUMLP(16, 8, activation="torch", dtype=torch.float32)
+    with pytest.raises(ValueError, match="dtype"):
+        mlp(torch.randn(3, 16, dtype=torch.float64))
+    with pytest.raises(ValueError, match="hidden size"):
+        mlp(torch.randn(3, 12))
+    with pytest.raises(ValueError, match="w_down"):
+        swiglu_mlp(torch.randn(3, 16), torch.randn(16, 16), torch.randn(16, 4), "torch")
+    with pytest.raises(ValueError, match="activation"):
+        SwiGLUMLP(16, 8, activation="relu")
+
+
+def test_weights_are_small_random_not_zero():
+    mlp = SwiGLUMLP(64, 128, activation="torch", dtype=torch.float32)
+    for p in mlp.parameters():
+        assert p.abs().max() > 0
+        assert 0.01 < p.std().item() < 0.03
+
+
+def test_mlp_flops():
+    assert mlp_flops(10, 4, 6) == 6 * 10 * 4 * 6
+    assert mlp_flops(10, 4, 6, backward=True) == 3 * 6 * 10 * 4 * 6
+
+
+# ------------------------------------------------------------------------------------ GPU
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("tokens", [4096, 4099])
+def test_gpu_fused_activation_at_qwen3_8b_shapes(tokens):
+    ffn = 12288  # Qwen3-8B intermediate size
+    torch.manual_seed(0)
+    gate_up = torch.randn(tokens, 2 * ffn, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    out = swiglu_fused(gate_up)
+    dout = torch.randn_like(out)
+    out.backward(dout)
+
+    ref_in = gate_up.detach().float().requires_grad_()
+    g, u = ref_in.chunk(2, dim=-1)
+    ref = F.silu(g) * u
+    ref.backward(dout.float())
+
+    def rel(a, b):
+        return ((a.float() - b).norm() / b.norm()).item()
+
+    assert rel(out, ref) <= 1e-2
+    assert rel(gate_up.grad, ref_in.grad) <= 1e-2
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_gpu_mlp_triton_matches_torch_at_qwen3_8b_shapes():
+    torch.manual_seed(0)
+    mlp = SwiGLUMLP(4096, 12288, activation="triton", device="cuda", dtype=torch.bfloat16)
+    x = torch.randn(2048, 4096, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    out = mlp(x)
+    out.backward(torch.ones_like(out))
+    gx, gw = x.grad.clone(), mlp.w_gate_up.grad.clone()
+    x.grad = None
+    mlp.zero_grad()
+    mlp.activation = "torch"
+    ref = mlp(x)
+    ref.backward(torch.ones_like(ref))
+
+    def rel(a, b):
+        return ((a.float() - b.float()).norm() / b.float().norm()).item()
+
+    assert rel(out, ref) <= 1e-2
+    assert rel(gx, x.grad) <= 1e-2
+    assert rel(gw, mlp.w_gate_up.grad) <= 1e-2
+
+
+# ------------------------------------------------------------------------------ benchmark
+def _load_bench():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_mlp.py"
+    spec = importlib.util.spec_from_file_location("bench_mlp", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_bench_mlp_plumbing_with_a_fake_timer():
+    bench = _load_bench()
+    calls = []
+
+    def timer(fn, grad_to_none=None):
+        for t in grad_to_none or []:
+            t.grad = None
+        fn()
+        calls.append(fn)
+        return 0.5 if len(calls) <= 4 else 1.0  # triton cases come first, then torch
+
+    row = bench.measure(9, 32, 40, device=torch.device(DEV), dtype=torch.float32, timer=timer)
+    assert len(calls) == 8 and row["act_rel_err"] < 1e-5
+    assert row["act_fwd_speedup"] == 2.0
+    assert row["mlp_fwd_tflops"] == bench.mlp_fwd_flops(9, 32, 40) / 0.5 / 1e9
+    assert "speed-up" in bench.format_table([row])
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU message")
+def test_bench_mlp_without_gpu_says_so(capsys):
+    assert _load_bench().main(["--quick", "--no-json"]) == 2
+    assert "needs a CUDA GPU" in capsys.readouterr().err
