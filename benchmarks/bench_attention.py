@@ -1,0 +1,431 @@
+"""Causal varlen attention throughput: the Triton kernel against torch varlen_attn.
+
+Packs of equal sequences of length L (n = total_tokens // L of them, at least one),
+GQA 32 query / 8 KV heads, head dim 128, bf16; forward and forward+backward timed with
+triton.testing.do_bench (median of reps, L2 flushed between reps, CUDA events; launch gaps
+included). Prints a table, optionally writes JSON with provenance.
+
+    python benchmarks/bench_attention.py --json benchmarks/results/attention_h200.json
+    python benchmarks/bench_attention.py --quick          # 3 lengths, shorter reps
+    python benchmarks/bench_attention.py --tune           # time candidate kernel configs
+    python benchmarks/bench_attention.py --aot            # no GPU: compile for sm_90a,
+                                                          # report smem and spills
+
+Needs a CUDA GPU: on CPU it exits with status 2 and says so. Targets (issue 4): Triton
+forward >= torch-varlen for L >= 4k, forward+backward >= 0.8x torch-varlen.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import json
+import os
+import platform
+import shlex
+import sys
+from pathlib import Path
+
+DEFAULT_LENGTHS = [512, 1024, 2048, 4096, 8192, 16384, 32768]
+QUICK_LENGTHS = [1024, 4096, 16384]
+
+# Configs `--tune` times against each other (per kernel, the others at their defaults).
+# Tuples are (BLOCK_M, BLOCK_N, num_warps, num_stages); see triton_attention._CONFIGS.
+TUNE_CANDIDATES: dict[str, dict[int, list[tuple[int, int, int, int]]]] = {
+    "fwd": {
+        64: [(128, 64, 4, 3), (128, 128, 8, 3), (128, 64, 8, 3), (64, 64, 4, 3), (128, 32, 4, 3)],
+        128: [(128, 64, 8, 3), (128, 64, 8, 2), (128, 32, 8, 3), (128, 128, 8, 2), (64, 64, 4, 3)],
+    },
+    "dkdv": {
+        64: [(32, 128, 8, 2), (64, 128, 8, 2), (32, 64, 4, 2), (64, 64, 4, 2), (32, 128, 4, 3)],
+        128: [(32, 64, 8, 2), (16, 128, 8, 2), (32, 128, 8, 2), (64, 64, 8, 2), (32, 128, 4, 3)],
+    },
+    "dq": {
+        64: [(128, 32, 8, 3), (128, 64, 8, 2), (64, 64, 4, 2), (64, 32, 4, 3)],
+        128: [(64, 64, 4, 2), (128, 64, 8, 2), (64, 32, 4, 3), (128, 32, 8, 3)],
+    },
+}
+
+
+def _config(kernel: str, cand: tuple[int, int, int, int]) -> dict[str, int]:
+    block_m, block_n, warps, stages = cand
+    cfg = dict(BLOCK_M=block_m, BLOCK_N=block_n, num_warps=warps, num_stages=stages)
+    if kernel == "dkdv":
+        cfg["MASK_BLOCK_M"] = 16
+    elif kernel == "dq":
+        cfg["MASK_BLOCK_N"] = 16
+    return cfg
+
+
+# fwd + bwd hardware FLOPs, in units of the forward: a flash backward recomputes QKᵀ and
+# runs 4 more matmuls (dV, dP, dQ, dK) = 5 vs the forward's 2, i.e. 2.5 × forward.
+FWD_BWD_FLOPS_FACTOR = 1.0 + 2.5
+
+
+def attention_flops(
+    lengths: list[int], num_heads: int, num_kv_heads: int, head_dim: int, mode: str
+) -> float:
+    """FLOPs of one causal attention call over a pack of sequences (all heads).
+
+    Forward: costmodel.flops.attention_core_flops = L(L+1)/2 pairs × 2·H·(d_qk + d_v)
+    (QKᵀ and AV, 2 FLOPs per multiply-add), summed over sequences. Forward+backward:
+    FWD_BWD_FLOPS_FACTOR × forward (the flash-attention convention, recompute included).
+    """
+    from costmodel.flops import attention_core_flops
+    from costmodel.spec import ModelSpec
+
+    spec = dataclasses.replace(
+        ModelSpec.from_preset("qwen3-8b"),
+        num_heads=num_heads,
+        num_kv_heads=num_kv_heads,
+        head_dim=head_dim,
+    )
+    fwd = float(attention_core_flops(lengths, spec).sum())
+    return fwd if mode == "fwd" else fwd * FWD_BWD_FLOPS_FACTOR
+
+
+def _provenance(argv: list[str]) -> dict:
+    import torch
+    import triton
+
+    props = torch.cuda.get_device_properties(0)
+    return {
+        "gpu": torch.cuda.get_device_name(0),
+        "compute_capability": f"{props.major}.{props.minor}",
+        "sm_count": props.multi_processor_count,
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "cuda": torch.version.cuda,
+        "python": platform.python_version(),
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "command": shlex.join([sys.executable, *sys.argv[:1], *argv]),
+        "timer": "triton.testing.do_bench, median, L2 flushed per rep",
+        "flops": "fwd = L(L+1)/2 · 2·H·(d_qk+d_v) per sequence; fwd+bwd = 3.5 × fwd",
+    }
+
+
+def _parse(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument(
+        "--lengths",
+        type=int,
+        nargs="+",
+        default=None,
+        help=f"sequence lengths (default {DEFAULT_LENGTHS})",
+    )
+    p.add_argument(
+        "--total-tokens",
+        type=int,
+        default=32768,
+        help="tokens per pack; n = total // L sequences of length L (default 32768)",
+    )
+    p.add_argument("--num-heads", type=int, default=32)
+    p.add_argument("--num-kv-heads", type=int, default=8)
+    p.add_argument("--head-dim", type=int, default=128, choices=[64, 128])
+    p.add_argument("--backends", nargs="+", default=["triton", "torch-varlen"])
+    p.add_argument("--modes", nargs="+", default=["fwd", "fwd+bwd"], choices=["fwd", "fwd+bwd"])
+    p.add_argument("--warmup", type=float, default=25.0, help="do_bench warmup, ms")
+    p.add_argument("--rep", type=float, default=100.0, help="do_bench repetition time, ms")
+    p.add_argument(
+        "--quick", action="store_true", help=f"lengths {QUICK_LENGTHS}, warmup 10 ms, rep 40 ms"
+    )
+    p.add_argument("--json", type=Path, default=None, help="write results + provenance here")
+    p.add_argument(
+        "--tune",
+        action="store_true",
+        help="instead: time TUNE_CANDIDATES per kernel at L=4k and 16k, print the fastest",
+    )
+    p.add_argument(
+        "--aot",
+        action="store_true",
+        help="instead (no GPU needed): compile every config for sm_90a and report shared "
+        "memory and stack (register spill) bytes per thread",
+    )
+    args = p.parse_args(argv)
+    if args.quick:
+        args.lengths = args.lengths or QUICK_LENGTHS
+        args.warmup, args.rep = 10.0, 40.0
+    args.lengths = args.lengths or DEFAULT_LENGTHS
+    return args
+
+
+def run(args: argparse.Namespace, argv: list[str]) -> dict:
+    import torch
+    from triton.testing import do_bench
+
+    from costmodel.kernels import attention as attn
+
+    if not torch.cuda.is_available():
+        raise RuntimeError("bench_attention needs a CUDA GPU; none is visible here")
+    device = torch.device("cuda")
+    backends = {}
+    unavailable = {}
+    for name in args.backends:
+        try:
+            backends[name] = attn.get_attention(name)
+        except RuntimeError as exc:  # say so in the table and JSON; never a silent NaN
+            unavailable[name] = str(exc)
+    rows = []
+    h, hkv, d = args.num_heads, args.num_kv_heads, args.head_dim
+    for L in args.lengths:
+        lengths, cu, q, k, v, do = _packed(L, args.total_tokens, h, hkv, d, device)
+        n = len(lengths)
+        outs = {}
+        for name, fn in backends.items():
+            with torch.no_grad():
+                outs[name] = fn(q, k, v, cu, L)  # validates once; timed calls skip the sync
+            for mode in args.modes:
+                ins = (q, k, v, cu, L)
+                if mode == "fwd":
+
+                    def step(fn=fn, ins=ins):
+                        with torch.no_grad():
+                            fn(*ins, check_values=False)
+                else:
+
+                    def step(fn=fn, ins=ins, do=do):
+                        out = fn(*ins, check_values=False)
+                        torch.autograd.grad(out, ins[:3], do)
+
+                ms = do_bench(step, warmup=args.warmup, rep=args.rep, return_mode="median")
+                flops = attention_flops(lengths, h, hkv, d, mode)
+                rows.append(
+                    {
+                        "L": L,
+                        "num_seqs": n,
+                        "backend": name,
+                        "mode": mode,
+                        "ms": ms,
+                        "tflops": flops / ms / 1e9,
+                        "flops": flops,
+                    }
+                )
+        if "triton" in outs and len(outs) > 1:
+            ref = next(o for b, o in outs.items() if b != "triton").float()
+            err = ((outs["triton"].float() - ref).norm() / ref.norm()).item()
+            for row in rows:
+                if row["L"] == L and row["backend"] == "triton":
+                    row["fwd_rel_err_vs_baseline"] = err
+        del q, k, v, do, outs
+        torch.cuda.empty_cache()
+    result = {
+        "provenance": _provenance(argv),
+        "unavailable": unavailable,
+        "rows": rows,
+        "shape": {
+            "num_heads": h,
+            "num_kv_heads": hkv,
+            "head_dim": d,
+            "dtype": "bf16",
+            "total_tokens": args.total_tokens,
+        },
+    }
+    if "triton" in backends:
+        from costmodel.kernels.triton_attention import chosen_configs
+
+        result["triton_configs"] = chosen_configs()
+    return result
+
+
+def _packed(L: int, total_tokens: int, h: int, hkv: int, d: int, device):
+    import torch
+
+    n = max(1, total_tokens // L)
+    cu = torch.arange(0, n * L + 1, L, dtype=torch.int32, device=device)
+    gen = torch.Generator(device=device).manual_seed(L)
+    shapes = ((n * L, h, d), (n * L, hkv, d), (n * L, hkv, d), (n * L, h, d))
+    q, k, v, do = (
+        torch.randn(*s, device=device, dtype=torch.bfloat16, generator=gen) for s in shapes
+    )
+    return [L] * n, cu, q.requires_grad_(), k.requires_grad_(), v.requires_grad_(), do
+
+
+def tune(args: argparse.Namespace, argv: list[str]) -> dict:
+    """Time each candidate config of each kernel (others at their defaults)."""
+    import torch
+    from triton.testing import do_bench
+
+    from costmodel.kernels.triton_attention import flash_attn_varlen
+
+    if not torch.cuda.is_available():
+        raise RuntimeError("bench_attention --tune needs a CUDA GPU; none is visible here")
+    h, hkv, d = args.num_heads, args.num_kv_heads, args.head_dim
+    rows = []
+    for L in [8192] if args.quick else [4096, 16384]:
+        lengths, cu, q, k, v, do = _packed(L, args.total_tokens, h, hkv, d, "cuda")
+        for kernel, by_dim in TUNE_CANDIDATES.items():
+            mode = "fwd" if kernel == "fwd" else "fwd+bwd"
+            for cand in by_dim[d]:
+                configs = {kernel: _config(kernel, cand)}
+                ins = (q, k, v, cu, L)
+                if mode == "fwd":
+
+                    def step(configs=configs, ins=ins):
+                        with torch.no_grad():
+                            flash_attn_varlen(*ins, configs=configs)
+                else:
+
+                    def step(configs=configs, ins=ins, do=do):
+                        out = flash_attn_varlen(*ins, configs=configs)
+                        torch.autograd.grad(out, ins[:3], do)
+
+                try:
+                    ms = do_bench(step, warmup=args.warmup, rep=args.rep, return_mode="median")
+                except Exception as exc:  # OutOfResources & co: recorded, not hidden
+                    rows.append({"L": L, "kernel": kernel, "config": cand, "error": str(exc)})
+                    continue
+                flops = attention_flops(lengths, h, hkv, d, mode)
+                rows.append(
+                    {
+                        "L": L,
+                        "kernel": kernel,
+                        "config": cand,
+                        "mode": mode,
+                        "ms": ms,
+                        "tflops": flops / ms / 1e9,
+                    }
+                )
+        del q, k, v, do
+        torch.cuda.empty_cache()
+    best = {}
+    for kernel in TUNE_CANDIDATES:
+        ok = [r for r in rows if r["kernel"] == kernel and "ms" in r]
+        totals: dict[tuple, float] = {}
+        for r in ok:
+            totals[tuple(r["config"])] = totals.get(tuple(r["config"]), 0.0) + r["ms"]
+        if totals:
+            best[kernel] = _config(kernel, min(totals, key=totals.get))
+    return {"provenance": _provenance(argv), "tune_rows": rows, "best": best}
+
+
+def aot_report(head_dims: list[int]) -> list[dict]:
+    """Compile each config of `_CONFIGS` and `TUNE_CANDIDATES` for sm_90a, without a GPU.
+
+    Reports shared memory and the stack frame (≈ register spill bytes per thread, from
+    cuobjdump) of bf16 kernels. Uses triton.compile(ASTSource(...)) (triton >= 3.2 API);
+    run it with TRITON_INTERPRET unset.
+    """
+    import inspect
+    import subprocess
+    import tempfile
+
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from costmodel.kernels import triton_attention as ta
+
+    if type(ta._attn_fwd).__name__ == "InterpretedFunction":
+        raise RuntimeError("--aot compiles real kernels: unset TRITON_INTERPRET")
+    kernels = {"fwd": ta._attn_fwd, "dkdv": ta._attn_bwd_dkdv, "dq": ta._attn_bwd_dq}
+    ptr_types = {n: "*bf16" for n in ("Q", "K", "V", "Out", "DO", "DK", "DV", "DQ")}
+    ptr_types.update(LSE="*fp32", Delta="*fp32", cu_seqlens="*i32")
+    cuobjdump = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+    rows = []
+    for d in head_dims:
+        for name, kernel in kernels.items():
+            configs = [dict(c) for c in ta._CONFIGS[name][d]]
+            configs += [_config(name, c) for c in TUNE_CANDIDATES[name][d]]
+            seen = set()
+            for cfg in configs:
+                key = tuple(sorted(cfg.items()))
+                if key in seen:
+                    continue
+                seen.add(key)
+                consts = {k: v for k, v in cfg.items() if k.isupper()}
+                consts["HEAD_DIM"] = d
+                sig = {
+                    p: "constexpr"
+                    if p in consts
+                    else ptr_types.get(p, "fp32" if p.endswith("scale") else "i32")
+                    for p in inspect.signature(kernel.fn).parameters
+                }
+                compiled = triton.compile(
+                    ASTSource(kernel, sig, constexprs=consts),
+                    target=GPUTarget("cuda", 90, 32),
+                    options={"num_warps": cfg["num_warps"], "num_stages": cfg["num_stages"]},
+                )
+                row = {
+                    "head_dim": d,
+                    "kernel": name,
+                    "config": cfg,
+                    "shared_bytes": compiled.metadata.shared,
+                    "default": cfg in ta._CONFIGS[name][d][:1],
+                }
+                if cuobjdump.exists():
+                    with tempfile.TemporaryDirectory() as tmp:
+                        cubin = Path(tmp) / "k.cubin"
+                        cubin.write_bytes(compiled.asm["cubin"])
+                        out = subprocess.run(
+                            [str(cuobjdump), "--dump-resource-usage", str(cubin)],
+                            capture_output=True,
+                            text=True,
+                        ).stdout
+                    for tok in out.split():
+                        if tok.startswith(("REG:", "STACK:")):
+                            row[tok.split(":")[0].lower()] = int(tok.split(":")[1])
+                rows.append(row)
+    return rows
+
+
+def _table(result: dict) -> str:
+    rows = result["rows"]
+    times = {(r["L"], r["backend"], r["mode"]): r["ms"] for r in rows}
+    lines = [
+        f"{'L':>6} {'seqs':>5} {'backend':<13} {'mode':<8} {'ms':>9} {'TFLOP/s':>8} "
+        f"{'vs torch-varlen':>15}"
+    ]
+    for r in rows:
+        base = times.get((r["L"], "torch-varlen", r["mode"]))
+        speedup = f"{base / r['ms']:.2f}x" if base and r["backend"] != "torch-varlen" else ""
+        lines.append(
+            f"{r['L']:>6} {r['num_seqs']:>5} {r['backend']:<13} {r['mode']:<8} "
+            f"{r['ms']:>9.3f} {r['tflops']:>8.1f} {speedup:>15}"
+        )
+    for name, why in result["unavailable"].items():
+        lines.append(f"{name}: not measured: {why}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    args = _parse(argv)
+    try:
+        if args.aot:
+            rows = aot_report([args.head_dim])
+            for r in rows:
+                mark = "*" if r["default"] else " "
+                print(
+                    f"{mark} d={r['head_dim']} {r['kernel']:<5} {r['config']} "
+                    f"smem={r['shared_bytes']} regs={r.get('reg')} stack={r.get('stack')}"
+                )
+            print("* = first choice in triton_attention._CONFIGS")
+            return 0
+        result = tune(args, argv) if args.tune else run(args, argv)
+    except RuntimeError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    prov = result["provenance"]
+    print(f"# {prov['gpu']}  torch {prov['torch']}  triton {prov['triton']}  {prov['date']}")
+    if args.tune:
+        for r in sorted(
+            result["tune_rows"], key=lambda r: (r["L"], r["kernel"], r.get("ms", 1e30))
+        ):
+            timing = f"{r['ms']:9.3f} ms {r['tflops']:7.1f} TFLOP/s" if "ms" in r else r["error"]
+            print(f"L={r['L']:>6} {r['kernel']:<5} {str(tuple(r['config'])):<20} {timing}")
+        print("fastest (summed over L):", json.dumps(result["best"]))
+    else:
+        print(_table(result))
+    if args.json is not None:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        tmp = args.json.with_suffix(args.json.suffix + ".tmp")
+        tmp.write_text(json.dumps(result, indent=2) + "\n")
+        os.replace(tmp, args.json)
+        print(f"wrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    sys.exit(main())

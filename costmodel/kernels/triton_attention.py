@@ -1,0 +1,855 @@
+"""Triton flash attention for packed variable-length sequences: causal, GQA, fwd + bwd.
+
+Structure follows the Triton fused-attention tutorial (tutorials/06-fused-attention.py),
+adapted to packed sequences (``cu_seqlens``) and grouped-query attention:
+
+- forward: grid (query block, query head, sequence); a program whose block starts past its
+  sequence's end exits at once. Each program runs an *off-band* stage over the key blocks
+  strictly below the diagonal (no mask, no bounds checks: those keys are all inside the
+  sequence) and an *on-band* stage over the diagonal block (causal mask + key bound).
+  Key blocks above the diagonal are never visited (loop bounds), so causal attention costs
+  ~half of full attention. Online softmax in base 2: ``qk_scale = sm_scale · log2(e)`` is
+  folded into the scores so the kernel calls ``exp2``; the logsumexp (base 2) is saved for
+  the backward pass.
+- backward: a preprocess kernel for ``delta = rowsum(o · do)``, then one kernel per K/V
+  block computing dk, dv (it loops over the query blocks at and below the diagonal, and for
+  GQA over the query heads of the group inside the kernel: no atomics, no repeated KV) and
+  one kernel per query block computing dq (loops over the key blocks at and left of the
+  diagonal). Scores and probabilities are recomputed from q, k and the saved logsumexp.
+- layouts: q/o/do (total, H, D), k/v (total, H_kv, D), any token/head strides with a unit
+  stride on the head dim; logsumexp and delta are float32 (H, total). Accumulation is fp32;
+  P and dS are cast to the input dtype before their ``tl.dot`` (bf16/fp16 tensor cores;
+  fp32 inputs use TF32 on GPU, exact fp32 in the interpreter).
+
+Configs are fixed per head dim (no autotune keyed on the sequence length: a calibration
+sweep over many lengths would re-tune at each one). `_CONFIGS` lists, per kernel, a first
+choice for Hopper (H100/H200) and fallbacks tried in order when a config does not fit the
+GPU's shared memory/registers; the config that ran is reported by `chosen_configs()`.
+
+Importing this module imports triton (never CUDA); to run on CPU set
+``TRITON_INTERPRET=1`` before triton is first imported.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+
+import torch
+import triton
+import triton.language as tl
+from triton.runtime.errors import OutOfResources
+
+__all__ = ["chosen_configs", "flash_attn_varlen", "kernel_configs"]
+
+logger = logging.getLogger(__name__)
+
+_LOG2E = 1.4426950408889634  # log2(e): exp(x) = exp2(x · log2 e)
+_INT32_MAX = 2**31 - 1
+_GRID_YZ_MAX = 65535  # CUDA limit on grid dims y and z (heads, sequences)
+
+# --------------------------------------------------------------------------- configs
+# First entry of each list: the choice for Hopper (H100/H200, 227 KB smem per block); later
+# entries are smaller fallbacks, tried in order when a config does not fit (OutOfResources;
+# e.g. fp32 inputs at d=128 need 256 KB for the first fwd config).
+# Chosen without a GPU, from `python benchmarks/bench_attention.py --aot` (compiles every
+# config for sm_90a with triton 3.9, bf16, and reads the per-thread stack frame, which is
+# mostly register spills): first choices at d=128: fwd 64 B, dk/dv 112 B, dq 0 B; at d=64:
+# 0 B. The tutorial's tiles spill far more here: dk/dv 32x128 with 4 warps 1744 B at d=128
+# (688 B at d=64): two 128xD fp32 accumulators plus k and v in registers; dq 128x32 with 8
+# warps 152 B. Hence dk/dv 32x64 with 8 warps and dq 64x64 with 4 warps at d=128.
+# TO TUNE on the H200: `python benchmarks/bench_attention.py --tune` times the candidates in
+# bench_attention.TUNE_CANDIDATES at L=4k and 16k and prints the fastest per kernel.
+_CONFIGS: dict[str, dict[int, list[dict[str, int]]]] = {
+    "fwd": {
+        64: [
+            dict(BLOCK_M=128, BLOCK_N=64, num_warps=4, num_stages=3),
+            dict(BLOCK_M=64, BLOCK_N=32, num_warps=4, num_stages=2),
+        ],
+        128: [
+            dict(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=3),
+            dict(BLOCK_M=128, BLOCK_N=32, num_warps=8, num_stages=2),
+            dict(BLOCK_M=64, BLOCK_N=32, num_warps=4, num_stages=1),
+        ],
+    },
+    # BLOCK_N: the K/V block a program owns; BLOCK_M: query step below the diagonal;
+    # MASK_BLOCK_M: the (smaller) query step across the diagonal block.
+    "dkdv": {
+        64: [
+            dict(BLOCK_M=32, BLOCK_N=128, MASK_BLOCK_M=16, num_warps=8, num_stages=2),
+            dict(BLOCK_M=32, BLOCK_N=64, MASK_BLOCK_M=16, num_warps=4, num_stages=1),
+        ],
+        128: [
+            dict(BLOCK_M=32, BLOCK_N=64, MASK_BLOCK_M=16, num_warps=8, num_stages=2),
+            dict(BLOCK_M=16, BLOCK_N=64, MASK_BLOCK_M=16, num_warps=4, num_stages=1),
+        ],
+    },
+    # BLOCK_M: the query block a program owns; BLOCK_N: key step left of the diagonal;
+    # MASK_BLOCK_N: the key step across the diagonal block.
+    "dq": {
+        64: [
+            dict(BLOCK_M=128, BLOCK_N=32, MASK_BLOCK_N=16, num_warps=8, num_stages=3),
+            dict(BLOCK_M=64, BLOCK_N=32, MASK_BLOCK_N=16, num_warps=4, num_stages=1),
+        ],
+        128: [
+            dict(BLOCK_M=64, BLOCK_N=64, MASK_BLOCK_N=16, num_warps=4, num_stages=2),
+            dict(BLOCK_M=64, BLOCK_N=16, MASK_BLOCK_N=16, num_warps=4, num_stages=1),
+        ],
+    },
+}
+_PREPROCESS_BLOCK = 64
+
+# (kernel, head_dim, dtype, device index) -> index into the config list that last worked.
+_chosen: dict[tuple[str, int, str, int], int] = {}
+
+
+def kernel_configs(head_dim: int) -> dict[str, list[dict[str, int]]]:
+    """The config lists (first choice, then fallbacks) of each kernel for `head_dim`."""
+    if head_dim not in _CONFIGS["fwd"]:
+        raise ValueError(f"head_dim {head_dim} not supported; allowed: {sorted(_CONFIGS['fwd'])}")
+    return {name: [dict(c) for c in by_dim[head_dim]] for name, by_dim in _CONFIGS.items()}
+
+
+def chosen_configs() -> dict[str, dict[str, int]]:
+    """The config each kernel ran with so far, keyed "kernel/d<head_dim>/<dtype>/dev<i>"."""
+    return {
+        f"{kernel}/d{d}/{dtype}/dev{dev}": dict(_CONFIGS[kernel][d][i])
+        for (kernel, d, dtype, dev), i in _chosen.items()
+    }
+
+
+def _check_config(kernel: str, cfg: dict[str, int]) -> None:
+    if kernel == "fwd" and cfg["BLOCK_M"] % cfg["BLOCK_N"]:
+        raise ValueError(f"fwd config needs BLOCK_M % BLOCK_N == 0, got {cfg}")
+    if kernel == "dkdv" and cfg["BLOCK_N"] % cfg["MASK_BLOCK_M"]:
+        raise ValueError(f"dkdv config needs BLOCK_N % MASK_BLOCK_M == 0, got {cfg}")
+    if kernel == "dq" and (cfg["BLOCK_M"] % cfg["BLOCK_N"] or cfg["BLOCK_M"] % cfg["MASK_BLOCK_N"]):
+        raise ValueError(
+            f"dq config needs BLOCK_M divisible by BLOCK_N and MASK_BLOCK_N, got {cfg}"
+        )
+
+
+def _launch(
+    kernel_name: str,
+    kernel,
+    grid_fn,
+    args: tuple,
+    head_dim: int,
+    dtype,
+    device,
+    override: dict[str, int] | None,
+) -> None:
+    """Launch `kernel` with the first config that fits; remember which one worked."""
+    if override is not None:
+        _check_config(kernel_name, override)
+        cfg = dict(override)
+        warps, stages = cfg.pop("num_warps", 4), cfg.pop("num_stages", 2)
+        kernel[grid_fn(cfg)](*args, HEAD_DIM=head_dim, num_warps=warps, num_stages=stages, **cfg)
+        return
+    configs = _CONFIGS[kernel_name][head_dim]
+    dev = device.index if device.type == "cuda" and device.index is not None else 0
+    key = (kernel_name, head_dim, str(dtype).removeprefix("torch."), dev)
+    start = _chosen.get(key, 0)
+    for i in range(start, len(configs)):
+        cfg = dict(configs[i])
+        warps, stages = cfg.pop("num_warps"), cfg.pop("num_stages")
+        try:
+            kernel[grid_fn(cfg)](
+                *args, HEAD_DIM=head_dim, num_warps=warps, num_stages=stages, **cfg
+            )
+        except OutOfResources as exc:
+            if i + 1 == len(configs):
+                raise RuntimeError(
+                    f"triton attention {kernel_name} kernel: no config fits this GPU for "
+                    f"head_dim={head_dim} ({exc}); smallest tried: {configs[i]}"
+                ) from exc
+            logger.info(
+                "%s config %s does not fit (%s); trying %s",
+                kernel_name,
+                configs[i],
+                exc,
+                configs[i + 1],
+            )
+            continue
+        _chosen[key] = i
+        return
+
+
+# --------------------------------------------------------------------------- forward
+@triton.jit
+def _fwd_inner(
+    acc,
+    l_i,
+    m_i,
+    q,
+    k_base,
+    v_base,
+    stride_kt,
+    stride_vt,
+    lo,
+    hi,
+    seqlen,
+    qk_scale,
+    offs_m,
+    offs_n,
+    offs_d,
+    ON_BAND: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    for start_n in range(lo, hi, BLOCK_N):
+        cols = start_n + offs_n
+        if ON_BAND:
+            kv_mask = cols < seqlen
+            k = tl.load(
+                k_base + cols[None, :] * stride_kt + offs_d[:, None],
+                mask=kv_mask[None, :],
+                other=0.0,
+            )
+        else:  # off-band keys lie below the diagonal, hence inside the sequence
+            k = tl.load(k_base + cols[None, :] * stride_kt + offs_d[:, None])
+        qk = tl.dot(q, k)
+        if ON_BAND:
+            # Causal mask. Keys past the sequence end are masked too (col > every valid row).
+            # An additive -1e6, not -inf: a row whose keys are all masked in this block keeps
+            # a finite max from the earlier blocks (key 0 is always in the first one).
+            qk = qk * qk_scale + tl.where(offs_m[:, None] >= cols[None, :], 0.0, -1.0e6)
+            m_ij = tl.maximum(m_i, tl.max(qk, 1))
+            qk = qk - m_ij[:, None]
+        else:
+            m_ij = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
+            qk = qk * qk_scale - m_ij[:, None]
+        p = tl.math.exp2(qk)
+        alpha = tl.math.exp2(m_i - m_ij)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None]
+        if ON_BAND:
+            v = tl.load(
+                v_base + cols[:, None] * stride_vt + offs_d[None, :],
+                mask=kv_mask[:, None],
+                other=0.0,
+            )
+        else:
+            v = tl.load(v_base + cols[:, None] * stride_vt + offs_d[None, :])
+        acc = tl.dot(p.to(v.dtype), v, acc)
+        m_i = m_ij
+    return acc, l_i, m_i
+
+
+@triton.jit
+def _attn_fwd(
+    Q,
+    K,
+    V,
+    Out,
+    LSE,
+    cu_seqlens,
+    stride_qt,
+    stride_qh,
+    stride_kt,
+    stride_kh,
+    stride_vt,
+    stride_vh,
+    stride_ot,
+    stride_oh,
+    total,
+    group,
+    qk_scale,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    # Heaviest (last) query blocks first: causal work grows with the block index, so
+    # launching them early shortens the tail.
+    pid_m = tl.num_programs(0) - 1 - tl.program_id(0)
+    head = tl.program_id(1)
+    seq = tl.program_id(2)
+    seq_start = tl.load(cu_seqlens + seq)
+    seqlen = tl.load(cu_seqlens + seq + 1) - seq_start
+    start_m = pid_m * BLOCK_M
+    if start_m >= seqlen:
+        return
+    seq_start = seq_start.to(tl.int64)
+    kv_head = head // group
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, HEAD_DIM)
+    row_mask = offs_m < seqlen
+    q_base = Q + seq_start * stride_qt + head * stride_qh
+    k_base = K + seq_start * stride_kt + kv_head * stride_kh
+    v_base = V + seq_start * stride_vt + kv_head * stride_vh
+    q = tl.load(
+        q_base + offs_m[:, None] * stride_qt + offs_d[None, :], mask=row_mask[:, None], other=0.0
+    )
+    m_i = tl.zeros([BLOCK_M], dtype=tl.float32) - float("inf")
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
+    # off-band: key blocks [0, start_m), entirely below the diagonal
+    acc, l_i, m_i = _fwd_inner(
+        acc,
+        l_i,
+        m_i,
+        q,
+        k_base,
+        v_base,
+        stride_kt,
+        stride_vt,
+        0,
+        start_m,
+        seqlen,
+        qk_scale,
+        offs_m,
+        offs_n,
+        offs_d,
+        False,
+        BLOCK_N,
+    )
+    # on-band: the diagonal block, clipped to the sequence end
+    hi = tl.minimum(start_m + BLOCK_M, seqlen)
+    acc, l_i, m_i = _fwd_inner(
+        acc,
+        l_i,
+        m_i,
+        q,
+        k_base,
+        v_base,
+        stride_kt,
+        stride_vt,
+        start_m,
+        hi,
+        seqlen,
+        qk_scale,
+        offs_m,
+        offs_n,
+        offs_d,
+        True,
+        BLOCK_N,
+    )
+    lse = m_i + tl.math.log2(l_i)  # base-2 logsumexp of the scaled scores
+    acc = acc / l_i[:, None]
+    tl.store(LSE + head * total + seq_start + offs_m, lse, mask=row_mask)
+    o_base = Out + seq_start * stride_ot + head * stride_oh
+    tl.store(
+        o_base + offs_m[:, None] * stride_ot + offs_d[None, :],
+        acc.to(Out.dtype.element_ty),
+        mask=row_mask[:, None],
+    )
+
+
+# -------------------------------------------------------------------------- backward
+@triton.jit
+def _bwd_preprocess(
+    Out, DO, Delta, stride_ot, stride_oh, total, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr
+):
+    rows = (tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
+    head = tl.program_id(1)
+    offs_d = tl.arange(0, HEAD_DIM)
+    mask = rows < total
+    ptrs = rows[:, None] * stride_ot + head * stride_oh + offs_d[None, :]
+    o = tl.load(Out + ptrs, mask=mask[:, None], other=0.0).to(tl.float32)
+    do = tl.load(DO + ptrs, mask=mask[:, None], other=0.0).to(tl.float32)
+    tl.store(Delta + head * total + rows, tl.sum(o * do, 1), mask=mask)
+
+
+@triton.jit
+def _bwd_dkdv_inner(
+    dk,
+    dv,
+    k,
+    v,
+    q_base,
+    do_base,
+    lse_base,
+    delta_base,
+    stride_qt,
+    stride_ot,
+    lo,
+    hi,
+    seqlen,
+    qk_scale,
+    offs_n,
+    offs_d,
+    MASK: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+):
+    for start_m in range(lo, hi, BLOCK_M):
+        offs_m = start_m + tl.arange(0, BLOCK_M)
+        row_mask = offs_m < seqlen
+        q_t = tl.load(
+            q_base + offs_m[None, :] * stride_qt + offs_d[:, None],
+            mask=row_mask[None, :],
+            other=0.0,
+        )
+        # rows past the end get lse = +inf, hence p = 0: they contribute nothing
+        lse = tl.load(lse_base + offs_m, mask=row_mask, other=float("inf"))
+        p_t = tl.math.exp2(tl.dot(k, q_t) * qk_scale - lse[None, :])
+        if MASK:
+            p_t = tl.where(offs_m[None, :] >= offs_n[:, None], p_t, 0.0)
+        do = tl.load(
+            do_base + offs_m[:, None] * stride_ot + offs_d[None, :],
+            mask=row_mask[:, None],
+            other=0.0,
+        )
+        dv += tl.dot(p_t.to(do.dtype), do)
+        delta = tl.load(delta_base + offs_m, mask=row_mask, other=0.0)
+        dp_t = tl.dot(v, tl.trans(do))
+        ds_t = p_t * (dp_t - delta[None, :])
+        dk += tl.dot(ds_t.to(q_t.dtype), tl.trans(q_t))
+    return dk, dv
+
+
+@triton.jit
+def _attn_bwd_dkdv(
+    Q,
+    K,
+    V,
+    DO,
+    LSE,
+    Delta,
+    DK,
+    DV,
+    cu_seqlens,
+    stride_qt,
+    stride_qh,
+    stride_kt,
+    stride_kh,
+    stride_vt,
+    stride_vh,
+    stride_ot,
+    stride_oh,
+    stride_dkt,
+    stride_dkh,
+    total,
+    group,
+    sm_scale,
+    qk_scale,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    MASK_BLOCK_M: tl.constexpr,
+):
+    pid_n = tl.program_id(0)  # the first K/V blocks see the most queries: launch them first
+    kv_head = tl.program_id(1)
+    seq = tl.program_id(2)
+    seq_start = tl.load(cu_seqlens + seq)
+    seqlen = tl.load(cu_seqlens + seq + 1) - seq_start
+    start_n = pid_n * BLOCK_N
+    if start_n >= seqlen:
+        return
+    seq_start = seq_start.to(tl.int64)
+    offs_n = start_n + tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, HEAD_DIM)
+    col_mask = offs_n < seqlen
+    k = tl.load(
+        K
+        + seq_start * stride_kt
+        + kv_head * stride_kh
+        + offs_n[:, None] * stride_kt
+        + offs_d[None, :],
+        mask=col_mask[:, None],
+        other=0.0,
+    )
+    v = tl.load(
+        V
+        + seq_start * stride_vt
+        + kv_head * stride_vh
+        + offs_n[:, None] * stride_vt
+        + offs_d[None, :],
+        mask=col_mask[:, None],
+        other=0.0,
+    )
+    dk = tl.zeros([BLOCK_N, HEAD_DIM], dtype=tl.float32)
+    dv = tl.zeros([BLOCK_N, HEAD_DIM], dtype=tl.float32)
+    diag_hi = tl.minimum(start_n + BLOCK_N, seqlen)
+    # GQA: the K/V block is shared by `group` query heads; sum their contributions here
+    for g in range(0, group):
+        head = kv_head * group + g
+        q_base = Q + seq_start * stride_qt + head * stride_qh
+        do_base = DO + seq_start * stride_ot + head * stride_oh
+        lse_base = LSE + head * total + seq_start
+        delta_base = Delta + head * total + seq_start
+        # queries crossing the diagonal block: masked, finer steps
+        dk, dv = _bwd_dkdv_inner(
+            dk,
+            dv,
+            k,
+            v,
+            q_base,
+            do_base,
+            lse_base,
+            delta_base,
+            stride_qt,
+            stride_ot,
+            start_n,
+            diag_hi,
+            seqlen,
+            qk_scale,
+            offs_n,
+            offs_d,
+            True,
+            MASK_BLOCK_M,
+        )
+        # queries entirely below the diagonal: no causal mask
+        dk, dv = _bwd_dkdv_inner(
+            dk,
+            dv,
+            k,
+            v,
+            q_base,
+            do_base,
+            lse_base,
+            delta_base,
+            stride_qt,
+            stride_ot,
+            start_n + BLOCK_N,
+            seqlen,
+            seqlen,
+            qk_scale,
+            offs_n,
+            offs_d,
+            False,
+            BLOCK_M,
+        )
+    dk *= sm_scale
+    out = (
+        seq_start * stride_dkt
+        + kv_head * stride_dkh
+        + offs_n[:, None] * stride_dkt
+        + offs_d[None, :]
+    )
+    tl.store(DK + out, dk.to(DK.dtype.element_ty), mask=col_mask[:, None])
+    tl.store(DV + out, dv.to(DV.dtype.element_ty), mask=col_mask[:, None])
+
+
+@triton.jit
+def _bwd_dq_inner(
+    dq,
+    q,
+    do,
+    lse,
+    delta,
+    k_base,
+    v_base,
+    stride_kt,
+    stride_vt,
+    lo,
+    hi,
+    seqlen,
+    qk_scale,
+    offs_m,
+    offs_d,
+    MASK: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    for start_n in range(lo, hi, BLOCK_N):
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        if MASK:
+            col_mask = offs_n < seqlen
+            k_t = tl.load(
+                k_base + offs_n[None, :] * stride_kt + offs_d[:, None],
+                mask=col_mask[None, :],
+                other=0.0,
+            )
+            v_t = tl.load(
+                v_base + offs_n[None, :] * stride_vt + offs_d[:, None],
+                mask=col_mask[None, :],
+                other=0.0,
+            )
+        else:  # keys left of the diagonal lie inside the sequence
+            k_t = tl.load(k_base + offs_n[None, :] * stride_kt + offs_d[:, None])
+            v_t = tl.load(v_base + offs_n[None, :] * stride_vt + offs_d[:, None])
+        p = tl.math.exp2(tl.dot(q, k_t) * qk_scale - lse[:, None])
+        if MASK:
+            p = tl.where(offs_m[:, None] >= offs_n[None, :], p, 0.0)
+        dp = tl.dot(do, v_t)
+        ds = p * (dp - delta[:, None])
+        dq += tl.dot(ds.to(k_t.dtype), tl.trans(k_t))
+    return dq
+
+
+@triton.jit
+def _attn_bwd_dq(
+    Q,
+    K,
+    V,
+    DO,
+    LSE,
+    Delta,
+    DQ,
+    cu_seqlens,
+    stride_qt,
+    stride_qh,
+    stride_kt,
+    stride_kh,
+    stride_vt,
+    stride_vh,
+    stride_ot,
+    stride_oh,
+    total,
+    group,
+    sm_scale,
+    qk_scale,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    MASK_BLOCK_N: tl.constexpr,
+):
+    pid_m = tl.num_programs(0) - 1 - tl.program_id(0)
+    head = tl.program_id(1)
+    seq = tl.program_id(2)
+    seq_start = tl.load(cu_seqlens + seq)
+    seqlen = tl.load(cu_seqlens + seq + 1) - seq_start
+    start_m = pid_m * BLOCK_M
+    if start_m >= seqlen:
+        return
+    seq_start = seq_start.to(tl.int64)
+    kv_head = head // group
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, HEAD_DIM)
+    row_mask = offs_m < seqlen
+    q = tl.load(
+        Q
+        + seq_start * stride_qt
+        + head * stride_qh
+        + offs_m[:, None] * stride_qt
+        + offs_d[None, :],
+        mask=row_mask[:, None],
+        other=0.0,
+    )
+    do = tl.load(
+        DO
+        + seq_start * stride_ot
+        + head * stride_oh
+        + offs_m[:, None] * stride_ot
+        + offs_d[None, :],
+        mask=row_mask[:, None],
+        other=0.0,
+    )
+    lse = tl.load(LSE + head * total + seq_start + offs_m, mask=row_mask, other=float("inf"))
+    delta = tl.load(Delta + head * total + seq_start + offs_m, mask=row_mask, other=0.0)
+    k_base = K + seq_start * stride_kt + kv_head * stride_kh
+    v_base = V + seq_start * stride_vt + kv_head * stride_vh
+    dq = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
+    # keys crossing the diagonal block: masked, finer steps
+    diag_hi = tl.minimum(start_m + BLOCK_M, seqlen)
+    dq = _bwd_dq_inner(
+        dq,
+        q,
+        do,
+        lse,
+        delta,
+        k_base,
+        v_base,
+        stride_kt,
+        stride_vt,
+        start_m,
+        diag_hi,
+        seqlen,
+        qk_scale,
+        offs_m,
+        offs_d,
+        True,
+        MASK_BLOCK_N,
+    )
+    # keys entirely left of the diagonal: no mask
+    dq = _bwd_dq_inner(
+        dq,
+        q,
+        do,
+        lse,
+        delta,
+        k_base,
+        v_base,
+        stride_kt,
+        stride_vt,
+        0,
+        start_m,
+        seqlen,
+        qk_scale,
+        offs_m,
+        offs_d,
+        False,
+        BLOCK_N,
+    )
+    dq *= sm_scale
+    tl.store(
+        DQ
+        + seq_start * stride_ot
+        + head * stride_oh
+        + offs_m[:, None] * stride_ot
+        + offs_d[None, :],
+        dq.to(DQ.dtype.element_ty),
+        mask=row_mask[:, None],
+    )
+
+
+# -------------------------------------------------------------------------- launchers
+def _empty(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """Allocate an output buffer. Tests replace this with a NaN-filled allocator, so a row a
+    kernel forgets to write shows up as NaN instead of stale memory."""
+    return torch.empty(shape, dtype=dtype, device=device)
+
+
+def _unit_last(t: torch.Tensor) -> torch.Tensor:
+    return t if t.stride(-1) == 1 else t.contiguous()
+
+
+def _check_launch_limits(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, num_seqs: int, max_seqlen: int
+) -> None:
+    if num_seqs > _GRID_YZ_MAX:
+        raise ValueError(
+            f"{num_seqs} sequences in one pack exceed the launch limit of {_GRID_YZ_MAX} "
+            "(CUDA grid dim z); split the micro-batch"
+        )
+    if q.shape[1] > _GRID_YZ_MAX:
+        raise ValueError(f"{q.shape[1]} query heads exceed the launch limit of {_GRID_YZ_MAX}")
+    # In-sequence offsets are int32 (the sequence base is int64): row · token stride must fit.
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        span = (max_seqlen + 128) * max(t.stride(0), 1)
+        if span > _INT32_MAX:
+            raise ValueError(
+                f"max_seqlen={max_seqlen} × {name} token stride {t.stride(0)} = {span} "
+                f"exceeds the int32 offset limit {_INT32_MAX}"
+            )
+
+
+def _forward(q, k, v, cu_seqlens, max_seqlen, sm_scale, configs):
+    total, num_heads, head_dim = q.shape
+    group = num_heads // k.shape[1]
+    num_seqs = cu_seqlens.numel() - 1
+    o = _empty((total, num_heads, head_dim), q.dtype, q.device)
+    lse = _empty((num_heads, total), torch.float32, q.device)
+    args = (
+        q,
+        k,
+        v,
+        o,
+        lse,
+        cu_seqlens,
+        q.stride(0),
+        q.stride(1),
+        k.stride(0),
+        k.stride(1),
+        v.stride(0),
+        v.stride(1),
+        o.stride(0),
+        o.stride(1),
+        total,
+        group,
+        sm_scale * _LOG2E,
+    )
+    grid = lambda cfg: (triton.cdiv(max_seqlen, cfg["BLOCK_M"]), num_heads, num_seqs)
+    _launch("fwd", _attn_fwd, grid, args, head_dim, q.dtype, q.device, configs.get("fwd"))
+    return o, lse
+
+
+def _backward(do, q, k, v, o, lse, cu_seqlens, max_seqlen, sm_scale, configs):
+    total, num_heads, head_dim = q.shape
+    num_kv_heads = k.shape[1]
+    group = num_heads // num_kv_heads
+    num_seqs = cu_seqlens.numel() - 1
+    do = do.contiguous()  # same layout as o (contiguous), so they share strides
+    delta = _empty((num_heads, total), torch.float32, q.device)
+    _bwd_preprocess[(triton.cdiv(total, _PREPROCESS_BLOCK), num_heads)](
+        o,
+        do,
+        delta,
+        o.stride(0),
+        o.stride(1),
+        total,
+        HEAD_DIM=head_dim,
+        BLOCK_M=_PREPROCESS_BLOCK,
+    )
+    dq = _empty((total, num_heads, head_dim), q.dtype, q.device)
+    dk = _empty((total, num_kv_heads, head_dim), k.dtype, k.device)
+    dv = _empty((total, num_kv_heads, head_dim), k.dtype, k.device)
+    strides = (
+        q.stride(0),
+        q.stride(1),
+        k.stride(0),
+        k.stride(1),
+        v.stride(0),
+        v.stride(1),
+        o.stride(0),
+        o.stride(1),
+    )
+    qk_scale = sm_scale * _LOG2E
+    _launch(
+        "dkdv",
+        _attn_bwd_dkdv,
+        lambda cfg: (triton.cdiv(max_seqlen, cfg["BLOCK_N"]), num_kv_heads, num_seqs),
+        (
+            q,
+            k,
+            v,
+            do,
+            lse,
+            delta,
+            dk,
+            dv,
+            cu_seqlens,
+            *strides,
+            dk.stride(0),
+            dk.stride(1),
+            total,
+            group,
+            sm_scale,
+            qk_scale,
+        ),
+        head_dim,
+        q.dtype,
+        q.device,
+        configs.get("dkdv"),
+    )
+    _launch(
+        "dq",
+        _attn_bwd_dq,
+        lambda cfg: (triton.cdiv(max_seqlen, cfg["BLOCK_M"]), num_heads, num_seqs),
+        (q, k, v, do, lse, delta, dq, cu_seqlens, *strides, total, group, sm_scale, qk_scale),
+        head_dim,
+        q.dtype,
+        q.device,
+        configs.get("dq"),
+    )
+    return dq, dk, dv
+
+
+class _FlashAttnVarlen(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, cu_seqlens, max_seqlen, sm_scale, configs):
+        o, lse = _forward(q, k, v, cu_seqlens, max_seqlen, sm_scale, configs)
+        ctx.save_for_backward(q, k, v, o, lse, cu_seqlens)
+        ctx.max_seqlen, ctx.sm_scale, ctx.configs = max_seqlen, sm_scale, configs
+        return o
+
+    @staticmethod
+    def backward(ctx, do):
+        q, k, v, o, lse, cu_seqlens = ctx.saved_tensors
+        dq, dk, dv = _backward(
+            do, q, k, v, o, lse, cu_seqlens, ctx.max_seqlen, ctx.sm_scale, ctx.configs
+        )
+        return dq, dk, dv, None, None, None, None
+
+
+def flash_attn_varlen(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    max_seqlen: int,
+    *,
+    sm_scale: float | None = None,
+    configs: dict[str, dict[str, int]] | None = None,
+) -> torch.Tensor:
+    """Causal GQA attention over packed sequences (differentiable in q, k, v).
+
+    Inputs as in `costmodel.kernels.attention` (validated there; this function only checks
+    launch limits). ``configs`` overrides the per-kernel configs, e.g.
+    ``{"fwd": {"BLOCK_M": 32, "BLOCK_N": 16, "num_warps": 4, "num_stages": 2}}`` (tests use
+    small blocks to exercise the multi-block paths at tiny lengths).
+    """
+    q, k, v = _unit_last(q), _unit_last(k), _unit_last(v)
+    max_seqlen = int(max_seqlen)
+    _check_launch_limits(q, k, v, cu_seqlens.numel() - 1, max_seqlen)
+    sm_scale = 1.0 / math.sqrt(q.shape[-1]) if sm_scale is None else float(sm_scale)
+    return _FlashAttnVarlen.apply(q, k, v, cu_seqlens, max_seqlen, sm_scale, configs or {})

@@ -1,0 +1,380 @@
+"""Varlen causal GQA attention: the Triton kernel and the adapters against a float64 reference.
+
+Without CUDA the Triton kernels run under TRITON_INTERPRET=1 (set below before the kernel
+module is imported) at tiny shapes: fp32 and fp16 (the interpreter's tl.dot mishandles
+bf16 operands in triton 3.9, so bf16 is checked on the GPU only). With CUDA the same checks
+run compiled, plus bf16 at training shapes.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import os
+import sys
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+CUDA = torch.cuda.is_available()
+if not CUDA:
+    # Triton reads this when it is first imported (tests/conftest.py sets it earlier too).
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+    if "triton" in sys.modules and os.environ["TRITON_INTERPRET"] != "1":
+        raise RuntimeError("triton was imported without TRITON_INTERPRET=1 and there is no GPU")
+
+pytest.importorskip("triton")
+from costmodel.kernels import attention as attn  # noqa: E402
+from costmodel.kernels import triton_attention as ta  # noqa: E402
+
+DEVICE = "cuda" if CUDA else "cpu"
+needs_cuda = pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU (runs on the H200)")
+
+# Small blocks so that tiny lengths still cross several blocks: off-band + on-band stages
+# in the forward, masked + unmasked stages in both backward kernels.
+SMALL_BLOCKS = {
+    "fwd": dict(BLOCK_M=32, BLOCK_N=16, num_warps=4, num_stages=1),
+    "dkdv": dict(BLOCK_M=16, BLOCK_N=32, MASK_BLOCK_M=16, num_warps=4, num_stages=1),
+    "dq": dict(BLOCK_M=32, BLOCK_N=16, MASK_BLOCK_N=16, num_warps=4, num_stages=1),
+}
+# One pack: a length-1 sequence, lengths that are not multiples of any block, an exact
+# multiple (16, 64) and one spanning several 32-blocks; 99 tokens in all.
+LENGTHS = [1, 37, 16, 45]
+
+
+def _cu(lengths: list[int], device=DEVICE) -> torch.Tensor:
+    offsets = [0]
+    for n in lengths:
+        offsets.append(offsets[-1] + n)
+    return torch.tensor(offsets, dtype=torch.int32, device=device)
+
+
+def _inputs(lengths, num_heads, num_kv_heads, head_dim, dtype, seed, device=DEVICE):
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    total = sum(lengths)
+
+    def rand(*shape):
+        return torch.randn(*shape, generator=gen).to(device=device, dtype=dtype)
+
+    q = rand(total, num_heads, head_dim).requires_grad_()
+    k = rand(total, num_kv_heads, head_dim).requires_grad_()
+    v = rand(total, num_kv_heads, head_dim).requires_grad_()
+    do = rand(total, num_heads, head_dim)
+    return q, k, v, do
+
+
+def _reference(q, k, v, do, cu):
+    q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
+    out = attn.attention_reference(q64, k64, v64, cu)
+    out.backward(do.double())
+    return out.detach(), q64.grad, k64.grad, v64.grad
+
+
+def _rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
+    got = got.double()
+    assert torch.isfinite(got).all(), "non-finite values (an unwritten, NaN-poisoned row?)"
+    return ((got - want).norm() / want.norm().clamp_min(1e-30)).item()
+
+
+@pytest.fixture
+def poisoned(monkeypatch):
+    """Every buffer the Triton launchers allocate starts NaN: unwritten rows fail."""
+
+    def nan_empty(shape, dtype, device):
+        return torch.full(shape, float("nan"), dtype=dtype, device=device)
+
+    monkeypatch.setattr(ta, "_empty", nan_empty)
+
+
+def _run_triton(q, k, v, do, cu, max_seqlen, configs=None):
+    q.grad = k.grad = v.grad = None
+    out = ta.flash_attn_varlen(q, k, v, cu, max_seqlen, configs=configs)
+    out.backward(do)
+    return out.detach(), q.grad, k.grad, v.grad
+
+
+def _check(got, want, tol):
+    for name, g, w in zip(("out", "dq", "dk", "dv"), got, want):
+        assert g.shape == w.shape, name
+        err = _rel_err(g, w)
+        assert err < tol, f"{name}: relative error {err:.2e} >= {tol:.0e}"
+
+
+# ------------------------------------------------------------------ Triton, small shapes
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize(("num_heads", "num_kv_heads"), [(2, 2), (4, 1), (8, 1)])
+@pytest.mark.parametrize("blocks", ["small", "default"])
+def test_triton_matches_reference_fp32(poisoned, head_dim, num_heads, num_kv_heads, blocks):
+    configs = SMALL_BLOCKS if blocks == "small" else None
+    seed = head_dim * 100 + num_heads * 10 + (blocks == "small")
+    q, k, v, do = _inputs(LENGTHS, num_heads, num_kv_heads, head_dim, torch.float32, seed)
+    cu = _cu(LENGTHS)
+    got = _run_triton(q, k, v, do, cu, max(LENGTHS), configs)
+    # TF32 tensor cores on GPU; exact fp32 in the interpreter.
+    _check(got, _reference(q, k, v, do, cu), 1e-2 if CUDA else 1e-5)
+
+
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_triton_fp16_small(poisoned, head_dim):
+    lengths = [5, 1, 50, 33]
+    q, k, v, do = _inputs(lengths, 8, 2, head_dim, torch.float16, seed=7 + head_dim)
+    cu = _cu(lengths)
+    got = _run_triton(q, k, v, do, cu, max(lengths), SMALL_BLOCKS)
+    _check(got, _reference(q, k, v, do, cu), 5e-3)
+
+
+def test_triton_single_token_sequences(poisoned):
+    lengths = [1, 1, 1]
+    q, k, v, do = _inputs(lengths, 4, 2, 64, torch.float32, seed=3)
+    cu = _cu(lengths)
+    out, dq, dk, dv = _run_triton(q, k, v, do, cu, 1)
+    ref_out, _, _, ref_dv = _reference(q, k, v, do, cu)
+    _check((out, dv), (ref_out, ref_dv), 1e-2 if CUDA else 1e-5)
+    # one key per query: the output is v itself and dq, dk vanish (up to rounding)
+    torch.testing.assert_close(out, v.detach().repeat_interleave(2, dim=1))
+    for grad in (dq, dk):
+        assert torch.isfinite(grad).all() and grad.abs().max() < 1e-5
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # NaN arithmetic, on purpose
+def test_triton_sequences_are_isolated(poisoned):
+    """NaNs in one sequence's q/k/v/do must not reach another's outputs or gradients.
+
+    A kernel reading one key or query past its sequence's end (a missing load mask) would
+    turn 0·NaN into NaN even where the score is masked.
+    """
+    lengths = [37, 16, 45]
+    q, k, v, do = _inputs(lengths, 4, 2, 64, torch.float32, seed=11)
+    cu = _cu(lengths)
+    mid = slice(37, 53)
+    with torch.no_grad():
+        for t in (q, k, v):
+            t[mid] = float("nan")
+    do[mid] = float("nan")
+    out, dq, dk, dv = _run_triton(q, k, v, do, cu, max(lengths), SMALL_BLOCKS)
+    keep = torch.ones(sum(lengths), dtype=torch.bool, device=q.device)
+    keep[mid] = False
+    for t in (out, dq, dk, dv):
+        assert torch.isfinite(t[keep]).all()
+    sub = [0, 37, 82]  # the two clean sequences alone
+    cu2 = torch.tensor(sub, dtype=torch.int32, device=q.device)
+    want = _reference(*(t.detach()[keep] for t in (q, k, v, do)), cu2)
+    _check([t[keep] for t in (out, dq, dk, dv)], want, 1e-2 if CUDA else 1e-5)
+
+
+def test_triton_strided_views(poisoned):
+    """q, k, v as views into one fused qkv projection (token stride != heads·head_dim)."""
+    lengths = [20, 3, 31]
+    total, h, hkv, d = sum(lengths), 4, 2, 64
+    gen = torch.Generator().manual_seed(5)
+    qkv = torch.randn(total, (h + 2 * hkv) * d, generator=gen).to(DEVICE).requires_grad_()
+    q = qkv[:, : h * d].view(total, h, d)
+    k = qkv[:, h * d : (h + hkv) * d].view(total, hkv, d)
+    v = qkv[:, (h + hkv) * d :].view(total, hkv, d)
+    do = torch.randn(total, h, d, generator=gen).to(DEVICE)
+    cu = _cu(lengths)
+    out = ta.flash_attn_varlen(q, k, v, cu, max(lengths), configs=SMALL_BLOCKS)
+    (grad,) = torch.autograd.grad(out, qkv, do)
+    q64 = qkv.detach().double().requires_grad_()
+    ref = attn.attention_reference(
+        q64[:, : h * d].view(total, h, d),
+        q64[:, h * d : (h + hkv) * d].view(total, hkv, d),
+        q64[:, (h + hkv) * d :].view(total, hkv, d),
+        cu,
+    )
+    (grad_ref,) = torch.autograd.grad(ref, q64, do.double())
+    tol = 1e-2 if CUDA else 1e-5
+    assert _rel_err(out.detach(), ref.detach()) < tol
+    assert _rel_err(grad, grad_ref) < tol
+
+
+def test_triton_adapter_validates_and_runs(poisoned):
+    fn = attn.get_attention("triton")
+    q, k, v, _ = _inputs([9, 4], 4, 1, 64, torch.float32, seed=2)
+    cu = _cu([9, 4])
+    out = fn(q, k, v, cu, 9)
+    assert _rel_err(out.detach(), attn.attention_reference(q, k, v, cu)) < (1e-2 if CUDA else 1e-5)
+    with pytest.raises(ValueError, match="head_dim 96"):
+        fn(*(t[..., :48].repeat(1, 1, 2) for t in (q, k, v)), cu, 9)
+
+
+def test_kernel_configs_are_consistent():
+    for head_dim in attn.TRITON_HEAD_DIMS:
+        for kernel, configs in ta.kernel_configs(head_dim).items():
+            for cfg in configs:
+                ta._check_config(kernel, cfg)
+    with pytest.raises(ValueError, match="head_dim 96"):
+        ta.kernel_configs(96)
+
+
+def test_too_many_sequences_is_a_clear_error():
+    n = 65536
+    cu = torch.arange(n + 1, dtype=torch.int32)
+    q = torch.zeros(n, 1, 64)
+    with pytest.raises(ValueError, match="65536 sequences.*65535"):
+        ta.flash_attn_varlen(q, q, q, cu, 1)
+
+
+# ---------------------------------------------------------------------------- adapters
+@pytest.mark.parametrize(("num_heads", "num_kv_heads"), [(2, 2), (8, 2)])
+def test_sdpa_adapter_matches_reference(num_heads, num_kv_heads):
+    fn = attn.get_attention("sdpa")
+    q, k, v, do = _inputs(LENGTHS, num_heads, num_kv_heads, 64, torch.float32, seed=13)
+    cu = _cu(LENGTHS)
+    out = fn(q, k, v, cu, max(LENGTHS))
+    out.backward(do)
+    got = (out.detach(), q.grad, k.grad, v.grad)
+    _check(got, _reference(q, k, v, do, cu), 1e-2 if CUDA else 1e-5)
+
+
+def test_reference_matches_dense_formula():
+    """The reference itself, against softmax(QKᵀ/√d + causal)V written out for one sequence."""
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(6, 1, 8, generator=gen, dtype=torch.float64) for _ in range(3))
+    out = attn.attention_reference(q, k, v, torch.tensor([0, 6], dtype=torch.int32))
+    scores = (q[:, 0] @ k[:, 0].T) / math.sqrt(8)
+    scores = scores + torch.full((6, 6), float("-inf"), dtype=torch.float64).triu(1)
+    torch.testing.assert_close(out[:, 0], scores.softmax(-1) @ v[:, 0])
+
+
+def test_backend_names_and_availability():
+    available = attn.available_attention_backends()
+    assert "sdpa" in available
+    assert "triton" in available  # compiled on GPU, interpreted on CPU (set above)
+    assert set(available) <= set(attn.ATTENTION_BACKENDS)
+    with pytest.raises(ValueError, match="known:.*torch-varlen"):
+        attn.get_attention("flashinfer")
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("flash_attn") is not None, reason="flash-attn installed"
+)
+def test_missing_flash_attn_says_how_to_install():
+    with pytest.raises(RuntimeError, match="pip install flash-attn"):
+        attn.get_attention("flash-attn")
+
+
+@pytest.mark.skipif(CUDA, reason="checks the CPU-only message")
+def test_torch_varlen_without_gpu_is_a_runtime_error():
+    with pytest.raises(RuntimeError, match="torch-varlen"):
+        attn.get_attention("torch-varlen")
+
+
+# -------------------------------------------------------------------------- validation
+def _valid(device="cpu"):
+    q = torch.randn(10, 4, 64, device=device)
+    k = torch.randn(10, 2, 64, device=device)
+    return q, k, k.clone(), torch.tensor([0, 3, 10], dtype=torch.int32, device=device), 7
+
+
+@pytest.mark.parametrize(
+    ("mutate", "match"),
+    [
+        (
+            lambda a: {**a, "cu": torch.tensor([0, 3, 3, 10], dtype=torch.int32)},
+            "strictly increasing",
+        ),
+        (
+            lambda a: {**a, "cu": torch.tensor([0, 7, 3, 10], dtype=torch.int32)},
+            "strictly increasing",
+        ),
+        (lambda a: {**a, "cu": torch.tensor([1, 3, 10], dtype=torch.int32)}, "start at 0"),
+        (
+            lambda a: {**a, "cu": torch.tensor([0, 3, 9], dtype=torch.int32)},
+            "end at total_tokens=10",
+        ),
+        (lambda a: {**a, "cu": torch.tensor([0, 3, 10], dtype=torch.int64)}, "int32"),
+        (lambda a: {**a, "max_seqlen": 5}, "max_seqlen=5"),
+        (lambda a: {**a, "k": a["k"].half(), "v": a["v"].half()}, "share a dtype"),
+        (
+            lambda a: {**a, "q": a["q"].double(), "k": a["k"].double(), "v": a["v"].double()},
+            "dtype",
+        ),
+        (
+            lambda a: {**a, "k": a["k"][:, :1].repeat(1, 3, 1), "v": a["v"][:, :1].repeat(1, 3, 1)},
+            "multiple of num_kv_heads",
+        ),
+        (lambda a: {**a, "k": a["k"][:9], "v": a["v"][:9]}, "tokens"),
+        (lambda a: {**a, "k": a["k"][..., :32], "v": a["v"][..., :32]}, "head_dim"),
+        (lambda a: {**a, "q": a["q"][0]}, "3-D"),
+    ],
+)
+@pytest.mark.parametrize("backend", ["sdpa", "triton"])
+def test_bad_inputs_raise_value_error(backend, mutate, match):
+    q, k, v, cu, max_seqlen = _valid()
+    a = mutate({"q": q, "k": k, "v": v, "cu": cu, "max_seqlen": max_seqlen})
+    if CUDA:
+        a = {n: t.cuda() if isinstance(t, torch.Tensor) else t for n, t in a.items()}
+    with pytest.raises(ValueError, match=match):
+        attn.get_attention(backend)(a["q"], a["k"], a["v"], a["cu"], a["max_seqlen"])
+
+
+def test_triton_rejects_unsupported_head_dim():
+    q = torch.randn(10, 4, 96, device=DEVICE)
+    cu = torch.tensor([0, 10], dtype=torch.int32, device=DEVICE)
+    with pytest.raises(ValueError, match=r"head_dim 96 not supported; allowed: \[64, 128\]"):
+        attn.get_attention("triton")(q, q, q, cu, 10)
+
+
+# ------------------------------------------------------------------- GPU, training shapes
+GPU_LENGTHS = [1, 127, 1000, 2048, 4133, 63]
+
+
+@needs_cuda
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    ("num_heads", "num_kv_heads", "head_dim"), [(32, 8, 128), (16, 16, 128), (16, 2, 64)]
+)
+def test_gpu_triton_bf16_training_shapes(poisoned, num_heads, num_kv_heads, head_dim):
+    q, k, v, do = _inputs(GPU_LENGTHS, num_heads, num_kv_heads, head_dim, torch.bfloat16, seed=1)
+    cu = _cu(GPU_LENGTHS)
+    got = _run_triton(q, k, v, do, cu, max(GPU_LENGTHS))
+    _check(got, _reference(q, k, v, do, cu), 1e-2)
+
+
+@needs_cuda
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", attn.ATTENTION_BACKENDS)
+def test_gpu_every_adapter_bf16(backend):
+    if backend not in attn.available_attention_backends():
+        pytest.skip(f"{backend} unavailable here")
+    q, k, v, do = _inputs(GPU_LENGTHS, 32, 8, 128, torch.bfloat16, seed=2)
+    cu = _cu(GPU_LENGTHS)
+    out = attn.get_attention(backend)(q, k, v, cu, max(GPU_LENGTHS))
+    out.backward(do)
+    _check((out.detach(), q.grad, k.grad, v.grad), _reference(q, k, v, do, cu), 1e-2)
+
+
+# --------------------------------------------------------------------------- benchmark
+def _bench_module():
+    path = os.path.join(os.path.dirname(__file__), "..", "benchmarks", "bench_attention.py")
+    spec = importlib.util.spec_from_file_location("bench_attention", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_bench_flops_convention():
+    bench = _bench_module()
+    lengths = [4096] * 8
+    fwd = 8 * (4096 * 4097 // 2) * 4 * 128 * 32  # pairs × 4·d FLOPs × heads
+    assert bench.attention_flops(lengths, 32, 8, 128, "fwd") == fwd
+    assert bench.attention_flops(lengths, 32, 8, 128, "fwd+bwd") == 3.5 * fwd
+
+
+@pytest.mark.skipif(CUDA, reason="checks the no-GPU exit")
+def test_bench_without_gpu_exits_2(capsys):
+    assert _bench_module().main(["--quick"]) == 2
+    assert "needs a CUDA GPU" in capsys.readouterr().err
+
+
+def test_bench_table_shows_speedup_and_missing_baselines():
+    bench = _bench_module()
+    rows = [
+        {"L": 4096, "num_seqs": 8, "backend": b, "mode": "fwd", "ms": ms, "tflops": 1.0}
+        for b, ms in (("torch-varlen", 2.0), ("triton", 1.6))
+    ]
+    table = bench._table({"rows": rows, "unavailable": {"flash-attn": "not installed"}})
+    assert "1.25x" in table
+    assert "flash-attn: not measured: not installed" in table
