@@ -10,12 +10,17 @@ from costmodel.flops import (
     flops_breakdown,
     sequence_fwd_flops,
 )
+from costmodel.gpus import estimate_cost_model
+from costmodel.model import CostModel, load_cost_model
 from costmodel.spec import ModelSpec, preset_names
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "CostModel",
     "ModelSpec",
+    "estimate_cost_model",
+    "load_cost_model",
     "calculate_fwd_flops",
     "calculate_train_flops",
     "flops_breakdown",

@@ -52,8 +52,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
     args = parser.parse_args(argv)
+    args.argv = argv  # recorded as provenance by commands that write files
     logging.basicConfig(
         level=logging.INFO if args.verbose else logging.WARNING,
         format="%(levelname)s %(name)s: %(message)s",
@@ -67,6 +69,9 @@ def main(argv: list[str] | None = None) -> int:
         message = err.args[0] if isinstance(err, KeyError) and err.args else err
         print(f"costmodel {args.command}: error: {message}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # `costmodel report ... | head`
+        sys.stderr.close()
+        return 0
     except KeyboardInterrupt:
         print(f"costmodel {args.command}: interrupted", file=sys.stderr)
         return 130

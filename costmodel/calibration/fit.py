@@ -1,0 +1,202 @@
+"""From measured points to the curves of a `CostModel` (scipy), with residuals.
+
+- Attention: for each length L the packs of n equal sequences give t(n) = a(L) + n·b(L),
+  solved by non-negative least squares (scipy.optimize.nnls). b(L) is the per-sequence
+  cost the model keeps (made monotone in L by isotonic regression); a(L), the per-call
+  cost, enters the per-layer overhead. Lengths measured with a single n borrow the median a.
+- Token curves (linear, head): isotonic regression of the medians on the token grid
+  (scipy.optimize.isotonic_regression, weighted by 1/spread²) and then piecewise-linear
+  interpolation: noise that would make cost fall with more tokens is pooled away, while a
+  step *up* (a new GEMM wave) is kept as measured.
+- Per-layer overhead: inverse-variance weighted mean over "layer" probes of
+  t_layer − linear(T) − Σ b(L_i), which is the attention call cost plus whatever glue the
+  layer adds; without probes, the median a.
+- Residuals: relative error of the fitted model at every measured point, kept in the file.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from scipy.optimize import isotonic_regression, nnls
+
+from costmodel.model import AttentionCurve, ModeCurves, TokenCurve
+
+__all__ = ["Record", "fit_attention", "fit_mode", "fit_token_curve", "residuals"]
+
+logger = logging.getLogger(__name__)
+
+_MIN_MS = 1e-5  # 10 ns: floor for per-sequence attention that fits to ~0 at tiny L
+
+
+@dataclass(frozen=True)
+class Record:
+    """One measured point: what was run and how long it took."""
+
+    kind: str
+    mode: str
+    lengths: tuple[int, ...]
+    ms: float
+    spread: float = 0.0
+    moe: bool = False
+
+    @property
+    def tokens(self) -> int:
+        return int(sum(self.lengths))
+
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"kind": self.kind, "mode": self.mode, "ms": self.ms,
+                             "spread": round(self.spread, 5), "tokens": self.tokens}
+        if self.kind == "attention":
+            d.update(length=int(self.lengths[0]), n=len(self.lengths))
+        elif self.kind in ("layer", "stack"):
+            d["lengths"] = list(self.lengths)
+        if self.moe:
+            d["moe"] = True
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Record:
+        if d["kind"] == "attention":
+            lengths = (int(d["length"]),) * int(d["n"])
+        elif "lengths" in d:
+            lengths = tuple(int(x) for x in d["lengths"])
+        else:
+            lengths = (int(d["tokens"]),)
+        return cls(d["kind"], d["mode"], lengths, float(d["ms"]), float(d.get("spread", 0.0)),
+                   bool(d.get("moe", False)))
+
+
+def _weights(spreads: np.ndarray) -> np.ndarray:
+    return 1.0 / np.maximum(np.asarray(spreads, dtype=np.float64), 0.01) ** 2
+
+
+def fit_attention(records: list[Record]) -> tuple[AttentionCurve, float, dict[str, Any]]:
+    """(per-sequence curve b(L), per-call cost a in ms, details) from attention packs."""
+    by_len: dict[int, list[Record]] = defaultdict(list)
+    for r in records:
+        by_len[int(r.lengths[0])].append(r)
+    if len(by_len) < 2:
+        raise ValueError(f"attention fit needs at least 2 lengths, got {sorted(by_len)}")
+    per_call: dict[int, float] = {}
+    per_seq: dict[int, float] = {}
+    single: list[int] = []
+    for L, rs in sorted(by_len.items()):
+        n = np.array([len(r.lengths) for r in rs], dtype=np.float64)
+        t = np.array([r.ms for r in rs])
+        if np.unique(n).size >= 2:
+            # Relative least squares: divide each row by t so long packs do not dominate.
+            A = np.stack([np.ones_like(n), n], axis=1) / t[:, None]
+            (a, b), _ = nnls(A, np.ones_like(t))
+            per_call[L], per_seq[L] = float(a), float(b)
+        else:
+            single.append(L)
+    call_ms = float(np.median(list(per_call.values()))) if per_call else 0.0
+    for L in single:
+        rs = by_len[L]
+        per_seq[L] = float(np.median([(r.ms - call_ms) / len(r.lengths) for r in rs]))
+    lengths = np.array(sorted(per_seq), dtype=np.float64)
+    raw = np.array([per_seq[int(L)] for L in lengths])
+    weights = np.array([len(by_len[int(L)]) for L in lengths], dtype=np.float64)
+    mono = isotonic_regression(np.maximum(raw, _MIN_MS), weights=weights, increasing=True).x
+    mono = np.maximum.accumulate(np.maximum(mono, _MIN_MS))
+    details = {
+        "per_call_ms": {str(int(k)): v for k, v in sorted(per_call.items())},
+        "per_sequence_ms_raw": {str(int(L)): float(v) for L, v in zip(lengths, raw)},
+        "call_ms": call_ms,
+        "single_pack_lengths": single,
+    }
+    return AttentionCurve(lengths, mono, what="attention fit"), call_ms, details
+
+
+def fit_token_curve(records: list[Record], what: str) -> TokenCurve:
+    """Monotone piecewise-linear curve through the medians at each token count."""
+    by_t: dict[int, list[Record]] = defaultdict(list)
+    for r in records:
+        by_t[r.tokens].append(r)
+    if len(by_t) < 2:
+        raise ValueError(f"{what} fit needs at least 2 token counts, got {sorted(by_t)}")
+    tokens = np.array(sorted(by_t), dtype=np.float64)
+    ms = np.array([np.median([r.ms for r in by_t[int(t)]]) for t in tokens])
+    spreads = np.array([np.median([r.spread for r in by_t[int(t)]]) for t in tokens])
+    mono = isotonic_regression(ms, weights=_weights(spreads), increasing=True).x
+    mono = np.maximum.accumulate(np.maximum(mono, _MIN_MS))
+    return TokenCurve(tokens, mono, what=what)
+
+
+def fit_mode(records: list[Record], mode: str, *, needs: tuple[str, ...]) -> tuple[ModeCurves, dict[str, Any]]:
+    """All curves of one pass from its records; `needs` lists the linear kinds required."""
+    rs = [r for r in records if r.mode == mode]
+    attn_rs = [r for r in rs if r.kind == "attention"]
+    if not attn_rs:
+        raise ValueError(f"no attention measurements for mode {mode!r}")
+    attention, call_ms, attn_details = fit_attention(attn_rs)
+    linear = {}
+    for kind in needs:
+        lin = [r for r in rs if r.kind == "linear" and r.moe == (kind == "moe")]
+        if not lin:
+            raise ValueError(f"no {kind} linear measurements for mode {mode!r}")
+        linear[kind] = fit_token_curve(lin, f"{mode} {kind} linear fit")
+    head_rs = [r for r in rs if r.kind == "head"]
+    if not head_rs:
+        raise ValueError(f"no head measurements for mode {mode!r}")
+    head = fit_token_curve(head_rs, f"{mode} head fit")
+    probes = [r for r in rs if r.kind == "layer"]
+    glue, weights = [], []
+    for r in probes:
+        kind = "moe" if r.moe else "dense"
+        if kind not in linear:
+            continue
+        L = np.asarray(r.lengths, dtype=np.float64)
+        glue.append(r.ms - float(linear[kind](r.tokens)) - float(attention(L).sum()))
+        # Inverse-variance weights: the glue is a small difference of large times, and a
+        # probe's absolute noise is its time × its relative spread.
+        weights.append(1.0 / (r.ms * max(r.spread, 0.005)) ** 2)
+    per_layer = float(np.average(glue, weights=weights)) if glue else call_ms
+    if per_layer < 0:
+        logger.warning(
+            "%s: layer probes run %.3f ms faster than linear + attention predict; per-layer "
+            "overhead clamped to 0", mode, -per_layer,
+        )
+        per_layer = 0.0
+    curves = ModeCurves(attention=attention, linear=linear, head=head,
+                        layer_overhead_ms=per_layer, microbatch_overhead_ms=0.0)
+    details = {"attention": attn_details, "layer_glue_ms": [float(g) for g in glue],
+               "per_layer_ms": per_layer}
+    return curves, details
+
+
+def predict_record(curves: ModeCurves, r: Record, call_ms: float) -> float:
+    L = np.asarray(r.lengths, dtype=np.float64)
+    kind = "moe" if r.moe else "dense"
+    if r.kind == "attention":
+        return call_ms + float(curves.attention(L).sum())
+    if r.kind == "linear":
+        return float(curves.linear[kind](r.tokens))
+    if r.kind == "head":
+        return float(curves.head(r.tokens))
+    if r.kind == "layer":
+        return curves.layer_overhead_ms + float(curves.attention(L).sum()) + float(curves.linear[kind](r.tokens))
+    raise ValueError(f"no prediction for kind {r.kind!r}")
+
+
+def residuals(curves: ModeCurves, records: list[Record], call_ms: float) -> dict[str, Any]:
+    """Relative residuals (predicted / measured − 1) by kind: rms, worst, and per point."""
+    out: dict[str, Any] = {}
+    by_kind: dict[str, list[tuple[Record, float]]] = defaultdict(list)
+    for r in records:
+        by_kind[r.kind + (" moe" if r.moe else "")].append((r, predict_record(curves, r, call_ms) / r.ms - 1.0))
+    for kind, items in by_kind.items():
+        rel = np.array([e for _, e in items])
+        worst = int(np.argmax(np.abs(rel)))
+        out[kind] = {
+            "rms": float(np.sqrt(np.mean(rel**2))),
+            "max_abs": float(np.abs(rel[worst])),
+            "worst_point": items[worst][0].to_dict(),
+            "relative": [round(float(e), 5) for e in rel],
+        }
+    return out

@@ -1,0 +1,288 @@
+"""Sweep plans: which micro-batches to time, how often, and how long that will take.
+
+A plan is budgeted by design: every point's time is estimated from the registry
+estimate for the GPU (`costmodel.gpus.estimate_cost_model`), multiplied by warm-up +
+repeats, plus a fixed per-point cost (allocation, synchronisation, L2 flush). When the
+total exceeds the budget (default sweep 75 s so that it ends within 90 s on an H200
+with set-up; `--quick` 24 s for 30 s) the grids are thinned, coarsest-first, until it
+fits. The plan size and estimate are logged.
+
+Point kinds:
+- "attention": the attention core alone on a pack of n equal sequences of length L
+  (n from 1 to cap/L), so that fitting t = a(L) + n·b(L) separates the per-call cost a
+  from the per-sequence cost b.
+- "linear": one layer with the attention core skipped (`attention="none"`) on T tokens:
+  projections, norms, rotary, MLP or MoE experts. A fine token grid keeps GEMM steps.
+- "head": final norm + LM head + cross-entropy on T tokens.
+- "layer": the whole layer on a mixed pack, to measure what a layer costs beyond
+  linear(T) + Σ attn(L) (the attention call and glue), i.e. the per-layer overhead.
+- "stack": `num_layers` layers + head on a micro-batch (used by `validate`).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from costmodel.spec import ModelSpec
+
+__all__ = ["PlanSettings", "SweepPlan", "SweepPoint", "make_plan", "estimate_point_ms"]
+
+logger = logging.getLogger(__name__)
+
+KINDS = ("attention", "linear", "head", "layer", "stack")
+PER_POINT_OVERHEAD_S = 0.02
+"""Allocation, synchronisation and Python per point (a guess; the log shows the truth)."""
+
+
+@dataclass(frozen=True)
+class SweepPoint:
+    """One thing to time: a kind of workload, a pass, and the sequence lengths it runs on."""
+
+    kind: str
+    mode: str
+    lengths: tuple[int, ...]
+    moe: bool = False
+    num_layers: int = 1
+    """Only for kind "stack"."""
+
+    @property
+    def tokens(self) -> int:
+        return int(sum(self.lengths))
+
+    @property
+    def n(self) -> int:
+        return len(self.lengths)
+
+    @property
+    def length(self) -> int:
+        """The (first) sequence length: L for attention packs, T for linear/head points."""
+        return int(self.lengths[0])
+
+    def describe(self) -> str:
+        extra = " moe" if self.moe else ""
+        if self.kind == "attention":
+            return f"attention {self.mode} L={self.length} n={self.n}"
+        if self.kind in ("linear", "head"):
+            return f"{self.kind}{extra} {self.mode} T={self.tokens}"
+        return f"{self.kind}{extra} {self.mode} {self.n} seqs / {self.tokens} tokens"
+
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"kind": self.kind, "mode": self.mode, "tokens": self.tokens}
+        if self.kind == "attention":
+            d.update(length=self.length, n=self.n)
+        elif self.kind in ("layer", "stack"):
+            d["lengths"] = list(self.lengths)
+        if self.moe:
+            d["moe"] = True
+        if self.kind == "stack":
+            d["num_layers"] = self.num_layers
+        return d
+
+
+@dataclass(frozen=True, kw_only=True)
+class PlanSettings:
+    attention_per_octave: int = 3
+    max_packs: int = 4
+    """At most this many pack sizes n per length (1, nmax and geometric between)."""
+    token_per_octave: int = 12
+    """Geometric token grid density below `linear_step_from` tokens."""
+    linear_step_from: int = 1024
+    linear_step: int = 256
+    """Above `linear_step_from`, the token grid is linear with this step (GEMM steps)."""
+    head_per_octave: int = 3
+    probes_per_mode: int = 8
+    repeats: int = 5
+    warmup: int = 2
+    min_length: int = 64
+    min_tokens: int = 16
+    head_max_tokens: int = 16384
+    """The LM head's fp32 logits grow as T × vocab; above this the head is extrapolated."""
+
+
+DEFAULT_SETTINGS = PlanSettings()
+QUICK_SETTINGS = PlanSettings(
+    attention_per_octave=2, max_packs=3, token_per_octave=6, linear_step=1024,
+    head_per_octave=2, probes_per_mode=4, repeats=3, warmup=1,
+)
+
+
+@dataclass(kw_only=True)
+class SweepPlan:
+    points: list[SweepPoint]
+    probe: SweepPoint
+    """Timed at the start and at the end: the drift probe."""
+    settings: PlanSettings
+    estimated_s: float
+    budget_s: float
+    max_len: int
+    max_tokens: int
+    notes: list[str] = field(default_factory=list)
+
+    def summary(self) -> str:
+        kinds: dict[str, int] = {}
+        for p in self.points:
+            kinds[p.kind] = kinds.get(p.kind, 0) + 1
+        parts = ", ".join(f"{n} {k}" for k, n in kinds.items())
+        return (
+            f"{len(self.points)} points ({parts}) x {self.settings.warmup} warm-up + "
+            f"{self.settings.repeats} repeats; estimated {self.estimated_s:.0f} s "
+            f"(budget {self.budget_s:.0f} s)"
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "points": len(self.points),
+            "repeats": self.settings.repeats,
+            "warmup": self.settings.warmup,
+            "estimated_s": round(self.estimated_s, 2),
+            "budget_s": self.budget_s,
+            "max_len": self.max_len,
+            "max_tokens": self.max_tokens,
+            "settings": {k: getattr(self.settings, k) for k in self.settings.__dataclass_fields__},
+            "notes": self.notes,
+        }
+
+
+def _geometric(lo: int, hi: int, per_octave: int, multiple: int = 1) -> list[int]:
+    if hi < lo:
+        return [hi]
+    count = max(2, int(round(np.log2(hi / lo) * per_octave)) + 1)
+    raw = np.geomspace(lo, hi, count)
+    vals = np.unique(np.maximum(multiple, np.round(raw / multiple) * multiple).astype(int))
+    vals = vals[(vals >= lo) & (vals <= hi)]
+    return sorted(set(vals.tolist()) | {lo, hi})
+
+
+def _pack_sizes(nmax: int, max_packs: int) -> list[int]:
+    if nmax <= 1:
+        return [1]
+    sizes = np.unique(np.round(np.geomspace(1, nmax, max_packs)).astype(int))
+    return sorted(set(sizes.tolist()) | {1, nmax})
+
+
+def token_grid(lo: int, hi: int, per_octave: int, step_from: int, step: int) -> list[int]:
+    """Geometric up to `step_from`, then every `step` tokens: fine where GEMMs step."""
+    lo_part = _geometric(lo, min(step_from, hi), per_octave)
+    hi_part = list(range(step_from + step, hi + 1, step)) if hi > step_from else []
+    return sorted(set(lo_part + hi_part + [hi]))
+
+
+def _build(spec: ModelSpec, modes: tuple[str, ...], max_len: int, max_tokens: int,
+           s: PlanSettings, rng_seed: int) -> tuple[list[SweepPoint], SweepPoint]:
+    lengths = _geometric(min(s.min_length, max_len), max_len, s.attention_per_octave, multiple=8)
+    tokens = token_grid(s.min_tokens, max_tokens, s.token_per_octave, s.linear_step_from, s.linear_step)
+    head_tokens = _geometric(s.min_tokens, min(max_tokens, s.head_max_tokens), s.head_per_octave)
+    kinds_moe = [m for m, n in ((False, spec.num_dense_layers), (True, spec.num_moe_layers)) if n]
+    rng = np.random.default_rng(rng_seed)
+    points: list[SweepPoint] = []
+    for mode in modes:
+        for L in lengths:
+            for n in _pack_sizes(max_tokens // L, s.max_packs):
+                points.append(SweepPoint("attention", mode, (L,) * n))
+        for moe in kinds_moe:
+            points.extend(SweepPoint("linear", mode, (T,), moe=moe) for T in tokens)
+        points.extend(SweepPoint("head", mode, (T,)) for T in head_tokens)
+        for moe in kinds_moe:
+            for _ in range(s.probes_per_mode):
+                points.append(SweepPoint("layer", mode, _random_pack(rng, max_len, max_tokens), moe=moe))
+    probe_tokens = min(4096, max_tokens)
+    probe = SweepPoint("linear", modes[0], (probe_tokens,), moe=not spec.num_dense_layers)
+    return points, probe
+
+
+def _random_pack(rng: np.random.Generator, max_len: int, max_tokens: int) -> tuple[int, ...]:
+    """Long-tailed lengths (lognormal around 1k) packed up to a random cap."""
+    cap = int(rng.choice([c for c in (512, 1024, 2048, 4096, 8192, 16384, max_tokens) if c <= max_tokens]))
+    out: list[int] = []
+    while True:
+        L = int(np.clip(rng.lognormal(np.log(1000), 1.0), 16, min(max_len, cap)))
+        if sum(out) + L > cap:
+            break
+        out.append(L)
+    return tuple(out) if out else (min(max_len, cap),)
+
+
+def estimate_point_ms(point: SweepPoint, model) -> float:
+    """Estimated time of one call of `point` under `model` (a CostModel, usually an estimate)."""
+    c = model.curves[point.mode]
+    kind = "moe" if point.moe else "dense"
+    if point.kind == "attention":
+        return c.layer_overhead_ms + point.n * float(c.attention(np.array([point.length]))[0])
+    if point.kind == "linear":
+        return float(c.linear[kind](point.tokens))
+    if point.kind == "head":
+        return float(c.head(point.tokens))
+    layers = point.num_layers if point.kind == "stack" else 1
+    return model.stack_cost(point.lengths, point.mode, num_layers=layers, moe=point.moe,
+                            head=point.kind == "stack")
+
+
+def plan_seconds(points: list[SweepPoint], model, s: PlanSettings) -> float:
+    calls = s.warmup + s.repeats
+    work = sum(estimate_point_ms(p, model) for p in points) * calls / 1e3
+    return work + PER_POINT_OVERHEAD_S * len(points)
+
+
+def make_plan(
+    spec: ModelSpec,
+    *,
+    modes: tuple[str, ...] = ("train", "forward"),
+    max_len: int = 32768,
+    max_tokens: int | None = None,
+    quick: bool = False,
+    gpu: str = "h200",
+    budget_s: float | None = None,
+    settings: PlanSettings | None = None,
+    seed: int = 0,
+) -> SweepPlan:
+    """A sweep for `spec` that fits the time budget on `gpu` (a registry key or name)."""
+    from costmodel.gpus import estimate_cost_model, lookup_gpu
+
+    if not modes or any(m not in ("train", "forward") for m in modes):
+        raise ValueError(f"modes must be a non-empty subset of train, forward; got {modes}")
+    if max_len < 64:
+        raise ValueError(f"max_len must be at least 64 tokens, got {max_len}")
+    max_tokens = int(max_tokens or max(max_len, 16384))
+    if max_tokens < max_len:
+        raise ValueError(f"max_tokens ({max_tokens}) must be >= max_len ({max_len})")
+    s = settings or (QUICK_SETTINGS if quick else DEFAULT_SETTINGS)
+    budget = float(budget_s if budget_s is not None else (24.0 if quick else 75.0))
+    try:
+        info = lookup_gpu(gpu)
+    except ValueError:
+        info = lookup_gpu("h200")
+    model = estimate_cost_model(spec, info)
+    notes: list[str] = []
+    # Thin the grids until the plan fits: linear step first, then density, then repeats.
+    thinning = [
+        lambda t: _replace(t, linear_step=t.linear_step * 2),
+        lambda t: _replace(t, token_per_octave=max(3, t.token_per_octave // 2),
+                           attention_per_octave=max(2, t.attention_per_octave - 1)),
+        lambda t: _replace(t, max_packs=max(2, t.max_packs - 1), probes_per_mode=max(3, t.probes_per_mode // 2)),
+        lambda t: _replace(t, repeats=max(3, t.repeats - 1), warmup=1),
+    ]
+    for attempt in range(12):
+        points, probe = _build(spec, tuple(modes), max_len, max_tokens, s, seed)
+        est = plan_seconds(points + [probe, probe], model, s)
+        if est <= budget:
+            break
+        step = thinning[min(attempt, len(thinning) - 1)]
+        s = step(s)
+        notes.append(f"estimated {est:.0f} s > budget {budget:.0f} s: thinned to {s}")
+    else:
+        notes.append(f"could not fit the budget; estimated {est:.0f} s")
+        logger.warning("sweep estimated at %.0f s, over the %.0f s budget", est, budget)
+    plan = SweepPlan(points=points, probe=probe, settings=s, estimated_s=est, budget_s=budget,
+                     max_len=max_len, max_tokens=max_tokens, notes=notes)
+    logger.info("sweep plan for %s on %s: %s", spec.name, info.key, plan.summary())
+    return plan
+
+
+def _replace(s: PlanSettings, **kw: Any) -> PlanSettings:
+    from dataclasses import replace
+
+    return replace(s, **kw)

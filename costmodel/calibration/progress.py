@@ -1,0 +1,43 @@
+"""A one-line progress display for long measurements, written to a stream the caller owns.
+
+On a terminal the line is redrawn in place at most every 0.2 s; otherwise (logs, CI) a
+line is written every 10% of the work. `rich`/`tqdm` are not needed.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TextIO
+
+from costmodel.calibration.plan import SweepPoint
+
+__all__ = ["ProgressLine"]
+
+
+class ProgressLine:
+    def __init__(self, stream: TextIO, label: str, *, estimated_s: float | None = None):
+        self.stream = stream
+        self.label = label
+        self.estimated_s = estimated_s
+        self.tty = bool(getattr(stream, "isatty", lambda: False)())
+        self._last = 0.0
+        self._last_decile = -1
+
+    def __call__(self, done: int, total: int, point: SweepPoint, elapsed_s: float) -> None:
+        now = time.monotonic()
+        left = elapsed_s / done * (total - done) if done else float("nan")
+        text = (f"{self.label} [{done:4d}/{total}] {point.describe():42.42s} "
+                f"{elapsed_s:6.1f} s, ~{left:4.0f} s left")
+        if self.tty:
+            if now - self._last >= 0.2 or done == total:
+                self.stream.write("\r" + text)
+                if done == total:
+                    self.stream.write("\n")
+                self.stream.flush()
+                self._last = now
+        else:
+            decile = done * 10 // total
+            if decile != self._last_decile:
+                self._last_decile = decile
+                self.stream.write(text + "\n")
+                self.stream.flush()

@@ -1,0 +1,204 @@
+"""`costmodel report`: a table and a plot of a cost model (measured or estimate).
+
+The table: provenance (ESTIMATE in capitals when it is one), overheads, the attention
+curve per length and the linear curve per token count with TFLOP/s and efficiency against
+the registry peak, example micro-batches, the FLOPs check, fit residuals, validation.
+The plot (matplotlib, Agg): measured points and fitted curves for attention and the
+linear part with the FLOPs-proportional line through the longest point, efficiency vs
+length, and the per-token sample cost. CPU only; numpy/scipy/matplotlib.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from costmodel import flops
+from costmodel.calibration.validate import format_validation
+from costmodel.gpus import GpuInfo, find_gpu_by_device_name, lookup_gpu
+from costmodel.model import CostModel
+
+__all__ = ["format_report", "plot_report"]
+
+_LENGTHS = (64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536)
+_TOKENS = (16, 128, 512, 1024, 2048, 4096, 8192, 12288, 16384, 32768)
+
+
+def _gpu_info(model: CostModel) -> GpuInfo | None:
+    if model.gpu_key:
+        try:
+            return lookup_gpu(model.gpu_key)
+        except ValueError:
+            pass
+    return find_gpu_by_device_name(model.gpu)
+
+
+def _label(model: CostModel) -> str:
+    if model.is_estimate:
+        return f"ESTIMATE (not measured): {model.spec.name} on {model.gpu}"
+    kind = model.provenance.get("kind", "measured")
+    return f"{kind}: {model.spec.name} on {model.gpu}"
+
+
+def format_report(model: CostModel) -> str:
+    info = _gpu_info(model)
+    peak = info.peak_bf16_flops if info else None
+    spec = model.spec
+    out = [f"cost model — {_label(model)}"]
+    if model.is_estimate:
+        out.append(f"  {model.provenance.get('note', '')}")
+    for key in ("source", "created", "command"):
+        if model.extra.get(key):
+            out.append(f"  {key}: {model.extra[key]}")
+    dev = model.extra.get("device") or {}
+    if dev:
+        out.append(
+            "  device: " + ", ".join(f"{k}={dev[k]}" for k in ("name", "sm_count", "compute_capability",
+                                                              "l2_cache_bytes", "driver", "torch", "cuda", "triton")
+                                     if dev.get(k) is not None)
+        )
+    if model.extra.get("kernels"):
+        out.append(f"  kernels: {model.extra['kernels']}")
+    out.append(
+        f"  model: {spec.name} (shape {spec.fingerprint()}): {spec.num_layers} layers "
+        f"({spec.num_dense_layers} dense, {spec.num_moe_layers} MoE, {spec.sliding_window_layers} "
+        f"sliding-window), hidden {spec.hidden_size}, vocab {spec.vocab_size}"
+    )
+    if peak:
+        out.append(f"  peak: {peak / 1e12:.0f} TFLOP/s bf16 dense ({info.source})")
+    for mode in model.modes:
+        c = model.curves[mode]
+        passes = 3.0 if mode == "train" else 1.0
+        overhead = spec.num_layers * c.layer_overhead_ms + c.microbatch_overhead_ms
+        out.append(f"\n[{mode}] overhead {overhead:.3f} ms per micro-batch "
+                   f"({c.layer_overhead_ms:.4f} ms per layer x {spec.num_layers} + "
+                   f"{c.microbatch_overhead_ms:.3f} ms)")
+        measured_max = c.attention.lengths[-1]
+        out.append(f"  attention, one sequence, one layer (knots {int(c.attention.lengths[0])}.."
+                   f"{int(measured_max)}; L^2 beyond):")
+        out.append(f"    {'L':>7} {'ms':>10} {'TFLOP/s':>8} {'eff':>6}")
+        for L in _LENGTHS:
+            ms = float(c.attention(np.array([L]))[0])
+            tf = passes * float(flops.attention_core_flops([L], spec)[0]) / (ms * 1e-3) / 1e12
+            eff = f"{tf * 1e12 / peak:6.1%}" if peak else "     -"
+            tail = "  (extrapolated)" if measured_max < L else ""
+            out.append(f"    {L:7d} {ms:10.4f} {tf:8.1f} {eff}{tail}")
+        for kind, curve in c.linear.items():
+            out.append(f"  linear part of one {kind} layer (knots {int(curve.tokens[0])}.."
+                       f"{int(curve.tokens[-1])}):")
+            out.append(f"    {'tokens':>7} {'ms':>10} {'us/token':>9} {'TFLOP/s':>8} {'eff':>6}")
+            for T in _TOKENS:
+                ms = float(curve(T))
+                tf = passes * float(flops.layer_linear_flops(T, spec, moe=kind == "moe")) / (ms * 1e-3) / 1e12
+                eff = f"{tf * 1e12 / peak:6.1%}" if peak else "     -"
+                out.append(f"    {T:7d} {ms:10.4f} {1e3 * ms / T:9.3f} {tf:8.1f} {eff}")
+        out.append("  head: " + ", ".join(f"{T}: {float(c.head(T)):.3f} ms" for T in (128, 1024, 8192, 16384)))
+        out.append("  micro-batches (ms):")
+        for lengths in ([100], [500], [1000], [1000] * 8, [8000], [16000], [4000] * 4, [32000]):
+            b = model.breakdown(lengths, mode)
+            desc = f"{len(lengths)} x {lengths[0]}" if len(lengths) > 1 else f"1 x {lengths[0]}"
+            out.append(
+                f"    {desc:>10}: {b['total']:9.2f}  (overhead {b['overhead']:.2f}, attention "
+                f"{b['attention']:.2f}, linear {b['linear']:.2f}, head {b['head']:.2f})"
+            )
+        sc = model.sample_cost(np.array([128, 1024, 4096, 16384]), mode)
+        out.append(f"  sample_cost at reference {model.reference_tokens} tokens: " + ", ".join(
+            f"L={L}: {v:.3f} ms" for L, v in zip((128, 1024, 4096, 16384), sc)))
+    check = model.extra.get("flops_check")
+    if check:
+        eff = check.get("max_efficiency")
+        out.append(
+            f"\nFLOPs check: {'passed' if check.get('checked') else 'not checked'}"
+            + (f", highest efficiency {eff:.1%} of peak" if eff is not None else "")
+            + (f" ({check['note']})" if check.get("note") else "")
+        )
+        for key, rows in (check.get("points") or {}).items():
+            effs = [r["efficiency"] for r in rows if "efficiency" in r]
+            if effs:
+                out.append(f"  {key:22} {len(rows):4d} points, efficiency {min(effs):.1%} .. {max(effs):.1%}")
+    resid = model.extra.get("residuals")
+    if resid:
+        out.append("\nfit residuals (relative):")
+        for mode, kinds in resid.items():
+            for kind, r in kinds.items():
+                out.append(f"  {mode:8} {kind:12} rms {r['rms']:.2%}  worst {r['max_abs']:.2%}")
+    drift = model.provenance.get("drift_probe")
+    if drift:
+        out.append(f"drift probe: {drift['relative_change']:+.2%} "
+                   f"({drift['start_ms']:.4g} -> {drift['end_ms']:.4g} ms)")
+    val = model.extra.get("validation")
+    out.append("\n" + (format_validation(val) if val else "validation: none (run `costmodel validate` on the GPU)"))
+    return "\n".join(out)
+
+
+def _measured(model: CostModel, kind: str, mode: str) -> list[dict[str, Any]]:
+    return [m for m in (model.extra.get("measurements") or []) if m["kind"] == kind and m["mode"] == mode]
+
+
+def plot_report(model: CostModel, path: str) -> str:
+    """Write a 2x2 figure to `path` (PNG)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise RuntimeError("plotting needs matplotlib: pip install 'costmodel[plot]'") from None
+    spec = model.spec
+    info = _gpu_info(model)
+    peak = info.peak_bf16_flops if info else None
+    fig, axes = plt.subplots(2, 2, figsize=(13, 9))
+    (ax_a, ax_l), (ax_e, ax_s) = axes
+    colors = {"train": "C0", "forward": "C1"}
+    for mode in model.modes:
+        c, col = model.curves[mode], colors[mode]
+        passes = 3.0 if mode == "train" else 1.0
+        hi = max(65536, int(c.attention.lengths[-1]) * 2)
+        L = np.unique(np.geomspace(16, hi, 300).astype(np.int64))
+        a = c.attention(L)
+        ax_a.loglog(L, a, color=col, label=f"{mode}: fitted attn(L)")
+        raw = (model.provenance.get("fit") or {}).get(mode, {}).get("attention", {}).get("per_sequence_ms_raw")
+        if raw:
+            xs = np.array([int(k) for k in raw])
+            ys = np.array(list(raw.values()))
+            ok = ys > 0
+            ax_a.loglog(xs[ok], ys[ok], "o", color=col, ms=4, label=f"{mode}: measured b(L)")
+        ref = c.attention.lengths[-1]
+        fl = flops.attention_core_flops(L, spec)
+        scale = float(c.attention(np.array([ref]))[0]) / float(flops.attention_core_flops([int(ref)], spec)[0])
+        ax_a.loglog(L, fl * scale, "--", color=col, alpha=0.5, label=f"{mode}: FLOPs-proportional")
+        for kind, curve in c.linear.items():
+            T = np.unique(np.geomspace(16, max(65536, curve.tokens[-1]), 400).astype(np.int64))
+            ax_l.plot(T, curve(T), color=col, label=f"{mode}: fitted {kind} linear(T)")
+            pts = [m for m in _measured(model, "linear", mode) if bool(m.get("moe")) == (kind == "moe")]
+            if pts:
+                ax_l.plot([m["tokens"] for m in pts], [m["ms"] for m in pts], ".", color=col, ms=3,
+                          label=f"{mode}: measured")
+            lf = flops.layer_linear_flops(T, spec, moe=kind == "moe")
+            s = float(curve(curve.tokens[-1])) / float(flops.layer_linear_flops(curve.tokens[-1], spec, moe=kind == "moe"))
+            ax_l.plot(T, lf * s, "--", color=col, alpha=0.5, label=f"{mode}: FLOPs-proportional")
+            if peak:
+                eff_l = passes * lf / (curve(T) * 1e-3) / peak
+                ax_e.semilogx(T, eff_l, ":", color=col, label=f"{mode}: {kind} linear vs tokens")
+        if peak:
+            ax_e.semilogx(L, passes * fl / (a * 1e-3) / peak, color=col, label=f"{mode}: attention vs L")
+        Ls = np.unique(np.geomspace(16, 65536, 200).astype(np.int64))
+        ax_s.semilogx(Ls, model.sample_cost(Ls, mode) / Ls * 1e3, color=col, label=f"{mode}: sample_cost / L")
+    ax_a.set(xlabel="sequence length L (tokens)", ylabel="ms per sequence per layer", title="attention core")
+    ax_l.set(xlabel="tokens in micro-batch", ylabel="ms per layer", title="token-linear part of a layer",
+             xscale="log", yscale="log")
+    ax_e.set(xlabel="length / tokens", ylabel="fraction of peak bf16", title="efficiency vs length")
+    ax_s.set(xlabel="sample length L", ylabel="µs per token (all layers + head)",
+             title=f"sample_cost per token (reference {model.reference_tokens} tokens)")
+    for ax in axes.flat:
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=7)
+    title = _label(model)
+    if model.is_estimate:
+        title += "  [registry peak x assumed efficiency]"
+    fig.suptitle(title, color="red" if model.is_estimate else "black")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

@@ -1,0 +1,190 @@
+"""Predicted vs measured on random packed micro-batches, next to the simple baselines.
+
+Micro-batches: RL-like long-tailed lengths (lognormal, median ~1.2k tokens, clipped to
+the calibrated range) packed in order under several token caps (1k .. 16k), so both
+launch-bound small micro-batches and attention-heavy long ones appear. Each runs through
+`num_layers` distinct real layers + the LM head (a "stack" point; same timer as the
+sweep), and is compared with:
+
+- the cost model's `stack_cost` as is (no rescaling: the model predicts milliseconds);
+- tokens (Σ L) × the best single scale factor;
+- analytic FLOPs of the stack × the best single scale factor.
+
+"Best" minimises the mean absolute percentage error, which is a weighted median of the
+ratios (measured / predictor) with weights predictor / measured; it is fitted separately
+for each split (all, ≥ 1k tokens), the most favourable choice for the baselines. Figures:
+MAPE, worst relative error, Spearman rank correlation.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+from scipy.stats import spearmanr
+
+from costmodel import flops
+from costmodel.calibration.plan import SweepPoint
+from costmodel.calibration.timer import Timer
+from costmodel.model import CostModel, _now
+
+__all__ = ["best_scale", "error_metrics", "random_microbatches", "run_validation", "summarize"]
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_CAPS = (768, 2048, 4096, 8192, 16384)
+SPLIT_TOKENS = 1024
+
+
+def rl_lengths(rng: np.random.Generator, n: int, max_len: int) -> np.ndarray:
+    """Long-tailed response lengths: lognormal, median ~1.2k tokens, in [16, max_len]."""
+    return np.clip(np.round(rng.lognormal(np.log(1200), 1.1, n)), 16, max_len).astype(np.int64)
+
+
+def random_microbatches(
+    rng: np.random.Generator, *, count: int, caps: Sequence[int], max_len: int
+) -> list[tuple[int, ...]]:
+    """`count` micro-batches, an equal share per cap, each packed in order up to its cap."""
+    out: list[tuple[int, ...]] = []
+    per_cap = [count // len(caps) + (i < count % len(caps)) for i in range(len(caps))]
+    for cap, want in zip(caps, per_cap):
+        current: list[int] = []
+        made = 0
+        while made < want:
+            L = int(rl_lengths(rng, 1, min(max_len, cap))[0])
+            if current and sum(current) + L > cap:
+                out.append(tuple(current))
+                made += 1
+                current = []
+            current.append(L)
+        # the partly filled last one is dropped: every cap contributes exactly `want`
+    return out
+
+
+def best_scale(x: np.ndarray, y: np.ndarray) -> float:
+    """The s minimising mean |s·x − y| / y: the weighted median of y/x, weights x/y."""
+    x, y = np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.float64)
+    r = y / x
+    w = x / y
+    order = np.argsort(r)
+    cw = np.cumsum(w[order])
+    return float(r[order][np.searchsorted(cw, 0.5 * cw[-1])])
+
+
+def error_metrics(pred: np.ndarray, measured: np.ndarray) -> dict[str, float]:
+    rel = np.asarray(pred) / np.asarray(measured) - 1.0
+    rho = spearmanr(pred, measured).statistic if len(rel) > 2 else float("nan")
+    return {
+        "mape": float(np.mean(np.abs(rel))),
+        "worst": float(np.max(np.abs(rel))),
+        "spearman": float(rho) if np.isfinite(rho) else 0.0,
+        "count": int(len(rel)),
+    }
+
+
+def summarize(
+    measured: np.ndarray, predictors: dict[str, np.ndarray], tokens: np.ndarray,
+    *, rescale: Sequence[str] = ("tokens", "flops"),
+) -> dict[str, Any]:
+    """Metrics per predictor for all micro-batches and for those of >= 1k tokens."""
+    splits = {"all": np.ones(len(measured), bool), f">={SPLIT_TOKENS}": tokens >= SPLIT_TOKENS}
+    out: dict[str, Any] = {}
+    for split, mask in splits.items():
+        if mask.sum() < 2:
+            continue
+        out[split] = {}
+        for name, pred in predictors.items():
+            p, m = pred[mask], measured[mask]
+            scale = best_scale(p, m) if name in rescale else 1.0
+            out[split][name] = {**error_metrics(scale * p, m), "scale": scale}
+    return out
+
+
+def stack_flops(lengths: Sequence[int], spec, *, num_layers: int, moe: bool) -> float:
+    L = np.asarray(lengths, dtype=np.int64)
+    T = int(L.sum())
+    layer = float(flops.attention_core_flops(L, spec).sum() + flops.layer_linear_flops(T, spec, moe=moe))
+    return num_layers * layer + T * flops.lm_head_flops_per_token(spec)
+
+
+def run_validation(
+    model: CostModel,
+    timer: Timer,
+    *,
+    count: int = 150,
+    caps: Sequence[int] | None = None,
+    modes: Sequence[str] | None = None,
+    num_layers: int = 4,
+    repeats: int = 3,
+    warmup: int = 1,
+    seed: int = 0,
+    progress: Callable[[int, int, SweepPoint, float], None] | None = None,
+) -> dict[str, Any]:
+    """Time `count` random micro-batches per mode and compare; returns the validation block."""
+    import time
+
+    spec = model.spec
+    modes = list(modes or model.modes)
+    for mode in modes:
+        model._mode(mode)  # ValueError for a mode the model lacks
+    max_len = int(min(c.attention.lengths[-1] for c in model.curves.values()))
+    caps = [c for c in (caps or DEFAULT_CAPS) if c >= 64]
+    moe = spec.num_moe_layers > 0
+    rng = np.random.default_rng(seed)
+    batches = random_microbatches(rng, count=count, caps=caps, max_len=max_len)
+    result: dict[str, Any] = {
+        "created": _now(),
+        "device": timer.device_fingerprint(),
+        "num_layers": num_layers,
+        "moe_layers": moe,
+        "caps": list(caps),
+        "count": len(batches),
+        "seed": seed,
+        "repeats": repeats,
+        "modes": {},
+    }
+    t0 = time.perf_counter()
+    total = len(batches) * len(modes)
+    done = 0
+    for mode in modes:
+        measured, predicted, toks, fl = [], [], [], []
+        for lengths in batches:
+            point = SweepPoint("stack", mode, lengths, moe=moe, num_layers=num_layers)
+            measured.append(timer.measure(point, repeats=repeats, warmup=warmup).median_ms)
+            predicted.append(model.stack_cost(lengths, mode, num_layers=num_layers, moe=moe))
+            toks.append(sum(lengths))
+            fl.append(stack_flops(lengths, spec, num_layers=num_layers, moe=moe))
+            done += 1
+            if progress is not None:
+                progress(done, total, point, time.perf_counter() - t0)
+        m, tok = np.array(measured), np.array(toks, dtype=np.float64)
+        summary = summarize(m, {"cost_model": np.array(predicted), "tokens": tok, "flops": np.array(fl)}, tok)
+        result["modes"][mode] = {
+            "summary": summary,
+            "points": [
+                {"tokens": int(t), "n": len(b), "measured_ms": float(x), "predicted_ms": float(p)}
+                for b, t, x, p in zip(batches, toks, measured, predicted)
+            ],
+        }
+    result["seconds"] = round(time.perf_counter() - t0, 2)
+    return result
+
+
+def format_validation(block: dict[str, Any]) -> str:
+    """A table of the validation block (also used by `report`)."""
+    lines = [
+        f"validation: {block.get('count')} random micro-batches per mode through "
+        f"{block.get('num_layers')} layers + head (caps {block.get('caps')})",
+        f"  {'mode':8} {'split':7} {'predictor':11} {'MAPE':>7} {'worst':>7} {'Spearman':>9} {'scale':>10}",
+    ]
+    for mode, res in block.get("modes", {}).items():
+        for split, preds in res["summary"].items():
+            for name, m in preds.items():
+                scale = "-" if name == "cost_model" else f"{m['scale']:.3g}"
+                lines.append(
+                    f"  {mode:8} {split:7} {name:11} {m['mape']:7.2%} {m['worst']:7.2%} "
+                    f"{m['spearman']:9.4f} {scale:>10}"
+                )
+    return "\n".join(lines)

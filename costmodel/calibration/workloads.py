@@ -1,0 +1,174 @@
+"""The GPU workloads behind each sweep point, and the `Timer` that times them.
+
+`CudaTimer(spec, attention=..., dtype=...)` implements the `Timer` protocol on a CUDA
+device: for each `SweepPoint` it builds the workload from `costmodel.kernels` and times
+one call with `costmodel.calibration.timer.time_cuda`:
+
+- "attention": the backend alone (`get_attention(name)`) on a pack of n equal sequences;
+  forward under no_grad, or forward + backward against a fixed output gradient.
+- "linear": `TransformerLayer(spec, attention="none")`: norms, fused QKV, q/k norms,
+  rotary, o-proj, residuals, MLP or MoE experts, without the attention core.
+- "head": `LMHead` (final norm, vocab projection, fp32 cross-entropy).
+- "layer": the whole `TransformerLayer` with the chosen backend (per-layer overhead).
+- "stack": `num_layers` distinct layers + head (what `validate` compares against).
+
+"forward" runs under `torch.no_grad()` (log-prob passes); "train" runs forward then
+backward, accumulating parameter gradients as gradient accumulation does (but not the
+inputs' gradients, which in a model flow on to the previous layer). Modules are
+built once and cached; inputs are built per point (outside the timed region).
+Only imported when calibrating on a GPU.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from costmodel.calibration.device import device_fingerprint, require_cuda
+from costmodel.calibration.plan import SweepPoint
+from costmodel.calibration.timer import Measurement, time_cuda
+from costmodel.spec import ModelSpec
+
+__all__ = ["CudaTimer"]
+
+logger = logging.getLogger(__name__)
+
+_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+
+
+class CudaTimer:
+    """Times sweep points on the current CUDA device with the kernels of `costmodel.kernels`."""
+
+    def __init__(self, spec: ModelSpec, *, attention: str = "torch-varlen", dtype: str = "bf16",
+                 seed: int = 0):
+        torch = require_cuda()
+        if dtype not in _DTYPES:
+            raise ValueError(f"dtype {dtype!r}; allowed: {', '.join(_DTYPES)}")
+        from costmodel.kernels.attention import get_attention
+
+        self.torch = torch
+        self.spec = spec
+        self.attention = attention
+        self.attn_fn = get_attention(attention)  # RuntimeError if unavailable here
+        self.dtype = getattr(torch, _DTYPES[dtype])
+        self.device = torch.device("cuda", torch.cuda.current_device())
+        self._fingerprint = device_fingerprint(self.device.index)
+        self.l2_bytes = int(self._fingerprint.get("l2_cache_bytes") or 0)
+        self._modules: dict[tuple, Any] = {}
+        torch.manual_seed(seed)
+
+    def device_fingerprint(self) -> dict[str, Any]:
+        return dict(self._fingerprint)
+
+    # ---- modules --------------------------------------------------------------------------
+    def _layer(self, attention: str, moe: bool, index: int = 0):
+        key = ("layer", attention, moe, index)
+        if key not in self._modules:
+            from costmodel.kernels.layer import TransformerLayer
+
+            layer = TransformerLayer(self.spec, attention=attention, moe=moe,
+                                     device=self.device, dtype=self.dtype)
+            layer.check_values = False
+            self._modules[key] = layer
+        return self._modules[key]
+
+    def _head(self):
+        if "head" not in self._modules:
+            from costmodel.kernels.layer import LMHead
+
+            self._modules["head"] = LMHead(self.spec, device=self.device, dtype=self.dtype)
+        return self._modules["head"]
+
+    @staticmethod
+    def _param_bytes(*modules) -> int:
+        return sum(p.numel() * p.element_size() for m in modules for p in m.parameters())
+
+    # ---- workloads ------------------------------------------------------------------------
+    def _build(self, point: SweepPoint) -> tuple[Callable[[], Any], int]:
+        """(fn, working-set bytes) for one point; fn runs one forward or forward+backward."""
+        torch = self.torch
+        train = point.mode == "train"
+        spec = self.spec
+        from costmodel.kernels.layer import packed_inputs
+
+        if point.kind == "attention":
+            T, d_qk = point.tokens, spec.qk_head_dim
+            mk = lambda h, d: torch.randn(T, h, d, device=self.device, dtype=self.dtype,
+                                          requires_grad=train)
+            q, k = mk(spec.num_heads, d_qk), mk(spec.num_kv_heads, d_qk)
+            v = mk(spec.num_kv_heads, d_qk)  # one head dim for q, k, v (MLA: padded v, as the layer)
+            cu = torch.tensor([i * point.length for i in range(point.n + 1)], dtype=torch.int32,
+                              device=self.device)
+            attn, L = self.attn_fn, point.length
+            ws = (2 * q.numel() + k.numel() + v.numel()) * q.element_size()
+            if train:
+                gout = torch.randn_like(q)
+                inputs = (q, k, v)
+
+                def fn():
+                    # autograd.grad, not backward(): accumulating into q/k/v.grad would add
+                    # three elementwise passes a layer never does (its grads flow on).
+                    torch.autograd.grad(attn(q, k, v, cu, L, check_values=False), inputs, gout)
+            else:
+                def fn():
+                    with torch.no_grad():
+                        attn(q, k, v, cu, L, check_values=False)
+            return fn, ws
+
+        if point.kind == "head":
+            head = self._head()
+            x = torch.randn(point.tokens, spec.hidden_size, device=self.device, dtype=self.dtype,
+                            requires_grad=train)
+            targets = head.random_targets(point.tokens)
+            ws = self._param_bytes(head) + point.tokens * spec.vocab_size * 6
+            if train:
+                def fn():
+                    x.grad = None  # the input's gradient flows on in a model; no accumulation
+                    head(x, targets).backward()
+            else:
+                def fn():
+                    with torch.no_grad():
+                        head(x, targets)
+            return fn, ws
+
+        if point.kind in ("linear", "layer", "stack"):
+            attention = "none" if point.kind == "linear" else self.attention
+            count = point.num_layers if point.kind == "stack" else 1
+            layers = [self._layer(attention, point.moe, i) for i in range(count)]
+            head = self._head() if point.kind == "stack" else None
+            x, cu, max_len = packed_inputs(list(point.lengths), spec, device=self.device,
+                                           dtype=self.dtype, requires_grad=train)
+            targets = head.random_targets(point.tokens) if head is not None else None
+            ws = self._param_bytes(*layers) + 16 * x.numel() * x.element_size()
+
+            def run():
+                h = x
+                for layer in layers:
+                    h = layer(h, cu, max_len)
+                return head(h, targets) if head is not None else h
+
+            if train:
+                gout = None if head is not None else torch.randn_like(x)
+
+                def fn():
+                    x.grad = None  # parameter grads accumulate (gradient accumulation); x's not
+                    run().backward(gout)
+            else:
+                def fn():
+                    with torch.no_grad():
+                        run()
+            return fn, ws
+        raise ValueError(f"unknown sweep point kind {point.kind!r}")
+
+    def measure(self, point: SweepPoint, *, repeats: int, warmup: int) -> Measurement:
+        fn, ws = self._build(point)
+        try:
+            return time_cuda(fn, repeats=repeats, warmup=warmup, working_set_bytes=ws,
+                             l2_bytes=self.l2_bytes)
+        except self.torch.cuda.OutOfMemoryError:
+            raise RuntimeError(
+                f"out of GPU memory timing {point.describe()}; lower --max-len"
+            ) from None
+        finally:
+            del fn

@@ -1,0 +1,87 @@
+"""`costmodel validate`: predicted vs measured on random packed micro-batches (GPU)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+
+def _ints(text: str, what: str) -> list[int]:
+    try:
+        vals = [int(t) for t in text.replace(",", " ").split()]
+    except ValueError:
+        raise ValueError(f"{what} must be comma-separated integers, got {text!r}") from None
+    if not vals or min(vals) < 1:
+        raise ValueError(f"{what} must be positive integers, got {text!r}")
+    return vals
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "validate",
+        help="compare a cost model with measurements on random micro-batches (GPU)",
+        description=(
+            "Run random packed micro-batches (RL-like long-tailed lengths, several token caps) "
+            "through real layers + the LM head on this GPU and print predicted vs measured: "
+            "MAPE, worst error and Spearman rank correlation, next to tokens x best scale and "
+            "analytic FLOPs x best scale, for all micro-batches and those of >= 1k tokens. "
+            "The result is stored in the file (atomically) unless --no-save."
+        ),
+    )
+    p.add_argument("path", help="cost model file from `costmodel calibrate`")
+    p.add_argument("--count", type=int, default=150, help="micro-batches per mode (default 150)")
+    p.add_argument("--layers", type=int, default=4, help="layers in the timed stack (default 4)")
+    p.add_argument("--caps", default="768,2048,4096,8192,16384", help="token caps of the micro-batches")
+    p.add_argument("--modes", default=None, help="passes to validate (default: all in the file)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--allow-other-gpu", action="store_true",
+                   help="validate on a GPU other than the one the file was calibrated on")
+    p.add_argument("--no-save", action="store_true", help="do not store the result in the file")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from costmodel.calibration.device import require_cuda
+    from costmodel.calibration.progress import ProgressLine
+    from costmodel.calibration.validate import format_validation, run_validation
+    from costmodel.commands.calibrate import parse_modes
+    from costmodel.model import load_cost_model, read_document, write_json_atomic
+
+    path = Path(args.path)
+    if not path.is_file():
+        raise FileNotFoundError(f"no cost model file at {path}")
+    model = load_cost_model(path)
+    if model.is_estimate:
+        raise ValueError(f"{path} is an estimate; validate a measured file from `costmodel calibrate`")
+    modes = parse_modes(args.modes) if args.modes else tuple(model.modes)
+    caps = _ints(args.caps, "--caps")
+    if args.count < 4 or args.layers < 1:
+        raise ValueError("--count must be >= 4 and --layers >= 1")
+    require_cuda()
+    from costmodel.calibration.workloads import CudaTimer
+
+    kernels = model.extra.get("kernels") or {}
+    attention = kernels.get("attention", "torch-varlen")
+    timer = CudaTimer(model.spec, attention=attention, dtype=kernels.get("dtype", "bf16"))
+    found = timer.device_fingerprint()["name"]
+    if found != model.gpu and not args.allow_other_gpu:
+        raise ValueError(
+            f"{path} was calibrated on {model.gpu!r} but this GPU is {found!r}; validate on the "
+            "same GPU, or pass --allow-other-gpu"
+        )
+    print(f"validating {model.label} with {args.count} micro-batches per mode through "
+          f"{args.layers} layers + head ({attention})", file=sys.stderr)
+    result = run_validation(
+        model, timer, count=args.count, caps=caps, modes=modes, num_layers=args.layers,
+        repeats=args.repeats, seed=args.seed,
+        progress=ProgressLine(sys.stderr, "validate"),
+    )
+    print(format_validation(result))
+    if not args.no_save:
+        doc = read_document(path)
+        doc["validation"] = result
+        write_json_atomic(path, doc)
+        print(f"stored the validation in {path}")
+    return 0

@@ -1,0 +1,27 @@
+"""Shipped cost models: `costmodel/profiles/<gpu key>/<model preset>.json`.
+
+Measured profiles carry their provenance (device, versions, command, validation). Load
+them by name with `costmodel.model.load_cost_model("h200/qwen3-8b")`; a name with no file
+here falls back to the registry estimate (labelled as such).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+__all__ = ["PROFILES_DIR", "profile_path", "shipped_profiles"]
+
+PROFILES_DIR = Path(__file__).resolve().parent
+
+
+def profile_path(gpu_key: str, model: str) -> Path | None:
+    """The shipped file for this GPU key and model preset, or None when there is none."""
+    path = PROFILES_DIR / gpu_key.lower() / f"{model.lower()}.json"
+    return path if path.is_file() else None
+
+
+def shipped_profiles() -> list[str]:
+    """Names ("h200/qwen3-8b") of every shipped measured profile."""
+    return sorted(
+        f"{p.parent.name}/{p.stem}" for p in PROFILES_DIR.glob("*/*.json") if p.is_file()
+    )

@@ -1,0 +1,125 @@
+"""The calibration pipeline on CPU: sweep -> fit -> check -> JSON -> load -> report -> validate,
+with a synthetic timer of known shape (the same code path as the CUDA timer)."""
+
+import json
+import logging
+
+import numpy as np
+import pytest
+
+from costmodel.calibration.pipeline import calibrate
+from costmodel.calibration.plan import make_plan
+from costmodel.calibration.report import format_report, plot_report
+from costmodel.calibration.timer import SyntheticShape, SyntheticTimer
+from costmodel.calibration.validate import format_validation, run_validation
+from costmodel.gpus import lookup_gpu
+from costmodel.model import load_cost_model
+from costmodel.spec import ModelSpec
+
+SPEC = ModelSpec.from_preset("qwen3-8b")
+SHAPE = SyntheticShape()
+H200 = lookup_gpu("h200")
+
+
+def _calibrate(spec=SPEC, shape=SHAPE, *, noise=0.005, quick=False, max_len=16384, **kw):
+    plan = make_plan(spec, quick=quick, max_len=max_len, gpu="h200")
+    timer = SyntheticTimer(spec, shape, noise=noise, seed=1, **kw)
+    return calibrate(spec, timer=timer, plan=plan, gpu_key="h200", gpu_info=H200,
+                     attention="torch-varlen", command="test")
+
+
+@pytest.fixture(scope="module")
+def fitted():
+    return _calibrate()
+
+
+@pytest.mark.parametrize("mode", ["train", "forward"])
+def test_fit_recovers_the_shape(fitted, mode):
+    c = fitted.curves[mode]
+    L = np.array([64, 100, 300, 1000, 3000, 10000, 16384])
+    np.testing.assert_allclose(c.attention(L), SHAPE.attention_ms(SPEC, L, mode), rtol=0.03)
+    # beyond the sweep: the L^2 tail stays close to a shape that is nearly L^2 there
+    np.testing.assert_allclose(c.attention(np.array([32768])), SHAPE.attention_ms(SPEC, np.array([32768]), mode), rtol=0.06)
+    for T in (16, 100, 700, 2000, 8000, 11000, 13000, 16384, 30000):
+        truth = SHAPE.linear_ms(SPEC, T, mode, False)
+        assert float(c.linear["dense"](T)) == pytest.approx(truth, rel=0.02), T
+    for T in (16, 1000, 16384):
+        assert float(c.head(T)) == pytest.approx(SHAPE.head_ms(SPEC, T, mode), rel=0.02)
+    assert c.layer_overhead_ms == pytest.approx(SHAPE.glue_ms + SHAPE.call_ms(mode), abs=0.03)
+
+
+def test_fit_keeps_the_gemm_step(fitted):
+    lin = fitted.curves["train"].linear["dense"]
+    below, above = SHAPE.step_at - 256, SHAPE.step_at + 256
+    ratio = (float(lin(above)) / above) / (float(lin(below)) / below)
+    assert ratio == pytest.approx(1 + SHAPE.step, abs=0.01)
+
+
+def test_file_round_trip_and_contents(tmp_path, fitted):
+    path = tmp_path / "calibrated.json"
+    fitted.save(path)
+    doc = json.loads(path.read_text())
+    for key in ("device", "spec", "spec_fingerprint", "kernels", "measurements", "curves",
+                "residuals", "flops_check", "validation", "created", "command", "provenance"):
+        assert key in doc, key
+    assert doc["device"]["name"] == "NVIDIA H200" and doc["kernels"]["attention"] == "torch-varlen"
+    assert doc["flops_check"]["checked"] and 0.3 < doc["flops_check"]["max_efficiency"] <= 1.0
+    assert doc["residuals"]["train"]["linear"]["rms"] < 0.02
+    assert doc["provenance"]["kind"] == "synthetic"
+    loaded = load_cost_model(path, spec=SPEC)
+    assert not loaded.is_estimate
+    lengths = np.array([5, 100, 1000, 8000, 40000])
+    for mode in ("train", "forward"):
+        np.testing.assert_allclose(loaded.sample_cost(lengths, mode), fitted.sample_cost(lengths, mode), rtol=1e-12)
+        assert loaded.microbatch_cost([1000, 2000], mode) == pytest.approx(fitted.microbatch_cost([1000, 2000], mode))
+
+
+def test_flops_check_catches_impossible_speed():
+    fast = SyntheticShape(speedup=3.0)
+    with pytest.raises(ValueError, match=r"broken measurement: .* faster than NVIDIA H200 can"):
+        _calibrate(shape=fast, quick=True, max_len=4096)
+
+
+def test_drift_probe_warns(caplog):
+    with caplog.at_level(logging.WARNING, logger="costmodel.calibration.pipeline"):
+        m = _calibrate(quick=True, max_len=2048, drift=0.2, expected_calls=100)
+    assert "drift probe" in caplog.text
+    assert m.provenance["drift_probe"]["warning"]
+
+
+def test_moe_model_gets_moe_curves():
+    spec = ModelSpec.from_preset("qwen3-30b-a3b")
+    m = _calibrate(spec, quick=True, max_len=4096)
+    assert set(m.curves["train"].linear) == {"moe"}
+    truth = SHAPE.linear_ms(spec, 3000, "train", True)
+    assert float(m.curves["train"].linear["moe"](3000)) == pytest.approx(truth, rel=0.03)
+
+
+def test_plan_is_budgeted():
+    for quick, budget in ((False, 75), (True, 24)):
+        plan = make_plan(SPEC, quick=quick, max_len=32768, gpu="h200")
+        assert plan.estimated_s <= budget
+        assert plan.summary().startswith(f"{len(plan.points)} points")
+    tight = make_plan(SPEC, max_len=32768, gpu="h200", budget_s=20)
+    assert tight.notes and len(tight.points) < len(make_plan(SPEC, max_len=32768, gpu="h200").points)
+    with pytest.raises(ValueError, match="modes"):
+        make_plan(SPEC, modes=("eval",))
+
+
+def test_report_and_plot(tmp_path, fitted):
+    text = format_report(fitted)
+    assert "synthetic: qwen3-8b on NVIDIA H200" in text and "FLOPs check: passed" in text
+    assert "ESTIMATE" not in text
+    png = plot_report(fitted, str(tmp_path / "plot.png"))
+    assert (tmp_path / "plot.png").stat().st_size > 10_000 and png.endswith(".png")
+
+
+def test_validation_with_synthetic_timer(fitted):
+    timer = SyntheticTimer(SPEC, SHAPE, noise=0.005, seed=7)
+    block = run_validation(fitted, timer, count=60, num_layers=2, modes=["train"])
+    s = block["modes"]["train"]["summary"]
+    assert s["all"]["cost_model"]["mape"] < 0.02
+    assert s[">=1024"]["cost_model"]["mape"] < 0.02
+    assert s["all"]["cost_model"]["mape"] < s["all"]["tokens"]["mape"]
+    assert s["all"]["cost_model"]["spearman"] > 0.99
+    assert "cost_model" in format_validation(block)

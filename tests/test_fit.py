@@ -1,0 +1,59 @@
+"""Fitting: per-call/per-sequence separation, monotone token curves that keep steps."""
+
+import numpy as np
+import pytest
+
+from costmodel.calibration.fit import Record, fit_attention, fit_token_curve
+from costmodel.calibration.validate import best_scale, error_metrics
+
+
+def test_attention_fit_separates_call_and_sequence_cost():
+    a = 0.03
+    b = lambda L: 1e-8 * L**2 + 2e-6 * L
+    recs = []
+    for L in (64, 256, 1024, 4096, 16384):
+        for n in sorted({1, max(1, 16384 // L // 2), 16384 // L}):
+            recs.append(Record("attention", "train", (L,) * n, a + n * b(L)))
+    curve, call_ms, details = fit_attention(recs)
+    assert call_ms == pytest.approx(a, rel=1e-6)
+    L = np.array([64, 256, 1024, 4096])
+    np.testing.assert_allclose(curve(L), b(L), rtol=1e-6)
+    assert details["single_pack_lengths"] == [16384]  # only n=1 fits there: uses median a
+    assert float(curve(16384)) == pytest.approx(b(16384), rel=1e-6)
+    assert float(curve(32768)) == pytest.approx(4 * b(16384), rel=1e-9)  # L^2 tail
+
+
+def test_attention_fit_is_monotone_under_noise():
+    rng = np.random.default_rng(0)
+    recs = []
+    for L in (64, 96, 128, 192, 256, 384, 512):
+        for n in (1, 4, 16):
+            recs.append(Record("attention", "forward", (L,) * n, (0.02 + n * 1e-6 * L) * rng.lognormal(0, 0.05)))
+    curve, _, _ = fit_attention(recs)
+    assert np.all(np.diff(curve(np.arange(1, 2000))) >= 0)
+    assert np.all(curve.ms > 0)
+
+
+def test_token_curve_keeps_a_step_and_pools_a_dip():
+    T = np.arange(1024, 20000, 256)
+    per_token = np.where(T >= 11776, 1.06e-3, 1e-3)
+    ms = T * per_token
+    ms[5] *= 0.9  # one noisy point below its left neighbour
+    recs = [Record("linear", "train", (int(t),), float(x), 0.01) for t, x in zip(T, ms)]
+    curve = fit_token_curve(recs, "test")
+    assert np.all(np.diff(curve.ms) >= 0)
+    before, after = float(curve(11520)) / 11520, float(curve(12032)) / 12032
+    assert after / before == pytest.approx(1.06, abs=0.005)  # the step survives
+    assert float(curve(16000)) == pytest.approx(16000 * 1.06e-3, rel=1e-9)
+
+
+def test_best_scale_minimises_mape():
+    rng = np.random.default_rng(3)
+    x = rng.uniform(1, 100, 200)
+    y = 2.5 * x * rng.lognormal(0, 0.2, 200) + rng.uniform(0, 30, 200)
+    s = best_scale(x, y)
+    grid = np.linspace(0.5 * s, 1.5 * s, 2001)
+    mape = [np.mean(np.abs(g * x / y - 1)) for g in grid]
+    assert np.mean(np.abs(s * x / y - 1)) <= min(mape) + 1e-12
+    m = error_metrics(2 * y, y)
+    assert m["mape"] == pytest.approx(1.0) and m["spearman"] == pytest.approx(1.0)

@@ -1,0 +1,79 @@
+"""GPU registry and the registry estimate."""
+
+import numpy as np
+import pytest
+
+from costmodel.gpus import GPUS, estimate_cost_model, find_gpu_by_device_name, lookup_gpu
+from costmodel.model import load_cost_model
+from costmodel.spec import ModelSpec, preset_names
+
+
+def test_lookup_by_key_and_exact_name():
+    assert lookup_gpu("h200").name == "NVIDIA H200"
+    assert lookup_gpu("NVIDIA H100 80GB HBM3").key == "h100"
+    assert lookup_gpu("nvidia  a100-sxm4-80gb").key == "a100"
+    assert find_gpu_by_device_name("NVIDIA GeForce RTX 4090").key == "rtx4090"
+    assert find_gpu_by_device_name("NVIDIA H300") is None
+
+
+def test_unknown_gpu_lists_known_ones():
+    with pytest.raises(ValueError, match=r"unknown GPU 'v100'.*h100.*NVIDIA H200"):
+        lookup_gpu("v100")
+
+
+def test_every_entry_is_cited_and_plausible():
+    names = [n for g in GPUS.values() for n in g.names]
+    assert len(names) == len(set(names)), "an exact name maps to two keys"
+    for g in GPUS.values():
+        assert g.source and ("http" in g.source or "whitepaper" in g.source), g.key
+        assert 50e12 <= g.peak_bf16_flops <= 5e15, g.key
+        assert 300e9 <= g.hbm_bandwidth <= 10e12, g.key
+        assert 40 <= g.sm_count <= 200, g.key
+    assert GPUS["h100"].peak_bf16_flops == pytest.approx(989.4e12)
+    assert GPUS["h200"].hbm_bandwidth == pytest.approx(4.8e12)
+    for key in ("h100", "h100-pcie", "h100-nvl", "h200", "a100", "h20", "b200", "l40s", "a10g", "rtx4090"):
+        assert key in GPUS
+
+
+def test_estimate_is_labelled():
+    m = estimate_cost_model(ModelSpec.from_preset("qwen3-8b"), "h200")
+    assert m.is_estimate and m.provenance["kind"] == "estimate"
+    assert "ESTIMATE" in m.provenance["note"] and "ESTIMATE" in m.label
+
+
+def test_estimate_has_fixed_costs_below_1k_tokens():
+    m = estimate_cost_model(ModelSpec.from_preset("qwen3-8b"), "h200")
+    for mode in ("train", "forward"):
+        layer = m.curves[mode].linear["dense"]
+        # a Qwen3-8B layer: 500 tokens cost about what 100 cost
+        assert float(layer(500)) / float(layer(100)) < 1.15
+        # fixed costs dominate below ~1k tokens: the floor is at least half of the time there
+        assert float(layer(16)) / float(layer(1000)) > 0.5
+        assert float(layer(16)) / float(layer(4096)) < 0.3
+        cost = [m.microbatch_cost([n], mode) for n in (100, 500)]
+        assert cost[1] / cost[0] < 1.25
+
+
+@pytest.mark.parametrize("gpu", ["h100", "h200", "a100", "h20", "b200", "rtx4090"])
+@pytest.mark.parametrize("preset", preset_names())
+def test_estimate_every_preset_is_finite_and_monotone(gpu, preset):
+    m = estimate_cost_model(ModelSpec.from_preset(preset), gpu)
+    lengths = np.array([1, 16, 100, 1000, 8000, 32000, 100000])
+    for mode in m.modes:
+        c = m.sample_cost(lengths, mode)
+        assert np.all(np.isfinite(c)) and np.all(np.diff(c) > 0)
+        mb = [m.microbatch_cost([L], mode) for L in lengths]
+        assert np.all(np.diff(mb) > 0)
+
+
+def test_load_by_name_falls_back_to_estimate():
+    m = load_cost_model("h200/qwen3-8b")
+    assert m.is_estimate and m.gpu == "NVIDIA H200" and m.spec.name == "qwen3-8b"
+    spec = ModelSpec.from_preset("llama-3.1-8b")
+    assert load_cost_model("h100", spec=spec).spec is spec
+    with pytest.raises(ValueError, match="unknown GPU"):
+        load_cost_model("v100/qwen3-8b")
+    with pytest.raises(ValueError, match="unknown model preset"):
+        load_cost_model("h200/gpt-9")
+    with pytest.raises(ValueError, match="allow_other_shape"):
+        load_cost_model("h200/qwen3-8b", spec=spec)

@@ -1,0 +1,287 @@
+"""CostModel: evaluation, vectorisation, monotonicity, the file format and its validation."""
+
+import dataclasses
+import json
+import os
+import time
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from costmodel.gpus import estimate_cost_model
+from costmodel.model import (
+    SCHEMA,
+    AttentionCurve,
+    CostModel,
+    ModeCurves,
+    TokenCurve,
+    load_cost_model,
+    write_json_atomic,
+)
+from costmodel.spec import ModelSpec
+
+SPEC = ModelSpec.from_preset("qwen3-8b")
+
+
+@pytest.fixture(scope="module")
+def model():
+    return estimate_cost_model(SPEC, "h200")
+
+
+def _toy(spec=SPEC, *, per_layer=0.01, per_mb=0.5):
+    curves = {
+        "train": ModeCurves(
+            attention=AttentionCurve([64, 1024, 8192], [0.001, 0.05, 2.0]),
+            linear={"dense": TokenCurve([16, 1024, 8192], [0.2, 0.5, 4.0])},
+            head=TokenCurve([16, 8192], [0.05, 3.0]),
+            layer_overhead_ms=per_layer,
+            microbatch_overhead_ms=per_mb,
+        )
+    }
+    return CostModel(spec=spec, gpu="NVIDIA H200", gpu_key="h200", curves=curves)
+
+
+def test_formula_by_hand():
+    m = _toy()
+    lengths = [1000, 3000]
+    c = m.curves["train"]
+    want = (
+        0.5 + 36 * 0.01
+        + 36 * (float(c.attention(np.array([1000.0]))[0]) + float(c.attention(np.array([3000.0]))[0]))
+        + 36 * float(c.linear["dense"](4000)) + float(c.head(4000))
+    )
+    assert m.microbatch_cost(lengths) == pytest.approx(want, rel=1e-12)
+    b = m.breakdown(lengths)
+    assert b["total"] == pytest.approx(want, rel=1e-12)
+    assert b["overhead"] == pytest.approx(0.5 + 0.36)
+    assert m.microbatch_cost([]) == 0.0
+
+
+def test_curve_extrapolation():
+    a = AttentionCurve([64, 1024, 8192], [0.001, 0.05, 2.0])
+    assert float(a(16384)) == pytest.approx(2.0 * 4)  # L^2 tail
+    L = np.arange(1, 40000, 7)
+    assert np.all(np.diff(a(L)) >= 0)
+    assert 0 <= a.low_exponent <= 2 and float(a(1)) > 0
+    t = TokenCurve([16, 1024], [0.2, 0.5])
+    assert float(t(1)) == pytest.approx(0.2)  # flat below: the launch floor
+    assert float(t(2048)) == pytest.approx(1.0)  # last knot's time per token beyond
+
+
+def test_microbatch_costs_matches_loop(model):
+    rng = np.random.default_rng(1)
+    sizes = rng.integers(0, 9, 300)  # includes empty micro-batches
+    lengths = rng.integers(1, 50000, sizes.sum())  # beyond the attention table too
+    offsets = np.concatenate(([0], np.cumsum(sizes)))
+    for mode in ("train", "forward"):
+        vec = model.microbatch_costs(lengths, offsets, mode)
+        loop = [model.microbatch_cost(lengths[a:b], mode) for a, b in zip(offsets[:-1], offsets[1:])]
+        np.testing.assert_allclose(vec, loop, rtol=1e-9)
+        assert np.all(vec[sizes == 0] == 0)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.integers(1, 70000), min_size=1, max_size=12), st.integers(1, 70000))
+def test_monotone_in_lengths_and_members(lengths, extra):
+    m = _MODEL
+    base = m.microbatch_cost(lengths)
+    assert m.microbatch_cost(lengths + [extra]) > base
+    longer = list(lengths)
+    longer[0] += extra
+    assert m.microbatch_cost(longer) >= base
+    sc = m.sample_cost(np.sort(np.array(lengths + [extra])))
+    assert np.all(np.diff(sc) >= 0)
+
+
+_MODEL = estimate_cost_model(SPEC, "h200")
+
+
+def test_vectorised_speed(model):
+    rng = np.random.default_rng(0)
+    sizes = rng.integers(1, 12, 10_000)
+    lengths = rng.integers(1, 16000, sizes.sum())
+    offsets = np.concatenate(([0], np.cumsum(sizes)))
+    model.microbatch_costs(lengths, offsets)  # builds the tables
+    t0 = time.perf_counter()
+    model.microbatch_costs(lengths, offsets)
+    assert time.perf_counter() - t0 < 0.25  # ~1-2 ms on one core; loose for CI
+
+
+def test_sample_cost_definition(model):
+    c = model.curves["train"]
+    ref = model.reference_tokens
+    slope = 36 * c.linear["dense"].marginal_per_token(ref) + c.head.marginal_per_token(ref)
+    L = np.array([100, 5000])
+    np.testing.assert_allclose(model.sample_cost(L), 36 * c.attention(L) + L * slope, rtol=1e-9)
+
+
+def test_sliding_window_reuses_attention_with_exact_pairs():
+    spec = dataclasses.replace(SPEC, sliding_window=4096, sliding_window_layers=12)
+    m = _toy(spec)
+    full = _toy()
+    c = m.curves["train"]
+    assert m.microbatch_cost([2000]) == pytest.approx(full.microbatch_cost([2000]))
+    a_w = float(c.attention(np.array([4096.0]))[0])
+    pairs = lambda L: 4096 * 4097 / 2 + (L - 4096) * 4096
+    extra = 12 * (a_w * pairs(20000) / pairs(4096) - float(c.attention(np.array([20000.0]))[0]))
+    assert m.microbatch_cost([20000]) == pytest.approx(full.microbatch_cost([20000]) + extra)
+    assert m.microbatch_cost([20000]) < full.microbatch_cost([20000])
+
+
+def test_moe_needs_and_uses_its_own_curve():
+    spec = ModelSpec.from_preset("deepseek-v3")  # 3 dense + 58 MoE layers
+    m = estimate_cost_model(spec, "h200")
+    c = m.curves["train"]
+    T = 4096
+    lin = m.breakdown([T])["linear"]
+    assert lin == pytest.approx(3 * float(c.linear["dense"](T)) + 58 * float(c.linear["moe"](T)))
+    with pytest.raises(ValueError, match="lack the linear curve"):
+        _toy(ModelSpec.from_preset("qwen3-30b-a3b"))
+
+
+def test_bad_inputs(model):
+    with pytest.raises(ValueError, match=">= 1 token"):
+        model.microbatch_cost([0, 5])
+    with pytest.raises(ValueError, match="offsets"):
+        model.microbatch_costs([1, 2, 3], [0, 2])
+    with pytest.raises(ValueError, match="mode 'eval'"):
+        model.microbatch_cost([5], "eval")
+    with pytest.raises(ValueError, match="whole numbers"):
+        model.sample_cost([1.5])
+
+
+# ---- file format ---------------------------------------------------------------------------
+def test_json_round_trip(tmp_path, model):
+    path = tmp_path / "m.json"
+    model.save(path)
+    doc = json.loads(path.read_text())
+    assert doc["schema"] == SCHEMA and doc["is_estimate"] is True
+    assert doc["spec_fingerprint"] == SPEC.fingerprint()
+    again = load_cost_model(path)
+    assert again.is_estimate and again.spec == SPEC and again.gpu == model.gpu
+    L = np.array([1, 100, 1000, 20000, 200000])
+    for mode in ("train", "forward"):
+        np.testing.assert_allclose(again.sample_cost(L, mode), model.sample_cost(L, mode), rtol=1e-12)
+    again.save(tmp_path / "m2.json")
+    assert json.loads((tmp_path / "m2.json").read_text())["curves"] == doc["curves"]
+
+
+@pytest.fixture
+def good_doc(model):
+    return model.to_dict()
+
+
+def _write(tmp_path, text):
+    p = tmp_path / "bad.json"
+    p.write_text(text)
+    return p
+
+
+def test_corrupt_json_says_file_and_position(tmp_path):
+    p = _write(tmp_path, '{"schema": "costmodel/1", oops}')
+    with pytest.raises(ValueError, match=r"bad\.json: not valid JSON.*line 1 column \d+"):
+        load_cost_model(p)
+
+
+def test_truncated_file(tmp_path, good_doc):
+    text = json.dumps(good_doc)
+    p = _write(tmp_path, text[: len(text) // 2])
+    with pytest.raises(ValueError, match=r"bad\.json: not valid JSON \(truncated\?\)"):
+        load_cost_model(p)
+    with pytest.raises(ValueError, match="empty"):
+        load_cost_model(_write(tmp_path, ""))
+
+
+def test_wrong_schema(tmp_path, good_doc):
+    good_doc["schema"] = "costmodel/2"
+    with pytest.raises(ValueError, match=r"unsupported schema 'costmodel/2'.*reads 'costmodel/1'"):
+        load_cost_model(_write(tmp_path, json.dumps(good_doc)))
+    del good_doc["schema"]
+    with pytest.raises(ValueError, match="missing field 'schema'"):
+        load_cost_model(_write(tmp_path, json.dumps(good_doc)))
+
+
+def test_missing_fields(tmp_path, good_doc):
+    doc = dict(good_doc)
+    del doc["curves"]
+    with pytest.raises(ValueError, match=r"missing field\(s\) \['curves'\]"):
+        load_cost_model(_write(tmp_path, json.dumps(doc)))
+    doc = json.loads(json.dumps(good_doc))
+    del doc["curves"]["train"]["head"]
+    with pytest.raises(ValueError, match=r"missing field curves\.train\.'head'"):
+        load_cost_model(_write(tmp_path, json.dumps(doc)))
+    doc = json.loads(json.dumps(good_doc))
+    doc["curves"]["train"]["attention"]["ms"] = "fast"
+    with pytest.raises(ValueError, match="wrong type"):
+        load_cost_model(_write(tmp_path, json.dumps(doc)))
+
+
+def test_non_finite_numbers(tmp_path, good_doc):
+    text = json.dumps(good_doc)
+    value = good_doc["curves"]["train"]["head"]["ms"][3]
+    bad = text.replace(json.dumps(value), "NaN", 1)
+    with pytest.raises(ValueError, match="non-finite number NaN"):
+        load_cost_model(_write(tmp_path, bad))
+    doc = CostModel.from_dict  # from an in-memory dict: same validation
+    good_doc["curves"]["forward"]["overhead"]["per_layer_ms"] = float("inf")
+    with pytest.raises(ValueError, match=r"non-finite number inf at curves\.forward\.overhead\.per_layer_ms"):
+        doc(good_doc)
+
+
+def test_non_monotone_curve(tmp_path, good_doc):
+    ms = good_doc["curves"]["train"]["linear"]["dense"]["ms"]
+    ms[10], ms[11] = ms[11] * 1.5, ms[11]
+    with pytest.raises(ValueError, match=r"curves\.train\.linear\.dense: curve is not monotone"):
+        load_cost_model(_write(tmp_path, json.dumps(good_doc)))
+
+
+def test_other_model_shape(tmp_path, good_doc):
+    p = _write(tmp_path, json.dumps(good_doc))
+    other = ModelSpec.from_preset("llama-3.1-8b")
+    with pytest.raises(ValueError) as err:
+        load_cost_model(p, spec=other)
+    msg = str(err.value)
+    for part in ("qwen3-8b", SPEC.fingerprint(), "llama-3.1-8b", other.fingerprint(), "allow_other_shape=True"):
+        assert part in msg
+    m = load_cost_model(p, spec=other, allow_other_shape=True)
+    assert m.spec == SPEC  # the curves stay those of the file's shape
+    assert load_cost_model(p, spec=SPEC).spec == SPEC
+
+
+def test_tampered_spec(tmp_path, good_doc):
+    good_doc["spec"]["num_layers"] = 40
+    with pytest.raises(ValueError, match="spec_fingerprint .* does not match its own spec"):
+        load_cost_model(_write(tmp_path, json.dumps(good_doc)))
+
+
+def test_missing_file(tmp_path):
+    with pytest.raises(FileNotFoundError, match="no cost model file"):
+        load_cost_model(tmp_path / "nope.json")
+
+
+def test_atomic_write_leaves_nothing_when_interrupted(tmp_path, monkeypatch, model):
+    target = tmp_path / "calibrated.json"
+
+    def boom(fd):
+        raise KeyboardInterrupt  # Ctrl-C in the middle of the write
+
+    monkeypatch.setattr(os, "fsync", boom)
+    with pytest.raises(KeyboardInterrupt):
+        model.save(target)
+    assert list(tmp_path.iterdir()) == []
+    # an existing file survives an interrupted overwrite untouched
+    monkeypatch.undo()
+    write_json_atomic(target, {"old": 1})
+    monkeypatch.setattr(os, "fsync", boom)
+    with pytest.raises(KeyboardInterrupt):
+        model.save(target)
+    assert json.loads(target.read_text()) == {"old": 1}
+    assert [p.name for p in tmp_path.iterdir()] == ["calibrated.json"]
+
+
+def test_unserialisable_document_writes_nothing(tmp_path):
+    with pytest.raises(ValueError):
+        write_json_atomic(tmp_path / "x.json", {"a": float("nan")})
+    assert list(tmp_path.iterdir()) == []
