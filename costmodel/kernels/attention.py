@@ -105,6 +105,16 @@ def validate_attention_inputs(
         raise ValueError(
             f"num_heads ({num_heads}) must be a positive multiple of num_kv_heads ({num_kv_heads})"
         )
+    validate_cu_seqlens(cu_seqlens, max_seqlen, total, check_values=check_values)
+
+
+def validate_cu_seqlens(
+    cu_seqlens: torch.Tensor, max_seqlen: int, total: int, *, check_values: bool = True
+) -> None:
+    """Raise ValueError unless `cu_seqlens` are int32 offsets 0 < ... = `total` of non-empty
+    sequences none longer than `max_seqlen`. ``check_values`` reads the offsets on the host
+    (a device sync on GPU), so timed loops pass False.
+    """
     if not isinstance(cu_seqlens, torch.Tensor) or cu_seqlens.dim() != 1:
         raise ValueError("cu_seqlens must be a 1-D tensor of n + 1 offsets")
     if cu_seqlens.dtype != torch.int32:

@@ -54,27 +54,11 @@ def _check_cu_seqlens(
     cu_seqlens: torch.Tensor, max_seqlen: int, total: int, device: torch.device, *,
     check_values: bool,
 ) -> None:
-    if not isinstance(cu_seqlens, torch.Tensor) or cu_seqlens.dim() != 1:
-        raise ValueError("cu_seqlens must be a 1-D tensor of n + 1 offsets")
-    if cu_seqlens.dtype != torch.int32:
-        raise ValueError(f"cu_seqlens must be int32, got {cu_seqlens.dtype}")
-    if cu_seqlens.numel() < 2:
-        raise ValueError("cu_seqlens must hold at least 2 offsets (one sequence)")
-    if cu_seqlens.device != device:
+    from costmodel.kernels.attention import validate_cu_seqlens
+
+    if isinstance(cu_seqlens, torch.Tensor) and cu_seqlens.device != device:
         raise ValueError(f"cu_seqlens on {cu_seqlens.device} but x on {device}")
-    if isinstance(max_seqlen, torch.Tensor) or int(max_seqlen) != max_seqlen or max_seqlen < 1:
-        raise ValueError(f"max_seqlen must be a positive Python int, got {max_seqlen!r}")
-    if not check_values:
-        return
-    offsets = cu_seqlens.tolist()  # host read (a sync on GPU); timed loops skip it
-    if offsets[0] != 0 or offsets[-1] != total:
-        raise ValueError(f"cu_seqlens must run from 0 to total_tokens={total}, got "
-                         f"{offsets[0]}..{offsets[-1]}")
-    lengths = [b - a for a, b in zip(offsets[:-1], offsets[1:])]
-    if min(lengths) <= 0:
-        raise ValueError("cu_seqlens must be strictly increasing (no empty sequences)")
-    if max(lengths) > max_seqlen:
-        raise ValueError(f"max_seqlen={max_seqlen} < longest sequence ({max(lengths)})")
+    validate_cu_seqlens(cu_seqlens, max_seqlen, total, check_values=check_values)
 
 
 class TransformerLayer(nn.Module):
