@@ -12,12 +12,16 @@ from costmodel.flops import (
 )
 from costmodel.gpus import estimate_cost_model
 from costmodel.model import CostModel, load_cost_model
+from costmodel.scheduler import Schedule, build_schedule, karmarkar_karp
 from costmodel.spec import ModelSpec, preset_names
 
 __version__ = "0.1.0"
 
 __all__ = [
     "CostModel",
+    "Schedule",
+    "build_schedule",
+    "karmarkar_karp",
     "ModelSpec",
     "estimate_cost_model",
     "load_cost_model",

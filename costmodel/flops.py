@@ -57,15 +57,16 @@ def as_lengths(seqlens: ArrayLike, what: str = "sequence lengths") -> np.ndarray
     if arr.size == 0:
         return np.zeros(0, dtype=np.int64)
     if arr.dtype.kind == "f":
-        if not np.all(np.isfinite(arr)) or np.any(arr != np.floor(arr)):
-            bad = arr[~np.isfinite(arr) | (arr != np.floor(arr))][0]
-            raise ValueError(f"{what} must be whole numbers of tokens, got {bad!r}")
+        bad = ~np.isfinite(arr) | (arr != np.floor(arr))
+        if bad.any():
+            i = int(np.flatnonzero(bad)[0])
+            raise ValueError(f"{what} must be whole numbers of tokens, got {arr[i]!r} at index {i}")
     elif arr.dtype.kind not in "iu":
         raise ValueError(f"{what} must be integers, got dtype {arr.dtype}")
     lengths = arr.astype(np.int64)
-    if np.any(lengths < 1):
-        bad = lengths[lengths < 1][0]
-        raise ValueError(f"{what} must be positive (>= 1 token), got {bad}")
+    if (lengths < 1).any():
+        i = int(np.flatnonzero(lengths < 1)[0])
+        raise ValueError(f"{what} must be positive (>= 1 token), got {lengths[i]} at index {i}")
     return lengths
 
 

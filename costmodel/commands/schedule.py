@@ -1,0 +1,157 @@
+"""`costmodel schedule`: build one schedule and print its predicted balance.
+
+    costmodel schedule --model qwen3-8b --dist rl --n 4096 --dp 8 --max-tokens 16384 \\
+        --cost h200/qwen3-8b [--json out.json]
+
+``--cost`` is ``tokens``, ``flops`` (exact analytic FLOPs of ``--model``), or a cost model:
+a file from `costmodel calibrate` or a shipped name such as ``h200/qwen3-8b``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from costmodel.scheduler.lengths import DISTRIBUTIONS, generate_lengths, read_lengths
+
+
+def add_batch_arguments(p: argparse.ArgumentParser) -> None:
+    """The flags that describe a batch and its scheduling problem (shared with simulate)."""
+    p.add_argument("--model", default="qwen3-8b", help="preset name or HF config.json path")
+    src = p.add_mutually_exclusive_group()
+    src.add_argument(
+        "--lengths",
+        metavar="FILE",
+        help="file of sample lengths: one integer per line, or comma separated",
+    )
+    src.add_argument(
+        "--dist",
+        choices=DISTRIBUTIONS,
+        default="rl",
+        help="built-in length distribution (rl: prompt 200-1500 + lognormal response, "
+        "median 1500; bimodal: 90%% short, 10%% very long)",
+    )
+    p.add_argument("--n", type=int, default=4096, help="samples to draw with --dist")
+    p.add_argument("--seed", type=int, default=0, help="seed for --dist")
+    p.add_argument("--dp", type=int, default=8, help="data-parallel ranks")
+    p.add_argument("--max-tokens", type=int, default=16384, help="token cap of one micro-batch")
+    p.add_argument(
+        "--align", type=int, default=1, help="micro-batches per rank: a multiple of this"
+    )
+    p.add_argument(
+        "--mode",
+        choices=("train", "forward"),
+        default="train",
+        help="cost of a training step or of a forward-only (log-prob) pass",
+    )
+
+
+def batch_lengths(args: argparse.Namespace) -> tuple[np.ndarray, str]:
+    """The lengths the flags describe, and a short description of where they came from."""
+    if args.lengths:
+        lengths = read_lengths(args.lengths)
+        return lengths, f"{lengths.size} lengths from {args.lengths}"
+    return (
+        generate_lengths(args.n, args.dist, seed=args.seed),
+        f"{args.n} samples, distribution {args.dist!r}, seed {args.seed}",
+    )
+
+
+def resolve_cost(name: str, spec: Any) -> Any:
+    """'tokens' and 'flops' pass through; anything else loads a cost model for ``spec``."""
+    if name in ("tokens", "flops"):
+        return name
+    from costmodel.model import load_cost_model
+
+    return load_cost_model(name, spec=spec)
+
+
+def cost_label(cost: Any) -> str:
+    if isinstance(cost, str):
+        return cost
+    label = getattr(cost, "label", None)
+    text = label() if callable(label) else str(label or type(cost).__name__)
+    if getattr(cost, "is_estimate", False) and "estimate" not in text.lower():
+        text += " (estimate)"
+    return text
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "schedule",
+        help="pack a batch into micro-batches over DP ranks and show the predicted balance",
+        description="Build a cost-balanced, cap-safe schedule for one batch and print each "
+        "rank's predicted cost, the max/mean imbalance and the makespan over its lower bound.",
+    )
+    add_batch_arguments(p)
+    p.add_argument(
+        "--cost",
+        default="tokens",
+        help="tokens, flops, or a cost model (calibrated file or shipped name, e.g. h200/qwen3-8b)",
+    )
+    p.add_argument(
+        "--order",
+        choices=("none", "longest-first", "pipeline"),
+        default="none",
+        help="run order of the micro-batches inside a rank",
+    )
+    p.add_argument("--json", metavar="PATH", help="also write the whole schedule as JSON")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from costmodel.scheduler import build_schedule
+    from costmodel.spec import ModelSpec
+
+    spec = ModelSpec.from_any(args.model)
+    lengths, source = batch_lengths(args)
+    cost = resolve_cost(args.cost, spec)
+    t0 = time.perf_counter()
+    s = build_schedule(
+        lengths,
+        dp_size=args.dp,
+        max_tokens_per_microbatch=args.max_tokens,
+        cost=cost,
+        spec=spec,
+        align=args.align,
+        order=args.order,
+        mode=args.mode,
+    )
+    elapsed_ms = (time.perf_counter() - t0) * 1e3
+    unit = "ms" if not isinstance(cost, str) else ("tokens" if cost == "tokens" else "FLOP")
+    print(f"{source}; {int(lengths.sum()):,} tokens")
+    print(
+        f"{spec.name}, dp={args.dp}, cap={args.max_tokens} tokens, cost: {cost_label(cost)}; "
+        f"scheduled in {elapsed_ms:.1f} ms"
+    )
+    print(
+        f"micro-batches per rank: {s.num_microbatches} "
+        f"(bound from the cap: {s.stats.get('min_microbatches_per_rank', '?')}), "
+        f"{s.oversized} sample(s) over the cap alone, cap violations: {s.cap_violations}"
+    )
+    costs = np.asarray(s.rank_costs)
+    tokens = np.array([sum(t) for t in s.microbatch_tokens])
+    print(f"{'rank':>5} {'predicted ' + unit:>18} {'tokens':>12} {'vs mean':>9}")
+    mean = float(costs.mean())
+    fmt = {"ms": ",.1f", "tokens": ",.0f"}.get(unit, ".5e")
+    shown = range(args.dp) if args.dp <= 16 else [*range(4), *range(args.dp - 4, args.dp)]
+    for r in shown:
+        if args.dp > 16 and r == args.dp - 4:
+            print(f"{'...':>5}")
+        print(f"{r:>5} {costs[r]:>18{fmt}} {tokens[r]:>12,} {costs[r] / mean - 1:>+9.3%}")
+    print(
+        f"max/mean {s.imbalance:.5f}   makespan {s.makespan:{fmt}} {unit}   "
+        f"lower bound {s.lower_bound:{fmt}} {unit}   makespan/lower bound "
+        f"{s.makespan_over_lower_bound:.5f}"
+    )
+    if args.json:
+        doc = s.to_dict()
+        doc["input"] = {"source": source, "model": spec.name, "cost": cost_label(cost)}
+        Path(args.json).write_text(json.dumps(doc))
+        print(f"wrote {args.json}")
+    return 0

@@ -1,0 +1,140 @@
+"""`costmodel simulate`: compare scheduling policies on one batch, under one cost model.
+
+    costmodel simulate --model qwen3-8b --cost-model h200/qwen3-8b --n 4096 --dp 8 \\
+        --max-tokens 16384
+
+Each policy builds a schedule its own way; all are then judged by the same cost model's
+predicted time: the makespan (the slowest rank, when the step ends), max/mean over ranks,
+and the makespan over the lower bound max(Σ cost of cap-filled micro-batches / dp,
+costliest sample). Policies:
+
+- ``tokens``: this scheduler balancing tokens (classic dynamic batching, cap-safe);
+- ``flops``: this scheduler balancing exact analytic FLOPs;
+- ``baseline``: first-fit packing by tokens, then Karmarkar-Karp over micro-batch FLOPs to
+  ranks (slime's ``balance_data``; see `costmodel.scheduler.baselines`);
+- ``cost-model``: this scheduler balancing the cost model's predicted time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+from costmodel.commands.schedule import add_batch_arguments, batch_lengths, cost_label
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "simulate",
+        help="compare token, FLOPs, baseline and cost-model scheduling on one batch",
+        description="Build schedules for one batch with several policies and compare their "
+        "predicted step time under one cost model.",
+    )
+    add_batch_arguments(p)
+    p.add_argument(
+        "--cost-model",
+        default=None,
+        metavar="PATH_OR_NAME",
+        help="cost model that judges every policy (a calibrated file or a shipped name); "
+        "default: h200/<model>",
+    )
+    p.add_argument(
+        "--variant",
+        action="store_true",
+        help="also run the baseline variant that splits samples into micro-batches by "
+        "Karmarkar-Karp over per-sample FLOPs (slime's balance_by_flops; ignores the cap, "
+        "and is slow for large batches)",
+    )
+    p.add_argument("--json", metavar="PATH", help="also write the comparison as JSON")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from costmodel.flops import sequence_fwd_flops
+    from costmodel.model import load_cost_model
+    from costmodel.scheduler import baseline_microbatches, build_schedule, evaluate_schedule
+    from costmodel.spec import ModelSpec
+
+    spec = ModelSpec.from_any(args.model)
+    lengths, source = batch_lengths(args)
+    model = load_cost_model(args.cost_model or f"h200/{spec.name}", spec=spec)
+    common = dict(max_tokens_per_microbatch=args.max_tokens, mode=args.mode)
+    flops = sequence_fwd_flops(lengths, spec)
+
+    def ours(cost):
+        return lambda: build_schedule(
+            lengths, dp_size=args.dp, cost=cost, spec=spec, align=args.align, **common
+        )
+
+    def baseline(variant):
+        return lambda: baseline_microbatches(
+            lengths,
+            dp_size=args.dp,
+            max_tokens_per_microbatch=args.max_tokens,
+            sample_flops=flops,
+            variant=variant,
+            align=args.align,
+        )
+
+    policies = [
+        ("tokens", ours("tokens")),
+        ("flops", ours("flops")),
+        ("baseline", baseline("first-fit")),
+    ]
+    if args.variant:
+        policies.append(("baseline kk-samples", baseline("kk-samples")))
+    policies.append(("cost-model", ours(model)))
+
+    rows = []
+    for name, build in policies:
+        t0 = time.perf_counter()
+        built = build()
+        elapsed = (time.perf_counter() - t0) * 1e3
+        mbs = built.microbatches if hasattr(built, "microbatches") else built
+        judged = evaluate_schedule(mbs, lengths, cost=model, spec=spec, **common)
+        counts = sorted({len(r) for r in mbs})
+        rows.append(
+            {
+                "policy": name,
+                "makespan_ms": judged.makespan,
+                "imbalance": judged.imbalance,
+                "makespan_over_lower_bound": judged.makespan_over_lower_bound,
+                "microbatches_per_rank": counts[0] if len(counts) == 1 else counts,
+                "cap_violations": judged.cap_violations,
+                "schedule_ms": elapsed,
+            }
+        )
+    base = next(r["makespan_ms"] for r in rows if r["policy"] == "tokens")
+    print(f"{source}; {int(lengths.sum()):,} tokens; dp={args.dp}, cap={args.max_tokens}")
+    print(f"judged by: {cost_label(model)} ({args.mode})")
+    head = (
+        f"{'policy':<20} {'makespan ms':>13} {'vs tokens':>10} {'max/mean':>9} "
+        f"{'/ lower bd':>10} {'mb/rank':>8} {'over cap':>8} {'sched ms':>9}"
+    )
+    print(head)
+    print("-" * len(head))
+    for r in rows:
+        mb = r["microbatches_per_rank"]
+        mb_text = str(mb) if isinstance(mb, int) else f"{mb[0]}-{mb[-1]}"
+        print(
+            f"{r['policy']:<20} {r['makespan_ms']:>13,.1f} {r['makespan_ms'] / base - 1:>+10.2%} "
+            f"{r['imbalance']:>9.4f} {r['makespan_over_lower_bound']:>10.4f} {mb_text:>8} "
+            f"{r['cap_violations']:>8} {r['schedule_ms']:>9.1f}"
+        )
+    if args.json:
+        doc = {
+            "input": {
+                "source": source,
+                "model": spec.name,
+                "dp": args.dp,
+                "max_tokens": args.max_tokens,
+                "cost_model": cost_label(model),
+                "mode": args.mode,
+            },
+            "policies": rows,
+        }
+        Path(args.json).write_text(json.dumps(doc, indent=1))
+        print(f"wrote {args.json}")
+    return 0

@@ -1,0 +1,217 @@
+"""A drop-in for slime's `build_dp_schedule` (slime/utils/dp_schedule.py).
+
+    from costmodel.integrations.slime import build_dp_schedule
+    partitions, micro_batch_indices, num_microbatches, global_batch_sizes = build_dp_schedule(
+        args, train_parallel_config, total_lengths,
+        global_batch_size=args.global_batch_size, rollout_indices=rollout_indices)
+
+Same arguments, same return value, same invariants as slime's:
+
+- samples of one rollout (equal ``rollout_indices``) stay in one step; steps take
+  ``global_batch_size`` rollouts in order of first appearance; trailing rollouts that do
+  not fill a step are dropped;
+- per step, every rank runs the same number of micro-batches, a multiple of the VPP
+  micro-batch group (so the step's count is a multiple of ``dp_size × group``);
+- ``partitions[r]`` lists rank r's global sample indices step after step, and
+  ``micro_batch_indices[r]`` tiles ``range(len(partitions[r]))`` in order;
+- ``num_microbatches[s]`` is the per-rank count of step s, ``global_batch_sizes[s]`` its
+  number of rollouts.
+
+What it honours on ``args``: ``use_dynamic_batch_size`` with ``max_tokens_per_gpu``
+(× ``cp_size``), or ``micro_batch_size`` for fixed-size micro-batches; ``balance_data``,
+``balance_by_flops``; and a new ``cost_model`` (a calibrated file or a shipped name such as
+``h200/qwen3-8b``; absent or None for none). Model shape for FLOPs comes from the
+Megatron-style fields on ``args`` (`ModelSpec.from_megatron_args`).
+
+Differences from slime, all on purpose:
+
+- with dynamic batch size and any balancing flag, `costmodel.scheduler.build_schedule`
+  packs and distributes: by the cost model if ``cost_model`` is set, else by exact
+  analytic FLOPs. slime's ``balance_by_flops`` splits samples into micro-batches by FLOPs
+  and can break the token cap; here the cap always holds (a single sample longer than it
+  sits alone, as in slime);
+- without balancing, the micro-batches are slime's (first fit by tokens, the largest split
+  until the count aligns, strided over ranks);
+- impossible inputs raise ValueError saying what to change, instead of AssertionError.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from costmodel.scheduler import build_schedule, karmarkar_karp
+from costmodel.scheduler.baselines import expand_bins_by_splitting, first_fit_pack
+from costmodel.scheduler.costs import as_cost
+
+__all__ = ["build_dp_schedule"]
+
+logger = logging.getLogger(__name__)
+
+
+def _spec_from_args(args: Any):
+    from costmodel.spec import ModelSpec
+
+    return ModelSpec.from_megatron_args(args)
+
+
+def _resolve_cost(args: Any) -> tuple[Any, Any, bool]:
+    """(cost, spec, balance) from the flags."""
+    cost_model = getattr(args, "cost_model", None)
+    balance = bool(
+        getattr(args, "balance_data", False)
+        or getattr(args, "balance_by_flops", False)
+        or cost_model
+    )
+    if cost_model:
+        from costmodel.model import load_cost_model
+
+        try:
+            spec = _spec_from_args(args)
+        except ValueError as err:
+            logger.warning("model shape not on args (%s); cost model shape not checked", err)
+            spec = None
+        allow = bool(getattr(args, "cost_model_allow_other_shape", False))
+        model = load_cost_model(cost_model, spec=spec, allow_other_shape=allow)
+        return model, spec, balance
+    if balance:
+        return "flops", _spec_from_args(args), balance
+    return "tokens", None, balance
+
+
+def _steps(rollout_indices: Sequence[Any], global_batch_size: int) -> list[list[int]]:
+    """Sample positions of each step: whole rollouts, global_batch_size per step."""
+    by_rollout: dict[Any, list[int]] = {}
+    for pos, rid in enumerate(rollout_indices):
+        by_rollout.setdefault(rid, []).append(pos)
+    rollouts = list(by_rollout.values())  # first-appearance order
+    num_steps = len(rollouts) // global_batch_size
+    if num_steps < 1:
+        raise ValueError(
+            f"{len(rollouts)} rollouts cannot fill one step of global_batch_size="
+            f"{global_batch_size} rollouts: lower global_batch_size or bring more rollouts"
+        )
+    return [
+        [pos for r in rollouts[s * global_batch_size : (s + 1) * global_batch_size] for pos in r]
+        for s in range(num_steps)
+    ]
+
+
+def build_dp_schedule(
+    args: Any,
+    train_parallel_config: dict,
+    total_lengths: Sequence[int],
+    *,
+    global_batch_size: int,
+    rollout_indices: Sequence[Any],
+) -> tuple[list[list[int]], list[list[list[int]]], list[int], list[int]]:
+    """Per-rank sample partition and micro-batch schedule, step by step (see module doc).
+
+    Returns ``(partitions, micro_batch_indices, num_microbatches, global_batch_sizes)``.
+    """
+    dp = int(train_parallel_config["dp_size"])
+    cp = int(train_parallel_config.get("cp_size", 1) or 1)
+    vpp = int(train_parallel_config.get("vpp_size", 1) or 1)
+    group = int(train_parallel_config.get("microbatch_group_size_per_vp_stage", 1) or 1)
+    align = group if vpp > 1 else 1
+    if dp < 1:
+        raise ValueError(f"dp_size must be >= 1, got {dp}")
+    if isinstance(global_batch_size, bool) or int(global_batch_size) < 1:
+        raise ValueError(f"global_batch_size must be >= 1, got {global_batch_size!r}")
+    lengths = np.asarray(total_lengths)
+    if len(rollout_indices) != lengths.size:
+        raise ValueError(
+            f"rollout_indices has {len(rollout_indices)} entries for {lengths.size} samples"
+        )
+    dynamic = bool(getattr(args, "use_dynamic_batch_size", False))
+    cost, spec, balance = _resolve_cost(args)
+    cap = None
+    if dynamic:
+        per_gpu = getattr(args, "max_tokens_per_gpu", None)
+        if per_gpu is None or int(per_gpu) < 1:
+            raise ValueError("use_dynamic_batch_size needs max_tokens_per_gpu >= 1")
+        cap = int(per_gpu) * cp
+    else:
+        mbs = getattr(args, "micro_batch_size", None)
+        if mbs is None or int(mbs) < 1:
+            raise ValueError("without use_dynamic_batch_size, micro_batch_size must be >= 1")
+
+    partitions: list[list[int]] = [[] for _ in range(dp)]
+    micro_batch_indices: list[list[list[int]]] = [[] for _ in range(dp)]
+    num_microbatches: list[int] = []
+    global_batch_sizes: list[int] = []
+    for step, samples in enumerate(_steps(rollout_indices, int(global_batch_size))):
+        step_lengths = lengths[samples]
+        if dynamic and balance:
+            s = build_schedule(
+                step_lengths,
+                dp_size=dp,
+                max_tokens_per_microbatch=cap,
+                cost=cost,
+                spec=spec,
+                align=align,
+            )
+            per_rank = s.microbatches
+        elif dynamic:
+            per_rank = _first_fit_strided(step_lengths, dp, align, cap, step)
+        else:
+            per_rank = _static(
+                step_lengths, dp, align, int(args.micro_batch_size), cost, spec, balance, step
+            )
+        num_microbatches.append(len(per_rank[0]))
+        global_batch_sizes.append(int(global_batch_size))
+        for r in range(dp):
+            for mb in per_rank[r]:
+                start = len(partitions[r])
+                partitions[r].extend(samples[i] for i in mb)
+                micro_batch_indices[r].append(list(range(start, start + len(mb))))
+    return partitions, micro_batch_indices, num_microbatches, global_batch_sizes
+
+
+def _first_fit_strided(
+    lengths: np.ndarray, dp: int, align: int, cap: int, step: int
+) -> list[list[list[int]]]:
+    """slime without balancing: first fit, split the largest until aligned, strided."""
+    lens = lengths.tolist()
+    bins = first_fit_pack(lens, cap)
+    align_to = dp * align
+    target = max(-(-len(bins) // align_to) * align_to, align_to)
+    expand_bins_by_splitting(bins, target, lens)
+    if len(bins) != target:
+        raise ValueError(
+            f"step {step}: {len(lens)} samples cannot make {target} micro-batches "
+            f"(dp_size × micro-batch group = {align_to}); bring more samples per step or "
+            f"lower dp_size"
+        )
+    return [[sorted(bins[k]) for k in range(r, target, dp)] for r in range(dp)]
+
+
+def _static(
+    lengths: np.ndarray,
+    dp: int,
+    align: int,
+    micro_batch_size: int,
+    cost: Any,
+    spec: Any,
+    balance: bool,
+    step: int,
+) -> list[list[list[int]]]:
+    """Fixed-size micro-batches of consecutive samples; balanced by cost or strided."""
+    n = lengths.size
+    bins = [list(range(i, min(i + micro_batch_size, n))) for i in range(0, n, micro_batch_size)]
+    align_to = dp * align
+    if len(bins) % align_to:
+        raise ValueError(
+            f"step {step}: {n} samples make {len(bins)} micro-batches of {micro_batch_size}, "
+            f"not a multiple of dp_size × micro-batch group = {align_to}; make the step's "
+            f"sample count a multiple of {align_to * micro_batch_size}"
+        )
+    if not balance:
+        return [bins[r::dp] for r in range(dp)]
+    cost_obj = as_cost(cost, spec)
+    offsets = np.concatenate([[0], np.cumsum([len(b) for b in bins])]).astype(np.int64)
+    weights = cost_obj.evaluate(lengths.astype(np.int64), offsets)
+    return [[bins[k] for k in part] for part in karmarkar_karp(weights, dp, equal_size=True)]

@@ -1,0 +1,289 @@
+"""One vectorised cost for the scheduler, whatever the caller passed as ``cost``.
+
+The scheduler never evaluates a cost one micro-batch at a time in a Python loop (at 64k
+samples that alone would blow the time budget). Every cost becomes a `Cost` with
+
+- ``microbatch_costs(lengths, offsets)``: the cost of many micro-batches at once, laid out
+  CSR-style (``lengths`` concatenated, micro-batch k = ``lengths[offsets[k]:offsets[k+1]]``);
+- ``sample_costs(lengths)``: the marginal cost of each sample inside a micro-batch, the
+  weight the greedy packer balances before the true micro-batch costs take over.
+
+Accepted ``cost`` values (see `as_cost`):
+
+- ``"tokens"``: Σ L per micro-batch;
+- ``"flops"``: exact analytic FLOPs of ``spec`` (`costmodel.flops.sequence_fwd_flops`, × 3 in
+  ``mode="train"``); additive over sequences, no fixed cost;
+- a cost-model object (`costmodel.model.CostModel` or anything with ``microbatch_cost`` /
+  ``sample_cost``; ``microbatch_costs(lengths, offsets)`` is used when it has one);
+- a plain callable on one micro-batch's lengths (a 1-D int64 array) returning a number.
+  This is the one slow path: the callable runs once per micro-batch evaluated.
+
+Every value is checked: NaN, infinite or negative costs raise ValueError naming the
+micro-batch that produced them.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+logger = logging.getLogger(__name__)
+
+__all__ = [
+    "AdditiveCost",
+    "CallableCost",
+    "Cost",
+    "ModelCost",
+    "as_cost",
+    "segment_ids",
+]
+
+
+def segment_ids(offsets: np.ndarray) -> np.ndarray:
+    """For CSR ``offsets`` of K segments, the segment id of every element."""
+    counts = np.diff(offsets)
+    return np.repeat(np.arange(counts.size, dtype=np.int64), counts)
+
+
+def _segment_sums(values: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+    # bincount adds element by element in index order: the same sum in every process, and
+    # empty segments come out as 0 (np.add.reduceat would return a neighbour instead).
+    k = offsets.size - 1
+    if values.size == 0:
+        return np.zeros(k, dtype=np.float64)
+    return np.bincount(segment_ids(offsets), weights=values, minlength=k)
+
+
+class Cost:
+    """Base class: a vectorised micro-batch cost. Subclasses set ``name`` and ``additive``."""
+
+    name: str = "cost"
+    #: True when a micro-batch costs ``fixed + Σ sample_costs`` exactly.
+    additive: bool = False
+
+    def microbatch_costs(self, lengths: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+        raise NotImplementedError
+
+    def sample_costs(self, lengths: np.ndarray) -> np.ndarray:
+        raise NotImplementedError
+
+    def microbatch_cost(self, lengths) -> float:
+        """One micro-batch, for convenience (tests, reports)."""
+        arr = np.asarray(lengths, dtype=np.int64).reshape(-1)
+        return float(self.evaluate(arr, np.array([0, arr.size], dtype=np.int64))[0])
+
+    # -- checked entry points used by the scheduler ------------------------------------
+    def evaluate(self, lengths: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+        """`microbatch_costs`, converted to float64 and checked (finite, >= 0)."""
+        k = offsets.size - 1
+        out = np.asarray(self.microbatch_costs(lengths, offsets), dtype=np.float64).reshape(-1)
+        if out.size != k:
+            raise ValueError(f"cost {self.name!r} returned {out.size} values for {k} micro-batches")
+        _check_values(out, self.name, lengths, offsets)
+        return out
+
+    def marginal_costs(self, lengths: np.ndarray, fill_tokens: int) -> np.ndarray:
+        """The cost a sample adds to a micro-batch that ends up ``fill_tokens`` long.
+
+        Exact for additive costs. Otherwise measured on the cost itself: the cost of a
+        micro-batch ``[F, L]`` minus that of ``[F]``, with a filler ``F = fill − L`` (at least
+        1), so a fixed per-micro-batch cost and the attention of the filler cancel and what
+        remains is the sample's attention plus its token-linear share at that fill level.
+        Evaluated once per distinct length.
+        """
+        lengths = np.asarray(lengths, dtype=np.int64)
+        if self.additive:
+            values = np.asarray(self.sample_costs(lengths), dtype=np.float64).reshape(-1)
+            _check_values(values, self.name, lengths, np.arange(lengths.size + 1))
+            return values
+        uniq, inverse = np.unique(lengths, return_inverse=True)
+        filler = np.maximum(int(fill_tokens) - uniq, 1)
+        u = uniq.size
+        pair_lengths = np.empty(2 * u, dtype=np.int64)
+        pair_lengths[0::2] = filler
+        pair_lengths[1::2] = uniq
+        with_sample = self.evaluate(pair_lengths, np.arange(0, 2 * u + 1, 2, dtype=np.int64))
+        alone = self.evaluate(filler, np.arange(u + 1, dtype=np.int64))
+        marginal = np.maximum(with_sample - alone, 0.0)
+        return marginal[inverse]
+
+
+def _check_values(values: np.ndarray, name: str, lengths: np.ndarray, offsets: np.ndarray) -> None:
+    bad = ~np.isfinite(values) | (values < 0)
+    if not bad.any():
+        return
+    k = int(np.flatnonzero(bad)[0])
+    members = np.asarray(lengths[offsets[k] : offsets[k + 1]]).tolist()
+    shown = members if len(members) <= 8 else members[:8] + ["..."]
+    raise ValueError(
+        f"cost {name!r} returned {float(values[k])!r} for a micro-batch with lengths {shown}: "
+        "costs must be finite and non-negative"
+    )
+
+
+class AdditiveCost(Cost):
+    """``fixed + Σ per_sample(L)`` per micro-batch (tokens, analytic FLOPs, ``a·L + L²``)."""
+
+    additive = True
+
+    def __init__(
+        self, name: str, per_sample: Callable[[np.ndarray], np.ndarray], fixed: float = 0.0
+    ) -> None:
+        if not np.isfinite(fixed) or fixed < 0:
+            raise ValueError(f"fixed cost per micro-batch must be finite and >= 0, got {fixed}")
+        self.name = name
+        self._per_sample = per_sample
+        self.fixed = float(fixed)
+
+    def sample_costs(self, lengths: np.ndarray) -> np.ndarray:
+        return np.asarray(self._per_sample(np.asarray(lengths, dtype=np.int64)), dtype=np.float64)
+
+    def microbatch_costs(self, lengths: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+        per = self.sample_costs(lengths)
+        _check_values(per, self.name, lengths, np.arange(lengths.size + 1))
+        return _segment_sums(per, offsets) + self.fixed
+
+
+def _accepts_mode(fn: Callable) -> bool:
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
+    return "mode" in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
+
+
+class ModelCost(Cost):
+    """A cost-model object: `costmodel.model.CostModel` or anything shaped like it."""
+
+    def __init__(self, model: Any, mode: str = "train") -> None:
+        self.model = model
+        self.mode = mode
+        gpu = getattr(model, "gpu", None)
+        spec = getattr(model, "spec", None)
+        spec_name = getattr(spec, "name", None)
+        label = "/".join(str(p) for p in (gpu, spec_name) if p)
+        self.name = f"cost model {label}" if label else f"cost model {type(model).__name__}"
+        batched = getattr(model, "microbatch_costs", None)
+        single = getattr(model, "microbatch_cost", None)
+        if batched is None and single is None:
+            raise ValueError(
+                f"{type(model).__name__} is not a cost model: it needs microbatch_cost(lengths) "
+                "or microbatch_costs(lengths, offsets)"
+            )
+        self._batched = batched
+        self._single = single
+        self._batched_mode = batched is not None and _accepts_mode(batched)
+        self._single_mode = single is not None and _accepts_mode(single)
+        if batched is None:
+            logger.info(
+                "%s has no vectorised microbatch_costs(lengths, offsets); evaluating one "
+                "micro-batch at a time (slow at large batch sizes)",
+                type(model).__name__,
+            )
+
+    def microbatch_costs(self, lengths: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+        if self._batched is not None:
+            if self._batched_mode:
+                return self._batched(lengths, offsets, mode=self.mode)
+            return self._batched(lengths, offsets)
+        kw = {"mode": self.mode} if self._single_mode else {}
+        return np.array(
+            [
+                float(self._single(lengths[offsets[k] : offsets[k + 1]], **kw))
+                for k in range(offsets.size - 1)
+            ],
+            dtype=np.float64,
+        )
+
+    def sample_costs(self, lengths: np.ndarray) -> np.ndarray:
+        fn = getattr(self.model, "sample_cost", None)
+        if fn is None:
+            return self.marginal_costs(lengths, int(np.max(lengths, initial=1)))
+        if _accepts_mode(fn):
+            return np.asarray(fn(lengths, mode=self.mode), dtype=np.float64)
+        return np.asarray(fn(lengths), dtype=np.float64)
+
+
+class CallableCost(Cost):
+    """A plain function of one micro-batch's lengths. Called once per micro-batch."""
+
+    def __init__(self, fn: Callable[[np.ndarray], float]) -> None:
+        self.fn = fn
+        self.name = getattr(fn, "__name__", type(fn).__name__)
+
+    def microbatch_costs(self, lengths: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+        out = np.empty(offsets.size - 1, dtype=np.float64)
+        for k in range(out.size):
+            try:
+                out[k] = float(self.fn(lengths[offsets[k] : offsets[k + 1]]))
+            except (TypeError, ValueError) as err:
+                raise ValueError(f"cost {self.name!r} failed on a micro-batch: {err}") from err
+        return out
+
+    def sample_costs(self, lengths: np.ndarray) -> np.ndarray:
+        return self.marginal_costs(lengths, int(np.max(lengths, initial=1)))
+
+
+def tokens_cost() -> AdditiveCost:
+    return AdditiveCost("tokens", lambda lengths: lengths.astype(np.float64))
+
+
+def flops_cost(spec: Any, mode: str = "train", fixed: float = 0.0) -> AdditiveCost:
+    """Exact analytic FLOPs of ``spec`` per sample (× 3 for training), plus ``fixed``."""
+    from costmodel.flops import sequence_fwd_flops
+    from costmodel.spec import ModelSpec
+
+    if spec is None:
+        raise ValueError('cost="flops" needs spec= (a ModelSpec or a preset name)')
+    if not isinstance(spec, ModelSpec):
+        spec = ModelSpec.from_any(spec)
+    scale = 3.0 if mode == "train" else 1.0
+
+    def per_sample(lengths: np.ndarray) -> np.ndarray:
+        return sequence_fwd_flops(lengths, spec) * scale
+
+    return AdditiveCost(f"flops ({spec.name})", per_sample, fixed=fixed)
+
+
+_MODES = ("train", "forward")
+
+
+def as_cost(cost: Any = "tokens", spec: Any = None, mode: str = "train") -> Cost:
+    """Turn what a caller passed as ``cost`` into a `Cost` (see the module docstring).
+
+    A string other than "tokens"/"flops" is loaded as a cost model (a file path or a
+    shipped name such as "h200/qwen3-8b") with `costmodel.model.load_cost_model`.
+    """
+    if mode not in _MODES:
+        raise ValueError(f"mode must be one of {_MODES}, got {mode!r}")
+    if isinstance(cost, Cost):
+        return cost
+    if isinstance(cost, str):
+        if cost == "tokens":
+            return tokens_cost()
+        if cost == "flops":
+            return flops_cost(spec, mode)
+        try:
+            from costmodel.model import load_cost_model
+        except ImportError as err:  # pragma: no cover - model.py ships with the package
+            raise ValueError(
+                f"cost {cost!r} is not 'tokens' or 'flops', and cost models cannot be "
+                f"loaded here ({err})"
+            ) from err
+        if isinstance(spec, str):
+            from costmodel.spec import ModelSpec
+
+            spec = ModelSpec.from_any(spec)
+        return ModelCost(load_cost_model(cost, spec=spec), mode)
+    if hasattr(cost, "microbatch_costs") or hasattr(cost, "microbatch_cost"):
+        return ModelCost(cost, mode)
+    if callable(cost):
+        return CallableCost(cost)
+    raise ValueError(
+        f"cost must be 'tokens', 'flops', a cost model (path, name or object) or a callable "
+        f"on a micro-batch's lengths; got {type(cost).__name__}"
+    )

@@ -1,0 +1,215 @@
+"""Placement when samples come in groups that must share a rank (one prompt's responses).
+
+Distribute, then pack:
+
+1. Groups, costliest first, go to the least-loaded rank (by marginal cost) whose token
+   budget still has room for them; the budget is what the token packer can fit into ``m``
+   micro-batches (``m · (cap − room for a short sample)``).
+2. Sweeps of group moves and swaps between paired ranks (the same scheme as `refine`, on
+   whole groups) balance the ranks' costs within the token budgets, keeping at least ``m``
+   samples on every rank (no micro-batch may be empty).
+3. Each rank's samples are packed into exactly ``m`` micro-batches by `pack.pack_tokens`.
+
+If a rank cannot be packed, the caller retries with more micro-batches per rank.
+"""
+
+from __future__ import annotations
+
+import heapq
+
+import numpy as np
+
+from costmodel.scheduler.pack import pack_tokens
+
+__all__ = ["place_groups"]
+
+_NONE = np.iinfo(np.int64).max
+
+
+def _units(groups: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    members = np.argsort(groups, kind="stable")
+    starts = np.concatenate([[0], np.cumsum(np.bincount(groups))]).astype(np.int64)
+    return members, starts
+
+
+def _greedy(uq: np.ndarray, ut: np.ndarray, dp: int, budget: int) -> np.ndarray:
+    """Costliest group first, to the least-loaded rank with token room (else the roomiest)."""
+    n_units = uq.size
+    order = np.lexsort((np.arange(n_units), -ut, -uq)).tolist()
+    rank_of_unit = np.empty(n_units, dtype=np.int64)
+    tokens = [0] * dp
+    heap = [(0, r) for r in range(dp)]
+    uq_l, ut_l = uq.tolist(), ut.tolist()
+    for u in order:
+        skipped = []
+        chosen = None
+        while heap:
+            load, r = heapq.heappop(heap)
+            if tokens[r] + ut_l[u] <= budget:
+                chosen = (load, r)
+                break
+            skipped.append((load, r))
+        if chosen is None:
+            # Nowhere within budget: the roomiest rank (packing may then fail, and the
+            # caller asks for more micro-batches).
+            r = min(range(dp), key=lambda x: (tokens[x], x))
+            idx = next(i for i, item in enumerate(skipped) if item[1] == r)
+            chosen = skipped.pop(idx)
+        load, r = chosen
+        rank_of_unit[u] = r
+        tokens[r] += ut_l[u]
+        heapq.heappush(heap, (load + uq_l[u], r))
+        for item in skipped:
+            heapq.heappush(heap, item)
+    return rank_of_unit
+
+
+def _sweep(
+    rank_of_unit: np.ndarray,
+    uq: np.ndarray,
+    ut: np.ndarray,
+    uc: np.ndarray,
+    dp: int,
+    budget: int,
+    min_count: int,
+    tol: float,
+    fold: bool,
+) -> int:
+    """One sweep of group moves/swaps between paired ranks. Returns changes applied."""
+    load = np.bincount(rank_of_unit, weights=uq, minlength=dp).astype(np.int64)
+    tok = np.bincount(rank_of_unit, weights=ut, minlength=dp).astype(np.int64)
+    cnt = np.bincount(rank_of_unit, weights=uc, minlength=dp).astype(np.int64)
+    by_load = np.lexsort((np.arange(dp), -load))
+    n_pairs = dp // 2
+    a_ranks = by_load[:n_pairs]
+    b_ranks = by_load[::-1][:n_pairs] if fold else by_load[dp - n_pairs :]
+    gap = load[a_ranks] - load[b_ranks]
+    live = gap > tol
+    if not live.any():
+        return 0
+    a_ranks, b_ranks, gap = a_ranks[live], b_ranks[live], gap[live]
+    n_pairs = a_ranks.size
+    pair_a = np.full(dp, -1, dtype=np.int64)
+    pair_a[a_ranks] = np.arange(n_pairs)
+    pair_b = np.full(dp, -1, dtype=np.int64)
+    pair_b[b_ranks] = np.arange(n_pairs)
+
+    pa_all = pair_a[rank_of_unit]
+    ua = np.flatnonzero(pa_all >= 0)
+    pa = pa_all[ua]
+    qa, ta, ca = uq[ua], ut[ua], uc[ua]
+    g = gap[pa]
+    ra, rb = a_ranks[pa], b_ranks[pa]
+    best_err = np.full(ua.size, _NONE, dtype=np.int64)
+    best_v = np.full(ua.size, -1, dtype=np.int64)  # -1: a move
+
+    ok = (tok[rb] + ta <= budget) & (cnt[ra] - ca >= min_count) & (qa > 0) & (qa < g)
+    err = np.abs(2 * qa - g)
+    win = ok & (err < best_err)
+    best_err[win] = err[win]
+
+    pb_all = pair_b[rank_of_unit]
+    ub = np.flatnonzero(pb_all >= 0)
+    if ub.size:
+        span = int(uq.max()) + int(gap.max()) + 2
+        key_b = pb_all[ub] * span + uq[ub]
+        order_b = np.argsort(key_b, kind="stable")
+        key_sorted = key_b[order_b]
+        items_b = ub[order_b]
+        pos = np.searchsorted(key_sorted, pa * span + np.clip(qa - g // 2, 0, span - 1))
+        for shift in (-1, 0):
+            v = items_b[np.clip(pos + shift, 0, items_b.size - 1)]
+            d = qa - uq[v]
+            ok = (
+                (pb_all[v] == pa)
+                & (d > 0)
+                & (d < g)
+                & (tok[rb] - ut[v] + ta <= budget)
+                & (tok[ra] - ta + ut[v] <= budget)
+                & (cnt[ra] - ca + uc[v] >= min_count)
+                & (cnt[rb] - uc[v] + ca >= min_count)
+            )
+            err = np.abs(2 * d - g)
+            win = ok & (err < best_err)
+            best_err[win] = err[win]
+            best_v[win] = v[win]
+    valid = np.flatnonzero(best_err < _NONE)
+    if valid.size == 0:
+        return 0
+    # Best per pair, ties to the lower group index.
+    low = np.full(n_pairs, _NONE, dtype=np.int64)
+    np.minimum.at(low, pa[valid], best_err[valid])
+    hit = valid[best_err[valid] == low[pa[valid]]]
+    _, first = np.unique(pa[hit], return_index=True)
+    pick = hit[first]
+    u, v = ua[pick], best_v[pick]
+    rank_of_unit[u] = rb[pick]
+    swap = v >= 0
+    rank_of_unit[v[swap]] = ra[pick][swap]
+    return int(pick.size)
+
+
+def _fix_counts(
+    rank_of_unit: np.ndarray, uq: np.ndarray, uc: np.ndarray, dp: int, min_count: int
+) -> bool:
+    """Give every rank at least ``min_count`` samples by moving small groups. False if not."""
+    for _ in range(4 * dp + 16):
+        cnt = np.bincount(rank_of_unit, weights=uc, minlength=dp).astype(np.int64)
+        short = np.flatnonzero(cnt < min_count)
+        if short.size == 0:
+            return True
+        r = int(short[0])
+        spare = cnt[rank_of_unit] - uc >= min_count  # groups whose rank can give them up
+        spare &= rank_of_unit != r
+        if not spare.any():
+            return False
+        cand = np.flatnonzero(spare)
+        # The cheapest group from the rank with the most samples.
+        donor = cand[cnt[rank_of_unit[cand]] == cnt[rank_of_unit[cand]].max()]
+        u = donor[np.lexsort((donor, uq[donor]))[0]]
+        rank_of_unit[u] = r
+    return False
+
+
+def place_groups(
+    lens: np.ndarray,
+    q: np.ndarray,
+    groups: np.ndarray,
+    dp: int,
+    m: int,
+    cap: int,
+    short: int,
+    rel_tol: float = 5e-5,
+    max_sweeps: int = 64,
+) -> tuple[np.ndarray, np.ndarray] | None:
+    """Ranks and micro-batches (ids ``rank * m + slot``) for grouped samples, or None when
+    some rank cannot be packed into ``m`` micro-batches. ``short``: room to leave per
+    micro-batch for the shortest samples (see `schedule._start_m`)."""
+    members, starts = _units(groups)
+    seg = starts[:-1]
+    # An oversized sample takes a whole micro-batch: count it as cap tokens of budget.
+    eff = np.minimum(lens, cap)
+    uq = np.add.reduceat(q[members], seg)
+    ut = np.add.reduceat(eff[members], seg)
+    uc = np.diff(starts)
+    budget = m * max(cap - short, 1)
+    rank_of_unit = _greedy(uq, ut, dp, budget)
+    if not _fix_counts(rank_of_unit, uq, uc, dp, m):
+        return None
+    total = int(uq.sum())
+    tol = rel_tol * total / dp
+    for sweep in range(max_sweeps):
+        if _sweep(rank_of_unit, uq, ut, uc, dp, budget, m, tol, fold=sweep % 2 == 0) == 0:
+            break
+    rank_of = np.empty(lens.size, dtype=np.int64)
+    rank_of[members] = np.repeat(rank_of_unit, uc)
+    bin_of = np.empty(lens.size, dtype=np.int64)
+    by_rank = np.argsort(rank_of, kind="stable")
+    bounds = np.concatenate([[0], np.cumsum(np.bincount(rank_of, minlength=dp))])
+    for r in range(dp):
+        idx = by_rank[bounds[r] : bounds[r + 1]]
+        bins, _ = pack_tokens(lens[idx], m, cap)
+        if bins is None:
+            return None
+        bin_of[idx] = r * m + bins
+    return rank_of, bin_of

@@ -1,0 +1,93 @@
+"""Sample lengths: built-in RL-like distributions and a lengths-file reader.
+
+Distributions (all seeded; `numpy.random.default_rng(seed)`, so the same seed gives the
+same lengths everywhere):
+
+- ``"rl"``: a prompt of 200–1500 tokens (uniform) plus a response drawn from a lognormal
+  with median 1500 and σ = 1, clipped to [1, max_response]. The long tail is what RL
+  rollouts look like: most responses are short, a few run to the length limit.
+- ``"bimodal"``: 90% short (prompt 200–1500 plus a lognormal response, median 400, σ = 0.6)
+  and 10% very long (a response uniform in [0.75, 1] × max_response).
+
+``max_response`` defaults to 16384 − 1500, so that prompt + response never exceeds 16384.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import numpy as np
+
+__all__ = ["DISTRIBUTIONS", "generate_lengths", "read_lengths", "parse_lengths"]
+
+DISTRIBUTIONS = ("rl", "bimodal")
+DEFAULT_MAX_RESPONSE = 16384 - 1500
+
+
+def generate_lengths(
+    n: int, dist: str = "rl", *, seed: int = 0, max_response: int = DEFAULT_MAX_RESPONSE
+) -> np.ndarray:
+    """``n`` sample lengths (prompt + response tokens) from a built-in distribution."""
+    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
+        raise ValueError(f"n must be an integer >= 1, got {n!r}")
+    if max_response < 1:
+        raise ValueError(f"max_response must be >= 1, got {max_response}")
+    rng = np.random.default_rng(seed)
+    prompt = rng.integers(200, 1501, size=n)
+    if dist == "rl":
+        response = rng.lognormal(mean=np.log(1500.0), sigma=1.0, size=n)
+    elif dist == "bimodal":
+        short = rng.lognormal(mean=np.log(400.0), sigma=0.6, size=n)
+        long_ = rng.uniform(0.75 * max_response, max_response, size=n)
+        is_long = rng.random(n) < 0.10
+        response = np.where(is_long, long_, short)
+    else:
+        raise ValueError(f"unknown length distribution {dist!r}; known: {', '.join(DISTRIBUTIONS)}")
+    response = np.clip(np.rint(response), 1, max_response).astype(np.int64)
+    return prompt.astype(np.int64) + response
+
+
+_TOKEN = re.compile(r"^[+]?\d+$")
+
+
+def parse_lengths(text: str, source: str = "lengths") -> np.ndarray:
+    """Lengths from text: one integer per line, or comma separated (or both).
+
+    Blank lines and lines starting with ``#`` are skipped. Anything else that is not a
+    positive integer is a ValueError naming the line.
+    """
+    values: list[int] = []
+    for lineno, raw in enumerate(text.splitlines(), start=1):
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        for part in line.split(","):
+            token = part.strip()
+            if not token:
+                if line.endswith(",") and part is line.split(",")[-1]:
+                    continue  # trailing comma
+                raise ValueError(f"{source}: line {lineno}: empty field in {raw.strip()!r}")
+            if not _TOKEN.match(token):
+                raise ValueError(
+                    f"{source}: line {lineno}: {token!r} is not a whole number of tokens"
+                )
+            value = int(token)
+            if value < 1:
+                raise ValueError(f"{source}: line {lineno}: length {value} must be >= 1")
+            values.append(value)
+    if not values:
+        raise ValueError(f"{source}: no lengths found")
+    return np.array(values, dtype=np.int64)
+
+
+def read_lengths(path: str | Path) -> np.ndarray:
+    """Read a lengths file (see `parse_lengths`)."""
+    p = Path(path)
+    if not p.is_file():
+        raise FileNotFoundError(f"lengths file not found: {p}")
+    try:
+        text = p.read_text()
+    except UnicodeDecodeError as err:
+        raise ValueError(f"{p}: not a text file of lengths ({err})") from err
+    return parse_lengths(text, str(p))

@@ -1,0 +1,126 @@
+"""Packing by tokens, then micro-batches to ranks by cost (the fast path: no groups).
+
+`pack_tokens` fills exactly ``dp × m`` micro-batches under the token cap, levelling their
+fills (longest-processing-time by tokens, in vectorised rounds); `assign_bins` hands each
+rank ``m`` of them, balancing their true costs (Karmarkar-Karp for few micro-batches per
+rank, rounds of longest-processing-time for many). `refine.local_search` then moves and
+swaps single samples between ranks to even out what whole micro-batches could not.
+
+Why this order: packing first makes the cap hold by construction and keeps every
+micro-batch about equally full (so each pays its fixed cost for a full load of tokens and
+runs its GEMMs at the same efficiency); balancing afterwards at the sample level has far
+finer granularity than balancing whole micro-batches (slime's pack-then-distribute stops
+there). All loops are over rounds, not samples: a few dozen numpy calls in all.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from costmodel.scheduler.partition import karmarkar_karp_labels
+
+__all__ = ["assign_bins", "pack_tokens"]
+
+_BIG = np.iinfo(np.int64).max
+# Up to this many micro-batches per rank, ranks are balanced with Karmarkar-Karp.
+_KK_MAX_ROUNDS = 64
+
+
+def pack_tokens(
+    lengths: np.ndarray, k: int, cap: int, order: np.ndarray | None = None
+) -> tuple[np.ndarray | None, int]:
+    """Pack samples into exactly ``k`` non-empty micro-batches under the cap, by tokens.
+
+    Longest first (``order``: the samples longest first, ties by index, if the caller has
+    it). Samples over the cap each take an empty micro-batch of their own. The rest go in
+    rounds: each round hands the next samples, longest first, to the emptiest half of the
+    micro-batches, emptiest first — longest-processing-time by tokens, which levels the
+    fills (a level fill keeps every micro-batch's GEMMs at the same efficiency and leaves
+    room everywhere for the balancing swaps that follow). Samples that do not fit where
+    their round put them wait; at the end they go, longest first, to the micro-batches with
+    the most room, in rounds, as long as any fits.
+
+    Returns ``(micro-batch of each sample, 0)``, or ``(None, tokens that did not fit)``.
+    """
+    n = lengths.size
+    if order is None:
+        order = np.lexsort((np.arange(n), -lengths))
+    lo = lengths[order]
+    n_over = int((lo > cap).sum())
+    if n_over > k or n < k:
+        return None, int(lo[k:].sum()) if n_over > k else 0
+    fill = np.zeros(k, dtype=np.int64)
+    bin_sorted = np.full(n, -1, dtype=np.int64)
+    bin_sorted[:n_over] = np.arange(n_over)
+    fill[:n_over] = lo[:n_over]
+    # Selection key: fill, ties by micro-batch id, closed (oversized) ones never chosen.
+    ids = np.arange(k, dtype=np.int64)
+    key = fill * k + ids
+    key[:n_over] = _BIG
+    open_bins = k - n_over
+    if open_bins == 0 and n > n_over:
+        return None, int(lo[n_over:].sum())  # every micro-batch holds an oversized sample
+    # First round: the open_bins longest samples, one into each empty micro-batch.
+    first = min(open_bins, n - n_over)
+    bin_sorted[n_over : n_over + first] = ids[n_over : n_over + first]
+    fill[n_over : n_over + first] = lo[n_over : n_over + first]
+    key[n_over : n_over + first] = fill[n_over : n_over + first] * k + ids[n_over : n_over + first]
+    half = max(1, open_bins // 2)
+    waiting: list[np.ndarray] = []
+    pos = n_over + first
+    while pos < n:
+        c = min(half, n - pos)
+        sel = np.argpartition(key, c - 1)[:c] if c < open_bins else np.arange(k)[key != _BIG]
+        sel = sel[np.argsort(key[sel])]
+        chunk = lo[pos : pos + c]
+        f = fill[sel]
+        ok = f + chunk <= cap
+        placed = np.arange(pos, pos + c)
+        if not ok.all():
+            waiting.append(placed[~ok])
+            sel, chunk, f, placed = sel[ok], chunk[ok], f[ok], placed[ok]
+        fill[sel] = f + chunk
+        key[sel] = fill[sel] * k + sel
+        bin_sorted[placed] = sel
+        pos += c
+    if waiting:
+        rest = np.concatenate(waiting)
+        open_ids = ids[key != _BIG]
+        if int(lo[rest].sum()) > int((cap - fill[open_ids]).sum()):
+            return None, int(lo[rest].sum())
+        while rest.size:
+            room = cap - fill[open_ids]
+            roomiest = open_ids[np.lexsort((open_ids, -room))]
+            c = min(rest.size, roomiest.size)
+            ok = lo[rest[:c]] <= cap - fill[roomiest[:c]]
+            if not ok.any():
+                return None, int(lo[rest].sum())
+            b = roomiest[:c][ok]
+            fill[b] += lo[rest[:c][ok]]
+            bin_sorted[rest[:c][ok]] = b
+            rest = np.concatenate([rest[:c][~ok], rest[c:]])
+    bin_of = np.empty(n, dtype=np.int64)
+    bin_of[order] = bin_sorted
+    return bin_of, 0
+
+
+def assign_bins(bin_q: np.ndarray, dp: int, m: int) -> np.ndarray:
+    """Spread ``dp * m`` micro-batches over ranks, ``m`` each, balancing their costs.
+
+    Karmarkar-Karp with equal set sizes when ``m`` is small (where it beats greedy by a
+    wide margin and costs ``m`` merges); with many micro-batches per rank,
+    longest-processing-time in rounds of ``dp`` (costliest of a round to the least-loaded
+    rank), which is as good there and linear. Returns the rank of each micro-batch.
+    """
+    k = dp * m
+    if m <= _KK_MAX_ROUNDS:
+        return karmarkar_karp_labels(bin_q, dp, equal_size=True)
+    rank_of_bin = np.empty(k, dtype=np.int64)
+    order = np.lexsort((np.arange(k), -bin_q))
+    load = np.zeros(dp, dtype=np.int64)
+    for t in range(m):
+        ranks = np.argsort(load, kind="stable")
+        b = order[t * dp : (t + 1) * dp]
+        rank_of_bin[b] = ranks
+        load[ranks] += bin_q[b]
+    return rank_of_bin

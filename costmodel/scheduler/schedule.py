@@ -1,0 +1,570 @@
+"""`build_schedule`: pack samples into micro-batches and spread them over DP ranks.
+
+The step ends when the slowest rank ends; the schedule minimises that makespan under the
+cost the caller chose, with hard guarantees (every sample exactly once; no micro-batch of
+several samples over the token cap; the same number of micro-batches on every rank, a
+multiple of ``align``, none empty; the same result in every process).
+
+How (each step justified by ``benchmarks/bench_scheduler.py``):
+
+1. Micro-batches per rank, ``m``: the fewest that can hold the samples — a bin-packing
+   lower bound (samples over the cap alone; no two samples over half the cap together;
+   total tokens / cap), spread over the ranks, rounded up to a multiple of ``align``, and
+   raised just enough that a level fill leaves room for the shortest samples. Full
+   micro-batches amortise the fixed cost per micro-batch, so no more are asked for unless
+   packing fails, in which case ``m`` grows by about 1%.
+2. Without groups (`pack`): pack all samples by tokens into ``dp × m`` level micro-batches,
+   give each rank ``m`` of them balancing their true costs, then (`refine`) move and swap
+   single samples between paired ranks, judged by the true cost of the micro-batches they
+   change. With groups (`groups`): balance whole groups over ranks (marginal costs, within
+   a token budget per rank), then pack each rank.
+3. Run order inside each rank (`order`).
+
+Costs are quantised to integers (a power-of-two scale, so the rounding is exact
+arithmetic) before any sum or comparison: no result depends on floating-point summation
+order, hash seeds or set order.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from numpy.typing import ArrayLike
+
+from costmodel.flops import as_lengths
+from costmodel.scheduler.costs import Cost, as_cost
+from costmodel.scheduler.groups import place_groups
+from costmodel.scheduler.order import ORDERS, run_order
+from costmodel.scheduler.pack import assign_bins, pack_tokens
+from costmodel.scheduler.refine import BinState, local_search
+
+__all__ = ["Schedule", "build_schedule", "evaluate_schedule", "lower_bound", "validate_lengths"]
+
+# Quantised marginal costs sum to about 2**44: exact integer sums with room for fixed
+# costs and non-additive micro-batch costs up to 2**53 (float64-exact integers).
+_QUANT_BITS = 44
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """Per-rank micro-batches, in execution order, with their predicted costs.
+
+    ``microbatches[r][k]`` lists the global sample indices (ascending) of rank r's k-th
+    micro-batch. Costs are in the cost's units (tokens, FLOPs, or milliseconds for a cost
+    model).
+    """
+
+    microbatches: list[list[list[int]]]
+    microbatch_costs: list[list[float]]
+    microbatch_tokens: list[list[int]]
+    rank_costs: list[float]
+    lower_bound: float
+    max_tokens_per_microbatch: int
+    cost_name: str
+    stats: dict[str, Any] = field(default_factory=dict, compare=False)
+
+    @property
+    def dp_size(self) -> int:
+        return len(self.microbatches)
+
+    @property
+    def num_microbatches(self) -> int:
+        """Micro-batches per rank (the same on every rank)."""
+        return len(self.microbatches[0]) if self.microbatches else 0
+
+    @property
+    def makespan(self) -> float:
+        """Predicted cost of the slowest rank: when the step ends."""
+        return max(self.rank_costs)
+
+    @property
+    def mean_cost(self) -> float:
+        return math.fsum(self.rank_costs) / len(self.rank_costs)
+
+    @property
+    def imbalance(self) -> float:
+        """max / mean of the predicted rank costs (1.0 is perfect balance)."""
+        mean = self.mean_cost
+        return self.makespan / mean if mean > 0 else 1.0
+
+    @property
+    def makespan_over_lower_bound(self) -> float:
+        return self.makespan / self.lower_bound if self.lower_bound > 0 else 1.0
+
+    @property
+    def cap_violations(self) -> int:
+        """Micro-batches of several samples over the cap (always 0 by construction)."""
+        cap = self.max_tokens_per_microbatch
+        return sum(
+            1
+            for rank_mbs, rank_tok in zip(self.microbatches, self.microbatch_tokens)
+            for mb, tok in zip(rank_mbs, rank_tok)
+            if tok > cap and len(mb) > 1
+        )
+
+    @property
+    def oversized(self) -> int:
+        """Single samples longer than the cap, each alone in its micro-batch."""
+        cap = self.max_tokens_per_microbatch
+        return sum(1 for rank_tok in self.microbatch_tokens for tok in rank_tok if tok > cap)
+
+    def digest(self) -> str:
+        """A stable hash of the assignment (rank → micro-batches → samples), for checking
+        that independently computed schedules agree."""
+        payload = json.dumps(self.microbatches, separators=(",", ":")).encode()
+        return hashlib.sha256(payload).hexdigest()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "cost": self.cost_name,
+            "dp_size": self.dp_size,
+            "num_microbatches": self.num_microbatches,
+            "max_tokens_per_microbatch": self.max_tokens_per_microbatch,
+            "makespan": self.makespan,
+            "mean_cost": self.mean_cost,
+            "imbalance": self.imbalance,
+            "lower_bound": self.lower_bound,
+            "makespan_over_lower_bound": self.makespan_over_lower_bound,
+            "cap_violations": self.cap_violations,
+            "oversized": self.oversized,
+            "rank_costs": self.rank_costs,
+            "microbatches": self.microbatches,
+            "microbatch_costs": self.microbatch_costs,
+            "microbatch_tokens": self.microbatch_tokens,
+            "digest": self.digest(),
+            "stats": self.stats,
+        }
+
+
+# -- input checks ----------------------------------------------------------------------
+
+
+def validate_lengths(lengths: ArrayLike) -> np.ndarray:
+    """Lengths as int64: a 1-D list of positive whole numbers, else ValueError."""
+    return as_lengths(lengths, "lengths")
+
+
+def _positive_int(value: Any, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+    return int(value)
+
+
+def _dense_groups(group_ids: Sequence[Any], n: int) -> np.ndarray:
+    if len(group_ids) != n:
+        raise ValueError(f"group_ids has {len(group_ids)} entries for {n} lengths")
+    arr = np.asarray(group_ids)
+    if arr.ndim == 1 and arr.dtype.kind in "iub":
+        _, dense = np.unique(arr, return_inverse=True)
+        return dense.astype(np.int64)
+    # Any hashable ids: numbered by first appearance. A dict keyed by id is only used
+    # for lookup; the numbering follows the input order, not hash order.
+    seen: dict[Any, int] = {}
+    out = np.empty(n, dtype=np.int64)
+    for i, g in enumerate(group_ids):
+        out[i] = seen.setdefault(g, len(seen))
+    return out
+
+
+# -- micro-batch count -------------------------------------------------------------------
+
+
+def _min_bins(lengths: np.ndarray, cap: int) -> int:
+    """A lower bound on the micro-batches needed for these samples under the cap."""
+    over = lengths > cap
+    rest = lengths[~over]
+    half = int((rest > cap // 2).sum()) if cap > 1 else rest.size
+    fluid = -(-int(rest.sum()) // cap)
+    return int(over.sum()) + max(fluid, half)
+
+
+def _round_up(x: int, multiple: int) -> int:
+    return -(-x // multiple) * multiple
+
+
+# -- lower bound -------------------------------------------------------------------------
+
+
+def lower_bound(
+    cost: Cost,
+    lengths: np.ndarray,
+    cap: int,
+    dp: int,
+    *,
+    order: np.ndarray | None = None,
+    sample_costs: np.ndarray | None = None,
+) -> float:
+    """max(Σ cost of micro-batches filled to the cap / dp, costliest single sample).
+
+    "Filled to the cap": samples, longest first, laid end to end and cut every ``cap``
+    tokens (a sample belongs to the micro-batch where it starts; longer than the cap, it is
+    alone). That is the fewest micro-batches the tokens allow, each as full as it can be:
+    what a schedule pays if splitting to balance wasted nothing. ``order`` (longest first)
+    and, for an additive cost, ``sample_costs`` save recomputing them.
+    """
+    n = lengths.size
+    if n == 0:
+        return 0.0
+    over = lengths > cap
+    n_over = int(over.sum())
+    if cost.additive:
+        s = cost.sample_costs(lengths) if sample_costs is None else sample_costs
+        n_bins = n_over + -(-int(lengths[~over].sum()) // cap)
+        fixed = getattr(cost, "fixed", 0.0)
+        total = math.fsum(s.tolist()) + fixed * n_bins
+        return max(total / dp, fixed + float(s.max()))
+    if order is None:
+        order = np.lexsort((np.arange(n), -lengths))
+    lo = lengths[order]
+    fits = lo[n_over:]  # longest first: the oversized ones lead
+    starts = np.cumsum(fits) - fits
+    bins = np.concatenate([np.arange(n_over), n_over + starts // cap])
+    offsets = np.concatenate([[0], np.cumsum(np.bincount(bins))]).astype(np.int64)
+    total = math.fsum(cost.evaluate(lo, offsets).tolist())
+    uniq = lo[np.r_[True, lo[1:] != lo[:-1]]]
+    single = float(cost.evaluate(uniq, np.arange(uniq.size + 1, dtype=np.int64)).max())
+    return max(total / dp, single)
+
+
+# -- the scheduler -----------------------------------------------------------------------
+
+
+def build_schedule(
+    lengths: ArrayLike,
+    *,
+    dp_size: int,
+    max_tokens_per_microbatch: int,
+    cost: Any = "tokens",
+    spec: Any = None,
+    align: int = 1,
+    group_ids: Sequence[Any] | None = None,
+    order: str = "none",
+    strict: bool = False,
+    mode: str = "train",
+    min_num_microbatches: int | None = None,
+) -> Schedule:
+    """Pack ``lengths`` into micro-batches under a token cap and spread them over ranks.
+
+    Args:
+        lengths: tokens per sample.
+        dp_size: data-parallel ranks.
+        max_tokens_per_microbatch: the token cap of one micro-batch. A single sample longer
+            than the cap sits alone in its micro-batch (or, with ``strict``, is an error).
+        cost: "tokens", "flops" (exact analytic FLOPs of ``spec``), a cost model (object,
+            file path, or shipped name such as "h200/qwen3-8b"), or a callable on one
+            micro-batch's lengths.
+        spec: the model (`ModelSpec` or preset name), for ``cost="flops"``.
+        align: micro-batches per rank must be a multiple of this (virtual pipeline stages).
+        group_ids: samples sharing an id (one prompt's responses) stay on one rank.
+        order: run order inside a rank: "none", "longest-first" or "pipeline".
+        strict: raise instead of letting an over-cap sample sit alone.
+        mode: "train" (forward + backward) or "forward", passed to cost models.
+        min_num_microbatches: at least this many micro-batches per rank.
+
+    Returns:
+        A `Schedule`.
+    """
+    lens = validate_lengths(lengths)
+    dp = _positive_int(dp_size, "dp_size")
+    cap = _positive_int(max_tokens_per_microbatch, "max_tokens_per_microbatch")
+    align = _positive_int(align, "align")
+    if order not in ORDERS:
+        raise ValueError(f"order must be one of {ORDERS}, got {order!r}")
+    min_m = (
+        1
+        if min_num_microbatches is None
+        else _positive_int(min_num_microbatches, "min_num_microbatches")
+    )
+    n = lens.size
+    over = lens > cap
+    if strict and over.any():
+        i = int(np.flatnonzero(over)[0])
+        raise ValueError(
+            f"sample {i} has {int(lens[i])} tokens, over the cap of {cap} "
+            f"(strict=True; {int(over.sum())} sample(s) over the cap in all)"
+        )
+    if n < dp * align:
+        raise ValueError(
+            f"{n} samples cannot fill dp_size × align = {dp} × {align} = {dp * align} "
+            f"micro-batches (each rank needs at least {align}, none empty): give at least "
+            f"{dp * align} samples, or lower dp_size or align"
+        )
+    groups = None
+    if group_ids is not None:
+        groups = _dense_groups(group_ids, n)
+        n_groups = int(groups.max()) + 1 if n else 0
+        if n_groups < dp:
+            raise ValueError(
+                f"{n_groups} groups cannot cover {dp} ranks (a group stays on one rank, and "
+                f"no rank may be empty): give at least {dp} groups, or lower dp_size"
+            )
+        if n_groups == n:
+            groups = None  # every sample alone: the fast path applies
+    cost_obj = as_cost(cost, spec, mode)
+
+    m_lb = max(_round_up(-(-_min_bins(lens, cap) // dp), align), _round_up(min_m, align))
+    m_max = (n // dp) // align * align
+    if m_lb > m_max:
+        raise ValueError(
+            f"cannot make {dp} ranks × {m_lb} non-empty micro-batches of at most {cap} tokens "
+            f"from {n} samples: the cap needs at least {m_lb} micro-batches per rank "
+            f"(a multiple of align={align}) but there are only {n} samples; raise "
+            f"max_tokens_per_microbatch, or lower dp_size or align"
+        )
+
+    by_length = np.lexsort((np.arange(n), -lens))  # longest first, ties by index
+    m_start, short = _start_m(lens[by_length], dp, cap, m_lb, m_max, align)
+    fill_tokens = min(cap, max(1, int(lens.sum()) // (dp * m_start)))
+    s = cost_obj.marginal_costs(lens, fill_tokens)
+    total = math.fsum(s.tolist())
+    scale = 2.0 ** (_QUANT_BITS - math.ceil(math.log2(total))) if total > 0 else 1.0
+    q = np.rint(s * scale).astype(np.int64)
+
+    if groups is None:
+        rank_of, bin_of, m, bin_q = _pack_and_assign(
+            lens, by_length, q, dp, m_start, m_max, align, cap, cost_obj, scale
+        )
+    else:
+        rank_of, bin_of, m = _place_groups(lens, q, groups, dp, m_start, m_max, align, cap, short)
+        bin_q = None
+    state = BinState(lens, q, rank_of, bin_of, dp, m, cap, cost_obj, scale, bin_q)
+    greedy_imbalance = _imbalance(state.load)
+    steps = 0
+    if groups is None:
+        steps = local_search(state)
+
+    return _finish(
+        state,
+        cost_obj,
+        order,
+        s,
+        lower_bound(cost_obj, lens, cap, dp, order=by_length, sample_costs=s),
+        stats={
+            "greedy_imbalance": greedy_imbalance,
+            "local_search_steps": steps,
+            "min_microbatches_per_rank": m_lb,
+            "microbatches_per_rank": m,
+        },
+    )
+
+
+def _start_m(
+    desc: np.ndarray, dp: int, cap: int, m_lb: int, m_max: int, align: int
+) -> tuple[int, int]:
+    """Where to start looking for the fewest micro-batches per rank that pack.
+
+    The packer levels the micro-batches' fills, and its last rounds place the shortest
+    samples; they fit only if a level fill leaves about that much room. So ask for room
+    for a short sample (the length an eighth of the way up from the shortest micro-batch
+    count's worth of samples), then let failures raise ``m`` from there. ``desc``: the
+    lengths, longest first. Returns ``(m, that room in tokens)``.
+    """
+    n = desc.size
+    n_over = int((desc > cap).sum())
+    tokens = int(desc[n_over:].sum())
+    m = m_lb
+    short = 0
+    for _ in range(3):
+        k_open = dp * m - n_over
+        short = int(desc[min(n - 1, n - max(1, k_open // 8))])
+        if short >= cap:
+            break
+        need = -(-(-(-tokens // (cap - short)) + n_over) // dp)
+        m = max(m_lb, min(_round_up(need, align), m_max))
+    return m, min(short, cap - 1)
+
+
+def _next_m(m: int, left_tokens: int, dp: int, align: int, cap: int) -> int:
+    # Enough extra micro-batches for what did not fit, and at least 1% more, so a tight
+    # fill converges in a few tries.
+    extra_bins = -(-left_tokens // cap) + 1
+    grow = max(-(-extra_bins // dp), -(-m // 100), 1)
+    return m + _round_up(grow, align)
+
+
+def _pack_and_assign(
+    lens: np.ndarray,
+    by_length: np.ndarray,
+    q: np.ndarray,
+    dp: int,
+    m_lb: int,
+    m_max: int,
+    align: int,
+    cap: int,
+    cost: Cost,
+    scale: float,
+) -> tuple[np.ndarray, np.ndarray, int, np.ndarray]:
+    """Pack by tokens into dp × m micro-batches (fewest m that works), then give each
+    rank m of them balancing their true costs. Returns (rank_of, bin_of, m, bin costs)."""
+    m = m_lb
+    tried: list[int] = []
+    while True:
+        tried.append(m)
+        bins, left = pack_tokens(lens, dp * m, cap, by_length)
+        if bins is not None:
+            break
+        if m >= m_max:
+            raise ValueError(
+                f"could not pack {lens.size} samples into {dp} ranks × m micro-batches of at "
+                f"most {cap} tokens (tried m = {tried}): raise max_tokens_per_microbatch, or "
+                f"lower dp_size or align"
+            )
+        m = min(_next_m(m, left, dp, align, cap), m_max)
+    k = dp * m
+    if cost.additive:
+        bin_q = np.bincount(bins, weights=q, minlength=k).astype(np.int64)
+    else:
+        order = np.argsort(bins, kind="stable")
+        offsets = np.concatenate([[0], np.cumsum(np.bincount(bins, minlength=k))])
+        bin_q = np.rint(cost.evaluate(lens[order], offsets.astype(np.int64)) * scale).astype(
+            np.int64
+        )
+    rank_of_bin = assign_bins(bin_q, dp, m)
+    # Renumber micro-batches rank by rank: id = rank * m + slot.
+    by_rank = np.lexsort((np.arange(k), rank_of_bin))
+    new_id = np.empty(k, dtype=np.int64)
+    new_id[by_rank] = np.arange(k, dtype=np.int64)
+    bin_of = new_id[bins]
+    renumbered_q = np.empty(k, dtype=np.int64)
+    renumbered_q[new_id] = bin_q
+    return bin_of // m, bin_of, m, renumbered_q
+
+
+def _place_groups(
+    lens: np.ndarray,
+    q: np.ndarray,
+    groups: np.ndarray,
+    dp: int,
+    m_start: int,
+    m_max: int,
+    align: int,
+    cap: int,
+    short: int,
+) -> tuple[np.ndarray, np.ndarray, int]:
+    # Whole groups balance less finely than samples, and balancing cost moves tokens
+    # around: leave each rank room for 1% more tokens plus half a group.
+    n_groups = int(groups.max()) + 1
+    tokens = int(np.minimum(lens, cap).sum())
+    need = tokens * 1.01 + dp * tokens / (2 * n_groups)
+    m = max(m_start, min(_round_up(math.ceil(need / (dp * (cap - short))), align), m_max))
+    tried: list[int] = []
+    while True:
+        tried.append(m)
+        placed = place_groups(lens, q, groups, dp, m, cap, short)
+        if placed is not None:
+            return placed[0], placed[1], m
+        if m >= m_max:
+            raise ValueError(
+                f"could not pack {lens.size} samples in {int(groups.max()) + 1} groups into "
+                f"{dp} ranks × m micro-batches of at most {cap} tokens (tried m = {tried}); a "
+                f"group stays on one rank and every rank needs m samples: raise "
+                f"max_tokens_per_microbatch, lower dp_size or align, or use smaller groups"
+            )
+        m = min(_next_m(m, 0, dp, align, cap), m_max)
+
+
+def _imbalance(load: np.ndarray) -> float:
+    mean = float(load.sum()) / load.size
+    return float(load.max()) / mean if mean > 0 else 1.0
+
+
+def _finish(
+    st: BinState,
+    cost: Cost,
+    order: str,
+    sample_costs: np.ndarray,
+    lb: float,
+    stats: dict[str, Any],
+) -> Schedule:
+    dp, m = st.dp, st.m
+    # Members of each micro-batch, ascending sample index (a stable sort keeps index order).
+    flat = np.argsort(st.bin_of, kind="stable")
+    offsets = np.concatenate([[0], np.cumsum(st.count)]).astype(np.int64)
+    if cost.additive:
+        # Same numbers as cost.evaluate, without recomputing the per-sample costs.
+        bin_costs = np.bincount(st.bin_of, weights=sample_costs, minlength=dp * m)
+        bin_costs += getattr(cost, "fixed", 0.0)
+    else:
+        bin_costs = cost.evaluate(st.lengths[flat], offsets)
+    if st.members is not None:
+        members = [sorted(b) for b in st.members]
+    else:
+        flat_list = flat.tolist()
+        bounds = offsets.tolist()
+        members = [flat_list[bounds[b] : bounds[b + 1]] for b in range(dp * m)]
+    tokens = st.fill.tolist()
+    mbs: list[list[list[int]]] = []
+    mb_costs: list[list[float]] = []
+    mb_tokens: list[list[int]] = []
+    rank_costs: list[float] = []
+    for r in range(dp):
+        base = r * m
+        seq = run_order(st.bin_q[base : base + m], order)
+        mbs.append([members[base + k] for k in seq])
+        costs_r = [float(bin_costs[base + k]) for k in seq]
+        mb_costs.append(costs_r)
+        mb_tokens.append([int(tokens[base + k]) for k in seq])
+        rank_costs.append(math.fsum(costs_r))
+    return Schedule(
+        microbatches=mbs,
+        microbatch_costs=mb_costs,
+        microbatch_tokens=mb_tokens,
+        rank_costs=rank_costs,
+        lower_bound=lb,
+        max_tokens_per_microbatch=st.cap,
+        cost_name=cost.name,
+        stats=stats,
+    )
+
+
+def evaluate_schedule(
+    microbatches: Sequence[Sequence[Sequence[int]]],
+    lengths: ArrayLike,
+    *,
+    max_tokens_per_microbatch: int,
+    cost: Any = "tokens",
+    spec: Any = None,
+    mode: str = "train",
+) -> Schedule:
+    """A `Schedule` for micro-batches built elsewhere (a baseline, another framework), with
+    its predicted costs under ``cost``, so schedules can be compared on equal terms.
+
+    Unlike `build_schedule`, nothing is guaranteed: ranks may hold different numbers of
+    micro-batches and micro-batches may break the cap (`Schedule.cap_violations` counts
+    those).
+    """
+    lens = validate_lengths(lengths)
+    cap = _positive_int(max_tokens_per_microbatch, "max_tokens_per_microbatch")
+    cost_obj = as_cost(cost, spec, mode)
+    flat = [np.asarray(sorted(mb), dtype=np.int64) for rank in microbatches for mb in rank]
+    sizes = [x.size for x in flat]
+    idx = np.concatenate(flat) if flat else np.zeros(0, dtype=np.int64)
+    offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+    costs = cost_obj.evaluate(lens[idx], offsets).tolist()
+    tokens = np.bincount(
+        np.repeat(np.arange(len(sizes)), sizes), weights=lens[idx], minlength=len(sizes)
+    )
+    mbs, mb_costs, mb_tokens, rank_costs = [], [], [], []
+    k = 0
+    for rank in microbatches:
+        c = costs[k : k + len(rank)]
+        mbs.append([x.tolist() for x in flat[k : k + len(rank)]])
+        mb_costs.append(c)
+        mb_tokens.append([int(t) for t in tokens[k : k + len(rank)]])
+        rank_costs.append(math.fsum(c))
+        k += len(rank)
+    return Schedule(
+        microbatches=mbs,
+        microbatch_costs=mb_costs,
+        microbatch_tokens=mb_tokens,
+        rank_costs=rank_costs,
+        lower_bound=lower_bound(cost_obj, lens, cap, len(microbatches)),
+        max_tokens_per_microbatch=cap,
+        cost_name=cost_obj.name,
+    )

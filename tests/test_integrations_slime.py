@@ -1,0 +1,212 @@
+"""The slime drop-in: slime's return shape and invariants, and each flag honoured."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from costmodel.integrations.slime import build_dp_schedule
+from costmodel.scheduler import generate_lengths
+
+# Megatron-style fields of Qwen3-8B (what slime's args carry).
+QWEN3_8B = dict(
+    hidden_size=4096,
+    num_attention_heads=32,
+    num_query_groups=8,
+    group_query_attention=True,
+    kv_channels=128,
+    ffn_hidden_size=12288,
+    num_layers=36,
+    vocab_size=151936,
+    swiglu=True,
+    qk_layernorm=True,
+    untie_embeddings_and_output_weights=True,
+)
+
+
+def make_args(**kw):
+    base = dict(
+        use_dynamic_batch_size=True,
+        max_tokens_per_gpu=16384,
+        micro_batch_size=1,
+        balance_data=False,
+        balance_by_flops=False,
+        cost_model=None,
+        **QWEN3_8B,
+    )
+    base.update(kw)
+    return SimpleNamespace(**base)
+
+
+def config(dp=4, cp=1, vpp=1, group=1):
+    return {
+        "dp_size": dp,
+        "cp_size": cp,
+        "vpp_size": vpp,
+        "microbatch_group_size_per_vp_stage": group,
+    }
+
+
+def check(result, lengths, rollout_indices, gbs, cfg, cap):
+    partitions, mbi, num_mbs, gbss = result
+    dp = cfg["dp_size"]
+    align = cfg["microbatch_group_size_per_vp_stage"] if cfg["vpp_size"] > 1 else 1
+    # Kept samples: whole rollouts, in steps of gbs, trailing ones dropped.
+    order: dict = {}
+    for pos, rid in enumerate(rollout_indices):
+        order.setdefault(rid, []).append(pos)
+    rollouts = list(order.values())
+    steps = len(rollouts) // gbs
+    kept = sorted(p for r in rollouts[: steps * gbs] for p in r)
+    assert sorted(i for part in partitions for i in part) == kept
+    assert len(num_mbs) == steps and gbss == [gbs] * steps
+    step_of = {}
+    for s in range(steps):
+        for r in rollouts[s * gbs : (s + 1) * gbs]:
+            for p in r:
+                step_of[p] = s
+    for r in range(dp):
+        flat = [i for mb in mbi[r] for i in mb]
+        assert flat == list(range(len(partitions[r]))), "micro_batch_indices tile the partition"
+        assert len(mbi[r]) == sum(num_mbs), "same micro-batch count on every rank"
+        k = 0
+        for s, m in enumerate(num_mbs):
+            assert m % align == 0 and m >= 1
+            for mb in mbi[r][k : k + m]:
+                assert mb, "no empty micro-batch"
+                samples = [partitions[r][i] for i in mb]
+                assert {step_of[p] for p in samples} == {s}, "a micro-batch stays in its step"
+                tokens = sum(lengths[p] for p in samples)
+                if cap is not None and len(samples) > 1:
+                    assert tokens <= cap
+            k += m
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    st.integers(1, 3),  # steps
+    st.integers(4, 12),  # rollouts per step
+    st.integers(1, 3),  # samples per rollout (max)
+    st.sampled_from([(2, 1, 1), (4, 1, 1), (2, 2, 2), (3, 1, 1)]),  # dp, vpp, group
+    st.sampled_from(["none", "data", "flops"]),
+    st.integers(0, 5),
+    st.integers(0, 10),
+)
+def test_invariants_random(steps, per_step, fanout, par, flag, extra, seed):
+    dp, vpp, group = par
+    rng = np.random.default_rng(seed)
+    n_rollouts = steps * per_step + extra
+    rollout_indices = [
+        rid for rid in range(n_rollouts) for _ in range(int(rng.integers(1, fanout + 1)))
+    ]
+    lengths = rng.integers(50, 3000, size=len(rollout_indices)).tolist()
+    args = make_args(
+        max_tokens_per_gpu=4096, balance_data=flag == "data", balance_by_flops=flag == "flops"
+    )
+    cfg = config(dp=dp, vpp=vpp, group=group)
+    try:
+        res = build_dp_schedule(
+            args, cfg, lengths, global_batch_size=per_step, rollout_indices=rollout_indices
+        )
+    except ValueError as err:
+        assert "samples" in str(err)
+        return
+    check(res, lengths, rollout_indices, per_step, cfg, cap=4096)
+
+
+@pytest.mark.parametrize(
+    "flags",
+    [
+        dict(balance_by_flops=True),
+        dict(balance_data=True),
+        dict(balance_data=True, balance_by_flops=True, cost_model="h200/qwen3-8b"),
+        dict(),
+    ],
+)
+def test_dynamic_flags_keep_the_cap_and_balance(flags):
+    lengths = generate_lengths(1024, "rl", seed=3).tolist()
+    rollout_indices = [i // 8 for i in range(1024)]  # 8 samples per prompt
+    args = make_args(**flags)
+    cfg = config(dp=4, cp=2, vpp=2, group=2)
+    res = build_dp_schedule(
+        args, cfg, lengths, global_batch_size=64, rollout_indices=rollout_indices
+    )
+    check(res, lengths, rollout_indices, 64, cfg, cap=16384 * 2)
+    partitions, mbi, num_mbs, _ = res
+    assert len(num_mbs) == 2
+    if flags:
+        from costmodel.flops import sequence_fwd_flops
+        from costmodel.spec import ModelSpec
+
+        w = sequence_fwd_flops(lengths, ModelSpec.from_megatron_args(args))
+        loads = np.array([w[p].sum() for p in partitions])
+        assert loads.max() / loads.mean() < 1.01
+
+
+def test_balance_by_flops_never_breaks_the_cap_where_slime_would():
+    # slime's balance_by_flops splits by FLOPs into ceil(tokens/cap) micro-batches, which
+    # here must overflow: 9 samples of 0.55 cap make ceil(4.95) = 5 bins of ~2 samples.
+    cap = 1000
+    lengths = [550] * 9 + [10] * 7
+    args = make_args(max_tokens_per_gpu=cap, balance_by_flops=True)
+    res = build_dp_schedule(
+        args, config(dp=2), lengths, global_batch_size=16, rollout_indices=list(range(16))
+    )
+    check(res, lengths, list(range(16)), 16, config(dp=2), cap=cap)
+
+
+def test_static_micro_batches():
+    lengths = generate_lengths(64, "rl", seed=1).tolist()
+    args = make_args(use_dynamic_batch_size=False, micro_batch_size=4, balance_data=True)
+    res = build_dp_schedule(
+        args, config(dp=4), lengths, global_batch_size=32, rollout_indices=list(range(64))
+    )
+    check(res, lengths, list(range(64)), 32, config(dp=4), cap=None)
+    assert res[2] == [2, 2]
+    assert all(len(mb) == 4 for r in res[1] for mb in r)
+    with pytest.raises(ValueError, match="multiple of"):
+        build_dp_schedule(
+            args, config(dp=4), lengths[:40], global_batch_size=20, rollout_indices=list(range(40))
+        )
+
+
+def test_unbalanced_is_slime_first_fit_strided():
+    lengths = [600, 500, 400, 300, 200, 100, 700, 800]
+    args = make_args(max_tokens_per_gpu=1000)
+    partitions, mbi, num_mbs, _ = build_dp_schedule(
+        args, config(dp=2), lengths, global_batch_size=8, rollout_indices=list(range(8))
+    )
+    # First fit, cap 1000: 600 | 500 opens a second | 400 joins 600 (exactly 1000) |
+    # 300 and 200 join 500 | 100 opens a third, 700 joins it | 800 opens a fourth:
+    # [0,2] [1,3,4] [5,6] [7], strided over 2 ranks: micro-batches 0,2 | 1,3.
+    assert partitions == [[0, 2, 5, 6], [1, 3, 4, 7]]
+    assert mbi == [[[0, 1], [2, 3]], [[0, 1, 2], [3]]]
+    assert num_mbs == [2]
+
+
+def test_errors():
+    args = make_args()
+    with pytest.raises(ValueError, match="cannot fill one step"):
+        build_dp_schedule(args, config(), [10] * 3, global_batch_size=4, rollout_indices=[0, 1, 2])
+    with pytest.raises(ValueError, match="max_tokens_per_gpu"):
+        build_dp_schedule(
+            make_args(max_tokens_per_gpu=None),
+            config(),
+            [10] * 8,
+            global_batch_size=8,
+            rollout_indices=list(range(8)),
+        )
+    with pytest.raises(ValueError, match="rollout_indices has 2 entries"):
+        build_dp_schedule(args, config(), [10] * 8, global_batch_size=8, rollout_indices=[0, 1])
+    with pytest.raises(ValueError, match="missing"):
+        build_dp_schedule(
+            SimpleNamespace(use_dynamic_batch_size=True, max_tokens_per_gpu=100, balance_data=True),
+            config(dp=2),
+            [10] * 8,
+            global_batch_size=8,
+            rollout_indices=list(range(8)),
+        )

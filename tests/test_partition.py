@@ -1,0 +1,132 @@
+"""Karmarkar-Karp and LPT partitioning: completeness, sizes, quality, determinism, errors."""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from costmodel.scheduler import karmarkar_karp, lpt_partition
+from costmodel.scheduler.partition import partition_sums
+
+
+def reference_kk(weights: list[int], k: int, equal_size: bool) -> list[int]:
+    """Plain-list largest differencing, written from the method's definition: the sorted
+    set sums of the result (what the method determines, whatever the tie-breaking)."""
+    order = sorted(range(len(weights)), key=lambda i: (weights[i], i))
+    states = []
+    counter = itertools.count()
+    if equal_size:
+        for s in range(0, len(order), k):
+            sets = sorted(([weights[i]] for i in order[s : s + k]), key=sum, reverse=True)
+            sums = [sum(x) for x in sets]
+            states.append((-(sums[0] - sums[-1]), -sums[0], next(counter), sums))
+    else:
+        for i in order:
+            sums = [weights[i]] + [0] * (k - 1)
+            states.append((-(sums[0] - sums[-1]), -sums[0], next(counter), sums))
+    heapq.heapify(states)
+    while len(states) > 1:
+        a = heapq.heappop(states)[3]
+        b = heapq.heappop(states)[3]
+        merged = sorted((x + y for x, y in zip(a, reversed(b))), reverse=True)
+        heapq.heappush(states, (-(merged[0] - merged[-1]), -merged[0], next(counter), merged))
+    return states[0][3]
+
+
+def _check_partition(parts: list[list[int]], n: int, k: int) -> None:
+    assert len(parts) == k
+    flat = sorted(i for p in parts for i in p)
+    assert flat == list(range(n))
+    for p in parts:
+        assert p == sorted(p)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.lists(st.integers(0, 10_000), min_size=0, max_size=60),
+    st.integers(1, 9),
+)
+def test_kk_is_a_partition_and_matches_the_reference_sums(weights, k):
+    parts = karmarkar_karp(weights, k)
+    _check_partition(parts, len(weights), k)
+    sums = [sum(weights[i] for i in p) for p in parts]
+    assert sums == sorted(sums, reverse=True), "heaviest set first"
+    if weights:
+        assert sums == reference_kk(weights, k, False)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.integers(1, 8), st.integers(1, 8), st.data())
+def test_kk_equal_size(k, per, data):
+    weights = data.draw(st.lists(st.integers(0, 5000), min_size=k * per, max_size=k * per))
+    parts = karmarkar_karp(weights, k, equal_size=True)
+    _check_partition(parts, len(weights), k)
+    assert all(len(p) == per for p in parts)
+    sums = sorted((sum(weights[i] for i in p) for p in parts), reverse=True)
+    assert sums == reference_kk(weights, k, True)
+
+
+def test_kk_on_the_textbook_example():
+    # Differencing 8,7,6,5,4: 8-7=1, 6-5=1, then {4,1,1}: 4-1=3, 3-1=2 -> sums 16/14.
+    # LPT does worse: 8|7, 6->7 (13), 5->8 (13), 4 -> 17/13.
+    weights = [8, 7, 6, 5, 4]
+    kk = partition_sums(weights, karmarkar_karp(weights, 2))
+    lpt = partition_sums(weights, lpt_partition(weights, 2))
+    assert kk == [16.0, 14.0]
+    assert sorted(lpt) == [13.0, 17.0]
+
+
+def test_kk_near_optimal_on_random_inputs():
+    rng = np.random.default_rng(0)
+    for _ in range(20):
+        w = rng.integers(1, 1000, size=200)
+        parts = karmarkar_karp(w, 8)
+        sums = np.array([w[p].sum() for p in parts])
+        assert sums.max() - sums.min() <= w.max(), "spread within one item"
+
+
+def test_kk_floats_and_more_sets_than_items():
+    parts = karmarkar_karp([0.5, 2.25, 1.0], 5)
+    _check_partition(parts, 3, 5)
+    assert [len(p) for p in parts].count(0) == 2
+
+
+def test_kk_large_k_is_lean():
+    # Many sets: merged partial solutions carry k-arrays, but no per-set Python lists.
+    w = np.random.default_rng(1).integers(1, 10**6, size=4000)
+    parts = karmarkar_karp(w, 500)
+    _check_partition(parts, 4000, 500)
+
+
+def test_lpt_partition():
+    parts = lpt_partition([5, 5, 4, 3, 3], 2)
+    _check_partition(parts, 5, 2)
+    # 5|5, 4 -> first (9), 3 -> second (8), 3 -> second (11).
+    assert partition_sums([5, 5, 4, 3, 3], parts) == [9.0, 11.0]
+
+
+def test_deterministic_under_ties():
+    w = [3] * 24
+    assert karmarkar_karp(w, 4) == karmarkar_karp(list(w), 4)
+    assert karmarkar_karp(w, 4, equal_size=True) == karmarkar_karp(np.array(w), 4, equal_size=True)
+
+
+@pytest.mark.parametrize(
+    "weights, k, equal_size, match",
+    [
+        ([1, 2, 3], 0, False, "k"),
+        ([1, 2, 3], 2, True, "multiple"),
+        ([1, -2, 3], 2, False, "non-negative"),
+        ([1, float("nan")], 2, False, "finite"),
+        ([[1, 2]], 2, False, "1-D"),
+        (["a", "b"], 2, False, "numbers"),
+    ],
+)
+def test_kk_bad_input(weights, k, equal_size, match):
+    with pytest.raises(ValueError, match=match):
+        karmarkar_karp(weights, k, equal_size)

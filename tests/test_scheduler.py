@@ -1,0 +1,373 @@
+"""build_schedule: each guarantee of the scheduler issue, on random and adversarial input."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+
+from costmodel.scheduler import Schedule, build_schedule, generate_lengths
+from costmodel.scheduler.costs import AdditiveCost
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def check_schedule(
+    s: Schedule,
+    lengths,
+    *,
+    dp: int,
+    cap: int,
+    align: int = 1,
+    group_ids=None,
+) -> None:
+    """Every guarantee, asserted from the outside."""
+    lengths = np.asarray(lengths)
+    n = lengths.size
+    assert len(s.microbatches) == dp
+    m = len(s.microbatches[0])
+    assert m >= align and m % align == 0, "micro-batches per rank: a multiple of align"
+    seen = []
+    for r in range(dp):
+        assert len(s.microbatches[r]) == m, "same number of micro-batches on every rank"
+        assert len(s.microbatch_costs[r]) == m and len(s.microbatch_tokens[r]) == m
+        for mb, tok in zip(s.microbatches[r], s.microbatch_tokens[r]):
+            assert mb, "no empty micro-batch"
+            assert mb == sorted(mb)
+            assert tok == int(lengths[mb].sum())
+            if len(mb) > 1:
+                assert tok <= cap, "only a lone sample may exceed the cap"
+            seen.extend(mb)
+    assert sorted(seen) == list(range(n)), "every sample exactly once"
+    assert s.cap_violations == 0
+    assert s.oversized == int((lengths > cap).sum())
+    if group_ids is not None:
+        rank_of = {}
+        for r in range(dp):
+            for mb in s.microbatches[r]:
+                for i in mb:
+                    rank_of[i] = r
+        by_group: dict = {}
+        for i, g in enumerate(group_ids):
+            by_group.setdefault(g, set()).add(rank_of[i])
+        assert all(len(v) == 1 for v in by_group.values()), "a group stays on one rank"
+    assert s.makespan == max(s.rank_costs)
+    assert s.imbalance >= 1.0 - 1e-12
+
+
+# -- properties on random and adversarial lengths -----------------------------------------
+
+CAP = 1000
+
+
+@st.composite
+def batches(draw):
+    kind = draw(
+        st.sampled_from(["random", "equal", "one-huge", "ones", "at-cap", "over-cap", "mixed"])
+    )
+    n = draw(st.integers(1, 120))
+    if kind == "random":
+        lengths = draw(st.lists(st.integers(1, CAP), min_size=n, max_size=n))
+    elif kind == "equal":
+        lengths = [draw(st.integers(1, CAP))] * n
+    elif kind == "one-huge":
+        lengths = [draw(st.integers(1, 50)) for _ in range(n - 1)] + [CAP * 5]
+    elif kind == "ones":
+        lengths = [1] * n
+    elif kind == "at-cap":
+        lengths = [CAP] * n
+    elif kind == "over-cap":
+        lengths = draw(st.lists(st.integers(CAP + 1, 3 * CAP), min_size=n, max_size=n))
+    else:
+        lengths = draw(
+            st.lists(
+                st.one_of(
+                    st.integers(1, 10), st.integers(CAP // 2, CAP), st.integers(CAP + 1, 2 * CAP)
+                ),
+                min_size=n,
+                max_size=n,
+            )
+        )
+    dp = draw(st.integers(1, 8))
+    align = draw(st.integers(1, 3))
+    grouped = draw(st.booleans())
+    group_ids = None
+    if grouped:
+        size = draw(st.integers(1, 6))
+        group_ids = [i // size for i in range(n)]
+    cost = draw(st.sampled_from(["tokens", "flops", "quadratic"]))
+    order = draw(st.sampled_from(["none", "longest-first", "pipeline"]))
+    return lengths, dp, align, group_ids, cost, order
+
+
+def _cost(name):
+    if name == "quadratic":
+        # Non-trivial additive cost with a fixed part: 100 + Σ (L + L²/1000).
+        return AdditiveCost("quadratic", lambda x: x + x * x / 1000.0, fixed=100.0)
+    return name
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(batches())
+def test_guarantees_hold_or_a_clear_error(batch):
+    lengths, dp, align, group_ids, cost, order = batch
+    try:
+        s = build_schedule(
+            lengths,
+            dp_size=dp,
+            max_tokens_per_microbatch=CAP,
+            cost=_cost(cost),
+            spec="qwen3-0.6b",
+            align=align,
+            group_ids=group_ids,
+            order=order,
+        )
+    except ValueError as err:
+        msg = str(err)
+        # Impossible cases say so and what would make them possible.
+        assert any(w in msg for w in ("raise", "lower", "give at least", "smaller groups")), msg
+        n = len(lengths)
+        n_groups = len(set(group_ids)) if group_ids is not None else n
+        counting_bound = n < dp * align or n_groups < dp
+        big = sum(1 for x in lengths if x > CAP // 2)
+        if not counting_bound and group_ids is None:
+            # Only a genuine shortage of samples for the micro-batches the cap needs.
+            assert big > 0 or "could not pack" in msg, msg
+        return
+    check_schedule(s, lengths, dp=dp, cap=CAP, align=align, group_ids=group_ids)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.lists(st.integers(1, CAP // 4), min_size=64, max_size=200),
+    st.integers(1, 4),
+    st.integers(1, 2),
+    st.booleans(),
+)
+def test_easy_inputs_always_schedule(lengths, dp, align, grouped):
+    # Plenty of short samples: no excuse to fail.
+    assume(len(lengths) >= 8 * dp * align)
+    group_ids = [i // 2 for i in range(len(lengths))] if grouped else None
+    s = build_schedule(
+        lengths, dp_size=dp, max_tokens_per_microbatch=CAP, align=align, group_ids=group_ids
+    )
+    check_schedule(s, lengths, dp=dp, cap=CAP, align=align, group_ids=group_ids)
+
+
+def test_oversized_sample_sits_alone_and_strict_rejects_it():
+    lengths = [100] * 40 + [5000]
+    s = build_schedule(lengths, dp_size=4, max_tokens_per_microbatch=1000)
+    check_schedule(s, lengths, dp=4, cap=1000)
+    alone = [mb for rank in s.microbatches for mb in rank if 40 in mb]
+    assert alone == [[40]]
+    with pytest.raises(ValueError, match="sample 40 has 5000 tokens"):
+        build_schedule(lengths, dp_size=4, max_tokens_per_microbatch=1000, strict=True)
+
+
+def test_fewer_samples_than_ranks_times_align_says_what_would_work():
+    with pytest.raises(ValueError, match=r"7 samples cannot fill .* 4 × 2 = 8.*at least 8"):
+        build_schedule([10] * 7, dp_size=4, max_tokens_per_microbatch=100, align=2)
+    s = build_schedule([10] * 8, dp_size=4, max_tokens_per_microbatch=100, align=2)
+    check_schedule(s, [10] * 8, dp=4, cap=100, align=2)
+    assert s.num_microbatches == 2
+
+
+def test_cap_needs_more_microbatches_than_samples_allow():
+    # 9 samples of 60% of the cap need 9 micro-batches; 8 ranks cannot each get 2.
+    with pytest.raises(ValueError, match="raise max_tokens_per_microbatch"):
+        build_schedule([600] * 9, dp_size=8, max_tokens_per_microbatch=1000)
+
+
+def test_groups_stay_together_and_too_few_groups_is_an_error():
+    lengths = generate_lengths(256, "rl", seed=3)
+    groups = [f"prompt-{i // 8}" for i in range(256)]  # string ids
+    s = build_schedule(lengths, dp_size=8, max_tokens_per_microbatch=16384, group_ids=groups)
+    check_schedule(s, lengths, dp=8, cap=16384, group_ids=groups)
+    with pytest.raises(ValueError, match="3 groups cannot cover 4 ranks"):
+        build_schedule(
+            [5] * 30, dp_size=4, max_tokens_per_microbatch=100, group_ids=[i % 3 for i in range(30)]
+        )
+
+
+def test_order_options():
+    lengths = generate_lengths(400, "rl", seed=5)
+    base = dict(dp_size=4, max_tokens_per_microbatch=16384, cost="flops", spec="qwen3-8b")
+    none = build_schedule(lengths, **base)
+    longest = build_schedule(lengths, order="longest-first", **base)
+    pipe = build_schedule(lengths, order="pipeline", **base)
+    for r in range(4):
+        # Same micro-batches, different order.
+        assert sorted(map(tuple, none.microbatches[r])) == sorted(
+            map(tuple, longest.microbatches[r])
+        )
+        assert sorted(map(tuple, none.microbatches[r])) == sorted(map(tuple, pipe.microbatches[r]))
+        c = longest.microbatch_costs[r]
+        assert c == sorted(c, reverse=True)
+        p = pipe.microbatch_costs[r]
+        top = int(np.argmax(p))
+        assert all(p[i] <= p[i + 1] for i in range(top)), "rising to the costliest"
+        assert all(p[i] >= p[i + 1] for i in range(top, len(p) - 1)), "then falling"
+    assert none.rank_costs == pytest.approx(pipe.rank_costs, rel=1e-12)
+    with pytest.raises(ValueError, match="order must be one of"):
+        build_schedule(lengths, order="random", **base)
+
+
+# -- balance -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dist", ["rl", "bimodal"])
+@pytest.mark.parametrize("cost", ["tokens", "flops", "cost-model"])
+def test_balance_targets(dist, cost):
+    lengths = generate_lengths(2048, dist, seed=11)
+    if cost == "cost-model":
+        from costmodel.model import load_cost_model
+
+        cost = load_cost_model("h200/qwen3-8b")
+    for dp, cap in ((8, 16384), (16, 32768), (64, 16384)):
+        s = build_schedule(
+            lengths, dp_size=dp, max_tokens_per_microbatch=cap, cost=cost, spec="qwen3-8b"
+        )
+        check_schedule(s, lengths, dp=dp, cap=cap)
+        assert s.imbalance <= 1.005, (dist, cost, dp, cap, s.imbalance)
+        assert s.makespan_over_lower_bound <= 1.01, (
+            dist,
+            cost,
+            dp,
+            cap,
+            s.makespan_over_lower_bound,
+        )
+
+
+def test_balance_with_a_non_additive_callable():
+    # Fixed cost, attention L², and GEMM efficiency that rises with the token count.
+    def cost(lengths):
+        t = float(lengths.sum())
+        return (
+            5.0
+            + float((lengths.astype(float) ** 2).sum()) * 1e-6
+            + t * (1 + 2000.0 / (t + 500.0)) * 1e-3
+        )
+
+    lengths = generate_lengths(600, "rl", seed=2)
+    s = build_schedule(lengths, dp_size=8, max_tokens_per_microbatch=16384, cost=cost)
+    check_schedule(s, lengths, dp=8, cap=16384)
+    assert s.imbalance <= 1.005
+    assert s.makespan_over_lower_bound <= 1.01
+    # The reported costs are the callable's own.
+    mb = s.microbatches[0][0]
+    assert s.microbatch_costs[0][0] == pytest.approx(cost(np.asarray(lengths)[mb]))
+
+
+def test_cost_model_objects_with_and_without_a_vectorised_method():
+    class OneAtATime:
+        def microbatch_cost(self, lengths, mode="train"):
+            lengths = np.asarray(lengths, dtype=float)
+            return 2.0 + lengths.sum() + (lengths**2).sum() / 4096
+
+    class Vectorised(OneAtATime):
+        calls = 0
+
+        def microbatch_costs(self, lengths, offsets, mode="train"):
+            Vectorised.calls += 1
+            lengths = np.asarray(lengths, dtype=float)
+            seg = np.repeat(np.arange(len(offsets) - 1), np.diff(offsets))
+            per = lengths + lengths**2 / 4096
+            return 2.0 + np.bincount(seg, weights=per, minlength=len(offsets) - 1)
+
+    lengths = generate_lengths(300, "rl", seed=4)
+    a = build_schedule(lengths, dp_size=4, max_tokens_per_microbatch=16384, cost=OneAtATime())
+    b = build_schedule(lengths, dp_size=4, max_tokens_per_microbatch=16384, cost=Vectorised())
+    assert Vectorised.calls > 0
+    assert a.imbalance <= 1.005 and b.imbalance <= 1.005
+    check_schedule(a, lengths, dp=4, cap=16384)
+    check_schedule(b, lengths, dp=4, cap=16384)
+
+
+# -- determinism ----------------------------------------------------------------------------
+
+_DIGEST_SCRIPT = r"""
+import json, sys
+import numpy as np
+from costmodel.scheduler import build_schedule, generate_lengths
+from costmodel.model import load_cost_model
+out = []
+lengths = generate_lengths(3000, "bimodal", seed=7)
+groups = [f"g{i // 6}" for i in range(3000)]
+for cost in ("tokens", "flops", load_cost_model("h200/qwen3-8b")):
+    for g in (None, groups):
+        s = build_schedule(lengths, dp_size=16, max_tokens_per_microbatch=16384, cost=cost,
+                           spec="qwen3-8b", align=2, group_ids=g, order="pipeline")
+        out.append(s.digest())
+print(json.dumps(out))
+"""
+
+
+def _digests(hashseed: str) -> list[str]:
+    env = dict(os.environ, PYTHONHASHSEED=hashseed, PYTHONPATH=str(ROOT))
+    res = subprocess.run(
+        [sys.executable, "-c", _DIGEST_SCRIPT], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert res.returncode == 0, res.stderr
+    return json.loads(res.stdout)
+
+
+def test_same_schedule_in_every_process():
+    a = _digests("0")
+    b = _digests("12345")
+    assert a == b
+    assert len(set(a)) == len(a), "the cases differ from each other"
+
+
+def test_digest_tracks_the_assignment():
+    lengths = generate_lengths(500, "rl", seed=1)
+    s1 = build_schedule(lengths, dp_size=4, max_tokens_per_microbatch=16384)
+    s2 = build_schedule(list(lengths), dp_size=4, max_tokens_per_microbatch=16384)
+    assert s1.digest() == s2.digest()
+    s3 = build_schedule(lengths[::-1].copy(), dp_size=4, max_tokens_per_microbatch=16384)
+    assert s3.digest() != s1.digest()
+    json.dumps(s1.to_dict())  # serialisable
+
+
+# -- bad input ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "lengths, kwargs, match",
+    [
+        ([10, 0, 5], {}, "lengths must be positive"),
+        ([10, -3], {}, "lengths must be positive"),
+        ([10, 2.5], {}, "whole numbers"),
+        ([[1, 2]], {}, "1-D"),
+        (["a"], {}, "integers"),
+        ([10] * 8, {"max_tokens_per_microbatch": 0}, "max_tokens_per_microbatch"),
+        ([10] * 8, {"dp_size": 0}, "dp_size"),
+        ([10] * 8, {"align": 0}, "align"),
+        ([10] * 8, {"group_ids": [1, 2]}, "group_ids has 2 entries"),
+        ([10] * 8, {"cost": "flops"}, "spec"),
+        ([10] * 8, {"cost": 42}, "cost must be"),
+        ([10] * 8, {"cost": lambda x: float("nan")}, "nan"),
+        ([10] * 8, {"cost": lambda x: -1.0}, "-1.0"),
+        ([10] * 8, {"mode": "eval"}, "mode"),
+        ([], {}, "0 samples cannot fill"),
+    ],
+)
+def test_bad_input_raises_value_error_naming_it(lengths, kwargs, match):
+    args = dict(dp_size=2, max_tokens_per_microbatch=100)
+    args.update(kwargs)
+    with pytest.raises(ValueError, match=match):
+        build_schedule(lengths, **args)
+
+
+def test_cost_error_names_the_microbatch():
+    def picky(lengths):
+        return -5.0 if 77 in lengths.tolist() else float(lengths.sum())
+
+    with pytest.raises(ValueError, match=r"cost 'picky' returned -5.0 .*77"):
+        build_schedule([10] * 7 + [77], dp_size=2, max_tokens_per_microbatch=100, cost=picky)

@@ -1,0 +1,86 @@
+"""`costmodel schedule` and `costmodel simulate` end to end on CPU."""
+
+from __future__ import annotations
+
+import json
+
+from costmodel.cli import main
+
+
+def test_schedule_prints_summary_and_writes_json(tmp_path, capsys):
+    out = tmp_path / "s.json"
+    rc = main(
+        [
+            "schedule",
+            "--model",
+            "qwen3-8b",
+            "--dist",
+            "rl",
+            "--n",
+            "2048",
+            "--dp",
+            "8",
+            "--max-tokens",
+            "16384",
+            "--cost",
+            "h200/qwen3-8b",
+            "--json",
+            str(out),
+        ]
+    )
+    text = capsys.readouterr().out
+    assert rc == 0
+    assert (
+        "max/mean" in text and "makespan/lower bound" in text and "micro-batches per rank" in text
+    )
+    doc = json.loads(out.read_text())
+    assert doc["dp_size"] == 8 and doc["cap_violations"] == 0
+    assert doc["imbalance"] <= 1.005
+    assert sorted(i for r in doc["microbatches"] for mb in r for i in mb) == list(range(2048))
+
+
+def test_schedule_from_a_lengths_file(tmp_path, capsys):
+    f = tmp_path / "lengths.txt"
+    f.write_text("\n".join(str(x) for x in [500, 1200, 3000, 800] * 16))
+    assert main(["schedule", "--lengths", str(f), "--dp", "4", "--cost", "flops"]) == 0
+    assert "64 lengths from" in capsys.readouterr().out
+
+
+def test_schedule_user_errors_are_one_line(tmp_path, capsys):
+    bad = tmp_path / "bad.txt"
+    bad.write_text("100\nabc\n")
+    assert main(["schedule", "--lengths", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert "line 2" in err and "Traceback" not in err
+    assert main(["schedule", "--n", "4", "--dp", "8"]) == 2
+    assert "cannot fill" in capsys.readouterr().err
+
+
+def test_simulate_compares_policies(tmp_path, capsys):
+    out = tmp_path / "sim.json"
+    rc = main(
+        [
+            "simulate",
+            "--model",
+            "qwen3-8b",
+            "--cost-model",
+            "h200/qwen3-8b",
+            "--n",
+            "1024",
+            "--dp",
+            "8",
+            "--max-tokens",
+            "16384",
+            "--variant",
+            "--json",
+            str(out),
+        ]
+    )
+    assert rc == 0
+    text = capsys.readouterr().out
+    for policy in ("tokens", "flops", "baseline", "baseline kk-samples", "cost-model"):
+        assert policy in text
+    rows = {r["policy"]: r for r in json.loads(out.read_text())["policies"]}
+    cm = rows["cost-model"]
+    assert cm["cap_violations"] == 0 and cm["imbalance"] <= 1.005
+    assert cm["makespan_ms"] <= min(r["makespan_ms"] for r in rows.values()) * 1.001

@@ -1,0 +1,66 @@
+"""Built-in length distributions and the lengths-file reader."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from costmodel.scheduler import generate_lengths, parse_lengths, read_lengths
+from costmodel.scheduler.lengths import DEFAULT_MAX_RESPONSE
+
+
+def test_rl_distribution_shape_and_seed():
+    a = generate_lengths(20000, "rl", seed=1)
+    assert np.array_equal(a, generate_lengths(20000, "rl", seed=1))
+    assert not np.array_equal(a, generate_lengths(20000, "rl", seed=2))
+    assert a.dtype == np.int64 and a.min() >= 201 and a.max() <= 1500 + DEFAULT_MAX_RESPONSE
+    # prompt ~U[200, 1500] (median 850) + lognormal response (median 1500).
+    assert 2100 < np.median(a) < 2600
+    assert np.mean(a > 8000) > 0.03, "a long tail"
+
+
+def test_bimodal_distribution():
+    a = generate_lengths(20000, "bimodal", seed=0)
+    long_ = a > 0.75 * DEFAULT_MAX_RESPONSE
+    assert 0.08 < long_.mean() < 0.12
+    assert np.median(a[~long_]) < 2000
+
+
+def test_unknown_distribution_and_bad_n():
+    with pytest.raises(ValueError, match="unknown length distribution 'zipf'.*rl, bimodal"):
+        generate_lengths(10, "zipf")
+    with pytest.raises(ValueError, match="n must be"):
+        generate_lengths(0)
+
+
+def test_parse_lines_commas_comments():
+    text = "# lengths\n100\n200, 300,\n\n  400 ,500\n"
+    assert parse_lengths(text).tolist() == [100, 200, 300, 400, 500]
+
+
+@pytest.mark.parametrize(
+    "text, match",
+    [
+        ("100\n200\nabc\n", "line 3: 'abc' is not a whole number"),
+        ("100\n2.5\n", "line 2: '2.5'"),
+        ("100,,200\n", "line 1: empty field"),
+        ("100\n0\n", "line 2: length 0 must be >= 1"),
+        ("100\n-4\n", "line 2: '-4'"),
+        ("# nothing\n\n", "no lengths found"),
+    ],
+)
+def test_parse_rejects_junk_naming_the_line(text, match):
+    with pytest.raises(ValueError, match=match):
+        parse_lengths(text)
+
+
+def test_read_lengths_file(tmp_path):
+    p = tmp_path / "lengths.txt"
+    p.write_text("10\n20\n30\n")
+    assert read_lengths(p).tolist() == [10, 20, 30]
+    with pytest.raises(FileNotFoundError, match="lengths file not found"):
+        read_lengths(tmp_path / "missing.txt")
+    bad = tmp_path / "bad.txt"
+    bad.write_text("10\nx\n")
+    with pytest.raises(ValueError, match=r"bad.txt: line 2"):
+        read_lengths(bad)
