@@ -1,0 +1,236 @@
+"""`costmodel bench-schedule`: measured step-time balance of each scheduling policy (GPU).
+
+    PYTHONPATH=. python -m costmodel bench-schedule --model qwen3-8b --lengths rl \
+        --cap 16384 --dp 8,16,64 --cost-model h200/qwen3-8b -o bench_schedule.json
+
+Builds schedules by token balance, analytic-FLOPs balance, the common baseline (first-fit
+by tokens, then Karmarkar-Karp over FLOPs) and the calibrated cost model, then times each
+simulated rank's micro-batches through one real layer on this GPU, rank after rank.
+Prints measured makespan, measured max/mean, the speed-up over token balance and the
+cost model's per-rank error; writes everything (with provenance) as JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+logger = logging.getLogger(__name__)
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "bench-schedule",
+        help="measure on the GPU the step-time balance each scheduling policy achieves",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--model", default="qwen3-8b", help="preset name or HF config.json (default: qwen3-8b)")
+    p.add_argument(
+        "--lengths", default="rl", metavar="NAME_OR_FILE",
+        help="a built-in RL-like distribution of costmodel.scheduler.generate_lengths (rl: "
+        "prompt 200-1500 + lognormal response, median 1500, sigma 1; bimodal: 90%% short, "
+        "10%% near the length limit; default: rl) or a file of lengths (one positive integer "
+        "per line, or .json/.npy)",
+    )
+    size = p.add_mutually_exclusive_group()
+    size.add_argument(
+        "--samples-per-rank", type=int, default=16,
+        help="batch size = this x DP size, drawn per DP size (default: 16)",
+    )
+    size.add_argument(
+        "--samples", type=int, default=None,
+        help="one batch of this many samples for every DP size (a lengths file: its first N; "
+        "default for a file: all of it)",
+    )
+    p.add_argument("--cap", type=int, default=16384, help="token cap per micro-batch (default: 16384)")
+    p.add_argument("--dp", default="8,16,64", help="comma-separated DP sizes (default: 8,16,64)")
+    p.add_argument(
+        "--policies", default="tokens,flops,baseline,calibrated",
+        help="comma-separated subset of tokens,flops,baseline,calibrated",
+    )
+    p.add_argument(
+        "--cost-model", default="auto", metavar="PATH_OR_NAME",
+        help="cost model for the calibrated policy: a file or a name like h200/qwen3-8b "
+        "(default auto: <this GPU>/<model>)",
+    )
+    p.add_argument(
+        "--cost-model-allow-other-shape", action="store_true",
+        help="accept a cost model calibrated for another model shape",
+    )
+    p.add_argument("--attention", default="torch-varlen", help="attention backend of the layer")
+    p.add_argument("--dtype", default="bf16", choices=("bf16", "fp16"), help="layer dtype")
+    p.add_argument("--repeats", type=int, default=2, help="timing rounds per micro-batch (median)")
+    p.add_argument("--warmup", type=int, default=2, help="warm-up micro-batches at each end of the size range")
+    p.add_argument("--seed", type=int, default=0, help="seed of the synthetic lengths")
+    p.add_argument("--per-rank", action="store_true", help="also print predicted vs measured per rank")
+    p.add_argument("-o", "--output", default=None, metavar="JSON", help="write the results here")
+    p.set_defaults(func=run)
+
+
+def _int_list(text: str, what: str) -> list[int]:
+    try:
+        values = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise ValueError(f"--{what} must be comma-separated integers, got {text!r}") from None
+    if not values or min(values) < 1:
+        raise ValueError(f"--{what} must list positive integers, got {text!r}")
+    return values
+
+
+def _detected_gpu_key() -> str | None:
+    try:
+        import torch
+    except ImportError:
+        return None
+    if not torch.cuda.is_available():
+        return None
+    from costmodel.gpus import find_gpu_by_device_name
+
+    info = find_gpu_by_device_name(torch.cuda.get_device_name())
+    return info.key if info else None
+
+
+def run(args: argparse.Namespace, *, measure=None) -> int:
+    """Run the benchmark; ``measure(lengths) -> ms`` replaces the GPU timer (for tests)."""
+    from costmodel.model import load_cost_model, write_json_atomic
+    from costmodel.scheduler.lengths import DISTRIBUTIONS, generate_lengths
+    from costmodel.spec import ModelSpec
+    from costmodel.training import bench
+    from costmodel.training.data import read_lengths_file
+
+    policies = [p.strip() for p in args.policies.split(",") if p.strip()]
+    bad = [p for p in policies if p not in bench.POLICIES]
+    if bad or not policies:
+        raise ValueError(f"--policies: unknown {bad or policies}; allowed: {', '.join(bench.POLICIES)}")
+    dp_sizes = _int_list(args.dp, "dp")
+    if args.cap < 1:
+        raise ValueError(f"--cap must be a positive number of tokens, got {args.cap}")
+    if args.repeats < 1:
+        raise ValueError(f"--repeats must be at least 1, got {args.repeats}")
+    spec = ModelSpec.from_any(args.model)
+
+    # Lengths: a file is one batch; a distribution is drawn per DP size (samples per rank).
+    if args.samples is not None and args.samples < 1:
+        raise ValueError(f"--samples must be at least 1, got {args.samples}")
+    if args.samples_per_rank < 1:
+        raise ValueError(f"--samples-per-rank must be at least 1, got {args.samples_per_rank}")
+    fixed_batch = args.samples is not None or args.lengths not in DISTRIBUTIONS
+    if args.lengths not in DISTRIBUTIONS:
+        if not Path(args.lengths).exists():
+            raise FileNotFoundError(
+                f"--lengths {args.lengths!r} is neither a built-in distribution "
+                f"({', '.join(DISTRIBUTIONS)}) nor an existing lengths file"
+            )
+        fixed = read_lengths_file(args.lengths)
+        if args.samples is not None and args.samples > fixed.size:
+            raise ValueError(
+                f"--samples {args.samples} but {args.lengths} holds {fixed.size} lengths; "
+                "lower --samples or add lengths"
+            )
+        batch = fixed if args.samples is None else fixed[: args.samples]
+        lengths_for_dp = lambda dp: batch  # noqa: E731
+    elif args.samples is not None:
+        batch = generate_lengths(args.samples, args.lengths, seed=args.seed)
+        lengths_for_dp = lambda dp: batch  # noqa: E731
+    else:
+        per_rank = args.samples_per_rank
+        cache: dict[int, np.ndarray] = {}
+
+        def lengths_for_dp(dp: int) -> np.ndarray:
+            if dp not in cache:
+                cache[dp] = generate_lengths(per_rank * dp, args.lengths, seed=args.seed)
+            return cache[dp]
+
+    cost_model = None
+    if "calibrated" in policies:
+        name = args.cost_model
+        if name == "auto":
+            name = f"{_detected_gpu_key() or 'h200'}/{spec.name}"
+        cost_model = load_cost_model(
+            name, spec=spec, allow_other_shape=args.cost_model_allow_other_shape
+        )
+        if cost_model.is_estimate:
+            print(
+                f"note: cost model {name} is an ESTIMATE from the GPU registry, not a measured "
+                "profile; run `costmodel calibrate` for a measured one",
+                file=sys.stderr,
+            )
+    device: dict[str, Any]
+    if measure is None:
+        timer = bench.LayerTimer(spec, attention=args.attention, dtype=args.dtype)  # RuntimeError without a GPU
+        measure = timer
+        device = timer.describe()
+        if cost_model is not None:
+            from costmodel.integrations.args import _same_gpu
+
+            if not _same_gpu(str(cost_model.gpu), device["gpu"]):
+                print(
+                    f"warning: the cost model was measured on {cost_model.gpu} but this GPU is "
+                    f"{device['gpu']}",
+                    file=sys.stderr,
+                )
+    else:
+        device = {"measurer": getattr(measure, "__name__", type(measure).__name__) + " (injected)"}
+
+    progress = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
+    runs = bench.run_benchmark(
+        lengths_for_dp(dp_sizes[0]),
+        spec=spec, cap=args.cap, dp_sizes=dp_sizes, measure=measure, cost_model=cost_model,
+        policies=policies, lengths_for_dp=lengths_for_dp, repeats=args.repeats,
+        warmup=args.warmup, progress=progress,
+    )
+    print(bench.format_report(runs, per_rank=args.per_rank))
+    checks = bench.target_checks(runs)
+    for c in checks:
+        parts = [f"dp {c['dp_size']}: calibrated max/mean {c['calibrated_max_over_mean']:.3f}"]
+        if "makespan_cut_vs_tokens" in c:
+            parts.append(f"makespan {c['makespan_cut_vs_tokens'] * 100:+.1f}% below tokens")
+        if "no_worse_than_flops" in c:
+            parts.append("no worse than flops" if c["no_worse_than_flops"] else "WORSE than flops")
+        print("; ".join(parts))
+    if args.output:
+        base = bench.token_makespans(runs)
+        doc = {
+            "schema": "costmodel-bench-schedule/1",
+            "provenance": bench.provenance(),
+            "device": device,
+            "model": spec.to_dict(),
+            "cost_model": None if cost_model is None else {
+                "label": cost_model.label,
+                "gpu": cost_model.gpu,
+                "is_estimate": cost_model.is_estimate,
+                "provenance": cost_model.provenance,
+            },
+            "config": {
+                "lengths": args.lengths, "seed": args.seed, "cap": args.cap, "dp_sizes": dp_sizes,
+                "policies": policies, "repeats": args.repeats, "warmup": args.warmup,
+                "samples": args.samples,
+                "samples_per_rank": None if fixed_batch else args.samples_per_rank,
+                "attention": args.attention, "dtype": args.dtype,
+            },
+            "batches": {
+                str(dp): _summary(lengths_for_dp(dp)) for dp in dp_sizes
+            },
+            "runs": [r.to_dict(base.get(r.dp_size)) for r in runs],
+            "targets": checks,
+        }
+        path = write_json_atomic(args.output, doc)
+        print(f"wrote {path}")
+    return 0
+
+
+def _summary(lengths: np.ndarray) -> dict[str, Any]:
+    return {
+        "samples": int(lengths.size),
+        "tokens": int(lengths.sum()),
+        "mean": float(lengths.mean()),
+        "p50": float(np.percentile(lengths, 50)),
+        "p99": float(np.percentile(lengths, 99)),
+        "max": int(lengths.max()),
+    }

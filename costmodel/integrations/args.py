@@ -1,0 +1,306 @@
+"""Training-script flags: `--balance-by-flops --cost-model calibrated.json`, in one call.
+
+    parser = argparse.ArgumentParser()
+    ...                                    # the script's own flags
+    costmodel.integrations.args.add_arguments(parser)
+    args = parser.parse_args()
+    validate_args(args, spec=spec)         # before training: one clear error, or nothing
+    kwargs = scheduler_from_args(args, spec)
+    schedule = build_schedule(lengths, dp_size=dp, **kwargs)
+
+What gets balanced:
+
+- no `--balance-by-flops`: tokens (Σ L per micro-batch, the classic dynamic batching);
+- `--balance-by-flops`: exact analytic FLOPs of the model (`costmodel.flops`);
+- `--balance-by-flops --cost-model X`: predicted time from a calibrated cost model (a file
+  from `costmodel calibrate`, or a shipped name such as ``h200/qwen3-8b``).
+
+Numpy only: torch is imported lazily and only to read the name of the GPU in use.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from typing import Any
+
+__all__ = ["add_arguments", "scheduler_from_args", "validate_args"]
+
+logger = logging.getLogger(__name__)
+
+# (option string, add_argument kwargs). Dests are argparse's defaults for these names,
+# which are the names Megatron-based trainers (slime) already use.
+_FLAGS: tuple[tuple[str, dict[str, Any]], ...] = (
+    (
+        "--use-dynamic-batch-size",
+        dict(
+            action="store_true",
+            help="pack samples into micro-batches by a token cap (--max-tokens-per-gpu) "
+            "instead of a fixed number of samples",
+        ),
+    ),
+    (
+        "--max-tokens-per-gpu",
+        dict(
+            type=int,
+            default=None,
+            metavar="TOKENS",
+            help="token cap of one micro-batch on one GPU (multiplied by the context-parallel "
+            "size when there is one)",
+        ),
+    ),
+    (
+        "--balance-data",
+        dict(
+            action="store_true",
+            help="balance the data-parallel ranks (by tokens unless --balance-by-flops)",
+        ),
+    ),
+    (
+        "--balance-by-flops",
+        dict(
+            action="store_true",
+            help="balance micro-batches and ranks by cost instead of tokens: analytic FLOPs, "
+            "or predicted time with --cost-model; needs --use-dynamic-batch-size and "
+            "--max-tokens-per-gpu",
+        ),
+    ),
+    (
+        "--cost-model",
+        dict(
+            default=None,
+            metavar="PATH_OR_NAME",
+            help="calibrated cost model for --balance-by-flops: a file from `costmodel "
+            "calibrate`, or a shipped name such as h200/qwen3-8b",
+        ),
+    ),
+    (
+        "--cost-model-allow-other-shape",
+        dict(
+            action="store_true",
+            help="accept a --cost-model calibrated for another model shape (its curves are "
+            "then only an approximation of this model's costs)",
+        ),
+    ),
+)
+
+_GROUP_TITLE = "costmodel micro-batch balancing"
+_LOADED_ATTR = "_costmodel_cost_model"
+
+
+def _dest(option: str) -> str:
+    return option.lstrip("-").replace("-", "_")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Add the balancing flags to ``parser``, skipping any it already has.
+
+    A flag is skipped when the parser already owns its option string (``--max-tokens-per-gpu``)
+    or its destination (``max_tokens_per_gpu``, say from ``--max_tokens_per_gpu``): the
+    script's own definition is reused, so nothing clashes. Returns ``parser``.
+    """
+    existing_options = set(parser._option_string_actions)  # argparse keeps no public view
+    existing_dests = {action.dest for action in parser._actions}
+    group = None
+    for option, kwargs in _FLAGS:
+        underscored = "--" + _dest(option)
+        if option in existing_options or underscored in existing_options:
+            logger.debug("reusing the parser's own %s", option)
+            continue
+        if _dest(option) in existing_dests:
+            logger.debug("reusing the parser's own destination %s", _dest(option))
+            continue
+        if group is None:
+            group = parser.add_argument_group(_GROUP_TITLE)
+        group.add_argument(option, **kwargs)
+    return parser
+
+
+def _flag(args: argparse.Namespace, name: str, default: Any = None) -> Any:
+    return getattr(args, name, default)
+
+
+def _cap(args: argparse.Namespace) -> int | None:
+    cap = _flag(args, "max_tokens_per_gpu")
+    if cap is None:
+        return None
+    cp = _flag(args, "context_parallel_size", 1) or 1
+    return int(cap) * int(cp)
+
+
+def _spec_from_args(args: argparse.Namespace):
+    """The model shape from a Megatron-style namespace, or None when it has none."""
+    from costmodel.spec import ModelSpec
+
+    if _flag(args, "hidden_size") is not None and _flag(args, "num_layers") is not None:
+        return ModelSpec.from_megatron_args(args)
+    return None
+
+
+def validate_args(args: argparse.Namespace, spec=None):
+    """Check the balancing flags before training starts; return the loaded cost model or None.
+
+    Raises ValueError (with what to change) when:
+    - ``--balance-by-flops`` is set without ``--use-dynamic-batch-size`` or without a
+      ``--max-tokens-per-gpu`` cap, or the cap is below 1;
+    - ``--cost-model`` is set without ``--balance-by-flops`` (it would be ignored);
+    - the cost model does not load, or was calibrated for another model shape than ``spec``
+      (allowed only with ``--cost-model-allow-other-shape``).
+    Logs a warning when the cost model was measured on another GPU than the one in use
+    (naming both), and an info line when no GPU is visible or the model is an estimate.
+
+    ``spec`` is the model being trained (a `ModelSpec`); without it, Megatron-style fields on
+    ``args`` (hidden_size, num_layers, ...) are used. The loaded model is kept on ``args``
+    so `scheduler_from_args` does not load it again.
+    """
+    dynamic = bool(_flag(args, "use_dynamic_batch_size", False))
+    by_flops = bool(_flag(args, "balance_by_flops", False))
+    cost_model_arg = _flag(args, "cost_model")
+    raw_cap = _flag(args, "max_tokens_per_gpu")
+    if raw_cap is not None and int(raw_cap) < 1:
+        raise ValueError(
+            f"--max-tokens-per-gpu must be a positive number of tokens, got {raw_cap}"
+        )
+    if dynamic and raw_cap is None:
+        raise ValueError(
+            "--use-dynamic-batch-size needs a token cap: add --max-tokens-per-gpu TOKENS"
+        )
+    if by_flops and not dynamic:
+        raise ValueError(
+            "--balance-by-flops packs micro-batches by a token cap: add "
+            "--use-dynamic-batch-size and --max-tokens-per-gpu TOKENS"
+        )
+    if cost_model_arg and not by_flops:
+        raise ValueError(
+            f"--cost-model {cost_model_arg} is only used with --balance-by-flops: add "
+            "--balance-by-flops (or drop --cost-model to balance tokens)"
+        )
+    if not cost_model_arg:
+        setattr(args, _LOADED_ATTR, None)
+        return None
+
+    if spec is None:
+        spec = _spec_from_args(args)
+    if spec is None:
+        raise ValueError(
+            "--cost-model needs the model shape to check it against: pass spec= to "
+            "validate_args (or Megatron-style --hidden-size/--num-layers/... on args)"
+        )
+    from costmodel.model import load_cost_model
+
+    allow_other = bool(_flag(args, "cost_model_allow_other_shape", False))
+    try:
+        model = load_cost_model(cost_model_arg, spec=spec, allow_other_shape=allow_other)
+    except ValueError as err:
+        message = str(err)
+        if not allow_other and "shape" in message.lower():
+            message += (
+                f" (calibrate one for {spec.name} with `costmodel calibrate --model ...`, or "
+                "pass --cost-model-allow-other-shape to use it anyway)"
+            )
+        raise ValueError(f"--cost-model {cost_model_arg}: {message}") from None
+    except FileNotFoundError as err:
+        raise FileNotFoundError(f"--cost-model {cost_model_arg}: {err}") from None
+    _check_gpu(model, cost_model_arg)
+    setattr(args, _LOADED_ATTR, model)
+    return model
+
+
+def _current_gpu_name() -> str | None:
+    """The name of the CUDA device in use, or None without torch or a GPU."""
+    try:
+        import torch
+    except ImportError:
+        return None
+    if not torch.cuda.is_available():
+        return None
+    return torch.cuda.get_device_name(torch.cuda.current_device())
+
+
+def _same_gpu(model_gpu: str, device_name: str) -> bool:
+    """Whether a cost model's GPU label names the device in use.
+
+    Uses the GPU registry when it can resolve both names; otherwise compares the
+    normalised short name (``h200``) against the device name (``NVIDIA H200``).
+    """
+    try:
+        from costmodel.gpus import lookup_gpu
+
+        return lookup_gpu(model_gpu).key == lookup_gpu(device_name).key
+    except ValueError:  # a name the registry does not know: compare the names themselves
+        logger.debug("GPU registry does not know %r or %r", model_gpu, device_name)
+
+    def norm(name: str) -> str:
+        name = name.lower().replace("nvidia", "").replace("-", " ").replace("_", " ")
+        return " ".join(name.split())
+
+    a, b = norm(model_gpu), norm(device_name)
+    if a == b:
+        return True
+    return bool(a) and a.split()[0] in b.split()
+
+
+def _check_gpu(model, label: str) -> None:
+    model_gpu = str(getattr(model, "gpu", "") or "")
+    if getattr(model, "is_estimate", False):
+        logger.info(
+            "--cost-model %s is an estimate from the GPU registry (%s), not a measurement; "
+            "run `costmodel calibrate` on this GPU for a measured one",
+            label,
+            model_gpu or "unknown GPU",
+        )
+    device = _current_gpu_name()
+    if device is None:
+        logger.info("no CUDA GPU visible: not checking --cost-model %s's GPU (%s)", label, model_gpu)
+        return
+    if model_gpu and not _same_gpu(model_gpu, device):
+        logger.warning(
+            "--cost-model %s was measured on %s but this process runs on %s: its times may "
+            "not match this GPU; calibrate on this GPU with `costmodel calibrate --gpu auto`",
+            label,
+            model_gpu,
+            device,
+        )
+
+
+def scheduler_from_args(
+    args: argparse.Namespace, spec=None, *, dp_size: int | None = None
+) -> dict[str, Any]:
+    """Keyword arguments for `costmodel.scheduler.build_schedule` from the parsed flags.
+
+    ``cost`` is ``"tokens"`` without ``--balance-by-flops``, ``"flops"`` with it, and the
+    loaded cost model with ``--cost-model`` too; ``max_tokens_per_microbatch`` is the cap
+    (× context-parallel size); ``spec`` is passed through. ``dp_size`` is included when
+    given. Call `validate_args` first (this calls it when it has not run yet).
+    """
+    if not hasattr(args, _LOADED_ATTR):
+        validate_args(args, spec=spec)
+    cap = _cap(args)
+    if cap is None:
+        raise ValueError(
+            "the scheduler needs a token cap per micro-batch: add --use-dynamic-batch-size "
+            "--max-tokens-per-gpu TOKENS"
+        )
+    if _flag(args, "balance_by_flops", False):
+        model = getattr(args, _LOADED_ATTR)
+        if model is not None:
+            cost: Any = model
+        else:
+            if spec is None:
+                spec = _spec_from_args(args)
+            if spec is None:
+                raise ValueError(
+                    "--balance-by-flops needs the model shape: pass spec= to scheduler_from_args"
+                )
+            cost = "flops"
+    else:
+        cost = "tokens"
+    kwargs: dict[str, Any] = {
+        "max_tokens_per_microbatch": cap,
+        "cost": cost,
+        "spec": spec,
+        "mode": "train",
+    }
+    if dp_size is not None:
+        kwargs["dp_size"] = int(dp_size)
+    return kwargs

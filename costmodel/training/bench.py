@@ -1,0 +1,500 @@
+"""`costmodel bench-schedule`: what each scheduling policy buys in *measured* step time.
+
+For a batch of lengths, a model, a token cap and each DP size, build one schedule per
+policy —
+
+- ``tokens``: balance Σ tokens (classic dynamic batching),
+- ``flops``: balance exact analytic FLOPs,
+- ``baseline``: what RL frameworks run today: first-fit packing by tokens, then
+  Karmarkar-Karp over micro-batch FLOPs to ranks (`costmodel.scheduler.baselines`),
+- ``calibrated``: balance the predicted time of a calibrated cost model,
+
+then time every simulated rank by running its micro-batches, forward and backward, through
+one real layer (`costmodel.kernels.layer.TransformerLayer`) on one GPU, rank after rank.
+A rank's time is the sum of its micro-batches' times; the step's makespan is the slowest
+rank. One layer stands for the model: every layer of a dense model does the same work,
+and the per-rank sums compare policies on equal terms.
+
+The measurement is injectable: ``measure(lengths) -> ms`` times one micro-batch. Each
+distinct micro-batch (as a sorted multiset of lengths) is timed once per round, and the
+rounds are interleaved (round 1 over all micro-batches, then round 2, ...) so slow drift
+does not favour one policy; the median over rounds is kept. CPU tests pass a fake measurer.
+
+Numpy only, except `LayerTimer` (torch, imported when it is built).
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import logging
+import os
+import platform
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+__all__ = [
+    "POLICIES",
+    "LayerTimer",
+    "PolicyRun",
+    "build_policy_schedules",
+    "format_report",
+    "run_benchmark",
+]
+
+logger = logging.getLogger(__name__)
+
+POLICIES: tuple[str, ...] = ("tokens", "flops", "baseline", "calibrated")
+
+Measure = Callable[[Sequence[int]], float]
+Schedule = list[list[list[int]]]  # rank -> micro-batch -> global sample indices
+
+
+# ----------------------------------------------------------------------------- schedules
+def _baseline_schedule(lengths: np.ndarray, *, dp_size: int, cap: int, spec) -> Schedule:
+    """First-fit by tokens, then Karmarkar-Karp over micro-batch FLOPs to ranks."""
+    from costmodel.scheduler import baselines
+
+    result = baselines.first_fit_then_karmarkar_karp(
+        lengths, dp_size=dp_size, max_tokens_per_microbatch=cap, spec=spec
+    )
+    return _as_rank_lists(result)
+
+
+def _as_rank_lists(result: Any) -> Schedule:
+    micro = getattr(result, "microbatches", result)
+    return [[[int(i) for i in mb] for mb in rank] for rank in micro]
+
+
+def build_policy_schedules(
+    lengths: np.ndarray,
+    *,
+    dp_size: int,
+    cap: int,
+    spec,
+    cost_model=None,
+    policies: Sequence[str] = POLICIES,
+) -> dict[str, Schedule]:
+    """One schedule (rank -> micro-batches -> sample indices) per policy."""
+    from costmodel.scheduler import build_schedule
+
+    out: dict[str, Schedule] = {}
+    for policy in policies:
+        if policy == "baseline":
+            out[policy] = _baseline_schedule(lengths, dp_size=dp_size, cap=cap, spec=spec)
+            continue
+        if policy == "tokens":
+            cost: Any = "tokens"
+        elif policy == "flops":
+            cost = "flops"
+        elif policy == "calibrated":
+            if cost_model is None:
+                raise ValueError("policy 'calibrated' needs a cost model (--cost-model)")
+            cost = cost_model
+        else:
+            raise ValueError(f"unknown policy {policy!r}; allowed: {', '.join(POLICIES)}")
+        schedule = build_schedule(
+            lengths, dp_size=dp_size, max_tokens_per_microbatch=cap, cost=cost, spec=spec
+        )
+        out[policy] = _as_rank_lists(schedule)
+    return out
+
+
+def check_schedule(schedule: Schedule, n: int, cap: int, lengths: np.ndarray, policy: str) -> None:
+    """Every sample once; no micro-batch over the cap unless it is one long sample alone."""
+    seen = np.zeros(n, dtype=np.int64)
+    for rank in schedule:
+        for mb in rank:
+            seen[mb] += 1
+            if len(mb) > 1 and int(lengths[mb].sum()) > cap:
+                raise RuntimeError(
+                    f"policy {policy}: a micro-batch of {int(lengths[mb].sum())} tokens exceeds "
+                    f"the cap {cap}"
+                )
+    if not (seen == 1).all():
+        raise RuntimeError(f"policy {policy}: a sample is missing or scheduled twice")
+
+
+# ---------------------------------------------------------------------------- measuring
+def _key(lengths: Sequence[int]) -> tuple[int, ...]:
+    return tuple(sorted(int(x) for x in lengths))
+
+
+def measure_microbatches(
+    keys: Sequence[tuple[int, ...]],
+    measure: Measure,
+    *,
+    repeats: int = 2,
+    warmup: int = 2,
+    progress: Callable[[str], None] | None = None,
+) -> dict[tuple[int, ...], float]:
+    """Median over ``repeats`` interleaved rounds of ``measure`` for each distinct key."""
+    if repeats < 1:
+        raise ValueError(f"repeats must be at least 1, got {repeats}")
+    distinct = sorted(set(keys), key=lambda k: (-sum(k), k))
+    if not distinct:
+        return {}
+    # Warm-up on the largest and the smallest micro-batch: autotuning, allocator growth.
+    for k in (distinct[:warmup] + distinct[-warmup:]) if warmup > 0 else []:
+        measure(k)
+    samples: dict[tuple[int, ...], list[float]] = {k: [] for k in distinct}
+    start = time.perf_counter()
+    for r in range(repeats):
+        for k in distinct:
+            ms = float(measure(k))
+            if not np.isfinite(ms) or ms < 0:
+                raise RuntimeError(f"the measurer returned {ms} ms for a micro-batch of {len(k)} samples")
+            samples[k].append(ms)
+        if progress is not None:
+            progress(
+                f"round {r + 1}/{repeats}: {len(distinct)} micro-batches, "
+                f"{time.perf_counter() - start:.1f} s so far"
+            )
+    return {k: float(np.median(v)) for k, v in samples.items()}
+
+
+class LayerTimer:
+    """Times micro-batches, forward + backward, through one `TransformerLayer` on a GPU.
+
+    ``__call__(lengths) -> ms`` times one micro-batch between two CUDA events;
+    `measure_rank` times a rank's micro-batches back to back. Without a CUDA GPU it raises
+    RuntimeError, unless ``device="cpu"`` is asked for explicitly (tests: wall-clock time,
+    the same code path otherwise).
+    """
+
+    def __init__(
+        self, spec, *, attention: str = "torch-varlen", dtype: str = "bf16", seed: int = 0,
+        device: str | None = None,
+    ):
+        try:
+            import torch
+        except ImportError:
+            raise RuntimeError(
+                "bench-schedule times micro-batches on a GPU and needs torch: "
+                "pip install 'costmodel[gpu]'"
+            ) from None
+        if device is None and not torch.cuda.is_available():
+            raise RuntimeError(
+                "bench-schedule times micro-batches on a CUDA GPU and none is visible "
+                f"(torch {torch.__version__}, CUDA {torch.version.cuda}); run it on a GPU machine"
+            )
+        from costmodel.kernels.layer import TransformerLayer
+
+        self._torch = torch
+        torch.manual_seed(seed)
+        self.spec = spec
+        if device is None:
+            self.device = torch.device("cuda", torch.cuda.current_device())
+        else:
+            self.device = torch.device(device)
+        self.cuda = self.device.type == "cuda"
+        self.dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[dtype]
+        self.layer = TransformerLayer(spec, attention=attention, device=self.device, dtype=self.dtype)
+        self.layer.check_values = False  # inputs come from packed_inputs: no host syncs
+        self.is_moe = self.layer.is_moe
+        self.attention = attention
+
+    def _inputs(self, lengths: Sequence[int]):
+        from costmodel.kernels.layer import packed_inputs
+
+        x, cu, max_len = packed_inputs(
+            [int(n) for n in lengths], self.spec, device=self.device, dtype=self.dtype,
+            requires_grad=True,
+        )
+        return x, cu, max_len, self._torch.randn_like(x)
+
+    def _time(self, inputs) -> float:
+        """fwd+bwd of each input in turn, timed as one span (ms)."""
+        torch = self._torch
+        if self.cuda:
+            start = torch.cuda.Event(enable_timing=True)
+            end = torch.cuda.Event(enable_timing=True)
+            start.record()
+        else:
+            t0 = time.perf_counter()
+        for x, cu, max_len, grad in inputs:
+            self.layer(x, cu, max_len).backward(grad)
+        if self.cuda:
+            end.record()
+            end.synchronize()
+            return float(start.elapsed_time(end))
+        return (time.perf_counter() - t0) * 1e3
+
+    def __call__(self, lengths: Sequence[int]) -> float:
+        return self._time([self._inputs(lengths)])
+
+    def measure_rank(self, microbatches: Sequence[Sequence[int]]) -> float:
+        """One rank end to end: its micro-batches back to back in one timed span.
+
+        A check on the per-micro-batch sums (`run_benchmark` records both for the slowest
+        rank of each schedule): back to back, one micro-batch's launch tail overlaps the
+        next one's start, so the direct time can be slightly lower than the sum.
+        """
+        return self._time([self._inputs(mb) for mb in microbatches])
+
+    def describe(self) -> dict[str, Any]:
+        torch = self._torch
+        if not self.cuda:
+            return {"measurer": f"one TransformerLayer on {self.device} (wall clock)",
+                    "torch": torch.__version__, "attention": self.attention}
+        props = torch.cuda.get_device_properties(self.device)
+        return {
+            "measurer": "one TransformerLayer, forward+backward, CUDA events",
+            "gpu": torch.cuda.get_device_name(self.device),
+            "sm_count": props.multi_processor_count,
+            "compute_capability": f"{props.major}.{props.minor}",
+            "torch": torch.__version__,
+            "cuda": torch.version.cuda,
+            "attention": self.attention,
+            "dtype": str(self.dtype).replace("torch.", ""),
+            "moe_layer": self.is_moe,
+        }
+
+
+# ----------------------------------------------------------------------------- running
+@dataclass(kw_only=True)
+class PolicyRun:
+    """One policy at one DP size: its schedule, predictions and measurements."""
+
+    policy: str
+    dp_size: int
+    schedule: Schedule
+    microbatch_lengths: list[list[list[int]]]
+    measured_ms: list[float]
+    """Per rank: Σ of its micro-batches' measured one-layer times."""
+    predicted_ms: list[float] | None = None
+    """Per rank: the cost model's prediction of the same one-layer work (None without one)."""
+    predicted_own: list[float] = field(default_factory=list)
+    """Per rank: the policy's own cost (tokens, FLOPs or model ms; baseline: FLOPs)."""
+    slowest_rank_direct_ms: float | None = None
+    """The slowest rank timed end to end (micro-batches back to back), when the measurer
+    can (`LayerTimer.measure_rank`); compare with `makespan`, the sum of its parts."""
+
+    @property
+    def makespan(self) -> float:
+        return max(self.measured_ms)
+
+    @property
+    def imbalance(self) -> float:
+        return _max_over_mean(self.measured_ms)
+
+    @property
+    def predicted_imbalance(self) -> float:
+        return _max_over_mean(self.predicted_own)
+
+    def to_dict(self, token_makespan: float | None) -> dict[str, Any]:
+        d: dict[str, Any] = {
+            "policy": self.policy,
+            "dp_size": self.dp_size,
+            "microbatches_per_rank": [len(r) for r in self.schedule],
+            "measured_rank_ms": self.measured_ms,
+            "measured_makespan_ms": self.makespan,
+            "measured_max_over_mean": self.imbalance,
+            "own_cost_per_rank": self.predicted_own,
+            "own_cost_max_over_mean": self.predicted_imbalance,
+            "speedup_over_tokens": (token_makespan / self.makespan) if token_makespan else None,
+            "slowest_rank_direct_ms": self.slowest_rank_direct_ms,
+            "microbatch_lengths": self.microbatch_lengths,
+        }
+        if self.predicted_ms is not None:
+            pred = np.asarray(self.predicted_ms)
+            meas = np.asarray(self.measured_ms)
+            d["predicted_rank_ms"] = self.predicted_ms
+            d["predicted_makespan_ms"] = float(pred.max())
+            d["predicted_max_over_mean"] = _max_over_mean(self.predicted_ms)
+            d["rank_error_pct"] = ((pred / meas - 1) * 100).tolist()
+            d["rank_mape_pct"] = float(np.mean(np.abs(pred / meas - 1)) * 100)
+        return d
+
+
+def _max_over_mean(values: Sequence[float]) -> float:
+    arr = np.asarray(values, dtype=np.float64)
+    mean = float(arr.mean()) if arr.size else 0.0
+    return float(arr.max() / mean) if mean > 0 else 1.0
+
+
+def _own_costs(policy: str, mbs: list[list[list[int]]], spec, cost_model) -> list[float]:
+    from costmodel.flops import calculate_train_flops
+
+    out = []
+    for rank in mbs:
+        if policy == "tokens":
+            out.append(float(sum(sum(mb) for mb in rank)))
+        elif policy == "calibrated" and cost_model is not None:
+            out.append(float(sum(cost_model.microbatch_cost(mb) for mb in rank)))
+        else:  # flops and the baseline (which balances FLOPs)
+            out.append(float(sum(calculate_train_flops(mb, spec) for mb in rank)))
+    return out
+
+
+def run_benchmark(
+    lengths: np.ndarray,
+    *,
+    spec,
+    cap: int,
+    dp_sizes: Sequence[int],
+    measure: Measure,
+    cost_model=None,
+    policies: Sequence[str] = POLICIES,
+    lengths_for_dp: Callable[[int], np.ndarray] | None = None,
+    repeats: int = 2,
+    warmup: int = 2,
+    moe_layer: bool | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> list[PolicyRun]:
+    """Build every (dp, policy) schedule, measure every distinct micro-batch, sum per rank.
+
+    ``lengths_for_dp(dp)`` gives the batch for a DP size (default: ``lengths`` for all).
+    All schedules are built and checked before the first measurement.
+    """
+    if cap < 1:
+        raise ValueError(f"the token cap must be at least 1, got {cap}")
+    if "calibrated" in policies and cost_model is None:
+        raise ValueError("policy 'calibrated' needs a cost model: pass --cost-model")
+    moe = spec.is_moe if moe_layer is None else moe_layer
+    planned: list[tuple[str, int, Schedule, list[list[list[int]]]]] = []
+    for dp in dp_sizes:
+        batch = lengths if lengths_for_dp is None else lengths_for_dp(dp)
+        if dp < 1:
+            raise ValueError(f"DP sizes must be at least 1, got {dp}")
+        if dp > batch.size:
+            raise ValueError(
+                f"DP size {dp} is larger than the {batch.size} samples in the batch: every rank "
+                f"needs one; use more samples (--samples / --samples-per-rank) or smaller --dp"
+            )
+        schedules = build_policy_schedules(
+            batch, dp_size=dp, cap=cap, spec=spec, cost_model=cost_model, policies=policies
+        )
+        for policy, sched in schedules.items():
+            check_schedule(sched, batch.size, cap, batch, policy)
+            mbs = [[[int(batch[i]) for i in mb] for mb in rank] for rank in sched]
+            planned.append((policy, dp, sched, mbs))
+    keys = [_key(mb) for _, _, _, mbs in planned for rank in mbs for mb in rank]
+    if progress is not None:
+        distinct = set(keys)
+        progress(
+            f"{len(planned)} schedules, {len(keys)} micro-batches ({len(distinct)} distinct, "
+            f"{sum(sum(k) for k in distinct)} tokens) x {repeats} rounds to measure"
+        )
+    times = measure_microbatches(keys, measure, repeats=repeats, warmup=warmup, progress=progress)
+    runs = []
+    for policy, dp, sched, mbs in planned:
+        measured = [float(sum(times[_key(mb)] for mb in rank)) for rank in mbs]
+        predicted = None
+        if cost_model is not None:
+            predicted = [
+                float(sum(cost_model.stack_cost(mb, num_layers=1, moe=moe, head=False) for mb in rank))
+                for rank in mbs
+            ]
+        direct = None
+        measure_rank = getattr(measure, "measure_rank", None)
+        if measure_rank is not None:
+            slowest = int(np.argmax(measured))
+            direct = float(np.median([measure_rank(mbs[slowest]) for _ in range(repeats)]))
+        runs.append(
+            PolicyRun(
+                policy=policy, dp_size=dp, schedule=sched, microbatch_lengths=mbs,
+                measured_ms=measured, predicted_ms=predicted,
+                predicted_own=_own_costs(policy, mbs, spec, cost_model),
+                slowest_rank_direct_ms=direct,
+            )
+        )
+    return runs
+
+
+# ------------------------------------------------------------------------------ report
+def token_makespans(runs: Sequence[PolicyRun]) -> dict[int, float]:
+    return {r.dp_size: r.makespan for r in runs if r.policy == "tokens"}
+
+
+def format_report(runs: Sequence[PolicyRun], *, per_rank: bool = False) -> str:
+    """The table `bench-schedule` prints."""
+    base = token_makespans(runs)
+    lines = [
+        f"{'dp':>4} {'policy':<11} {'mb/rank':>7} {'makespan ms':>11} {'max/mean':>8} "
+        f"{'speed-up':>8} {'pred max/mean':>13} {'rank err %':>10}",
+    ]
+    for r in runs:
+        speed = f"{base[r.dp_size] / r.makespan:.3f}x" if r.dp_size in base else "-"
+        mb = len(r.schedule[0]) if r.schedule else 0
+        err = "-"
+        if r.predicted_ms is not None:
+            e = np.abs(np.asarray(r.predicted_ms) / np.asarray(r.measured_ms) - 1) * 100
+            err = f"{e.mean():.1f}/{e.max():.1f}"
+        lines.append(
+            f"{r.dp_size:>4} {r.policy:<11} {mb:>7} {r.makespan:>11.2f} {r.imbalance:>8.3f} "
+            f"{speed:>8} {r.predicted_imbalance:>13.3f} {err:>10}"
+        )
+    lines.append(
+        "makespan: slowest rank's Σ of one layer's fwd+bwd time over its micro-batches; "
+        "speed-up: token balance's makespan / this one's; pred max/mean: by the policy's own "
+        "cost; rank err %: |cost-model prediction / measured - 1| per rank, mean/worst"
+    )
+    ratios = [r.slowest_rank_direct_ms / r.makespan for r in runs if r.slowest_rank_direct_ms]
+    if ratios:
+        lines.append(
+            f"slowest rank timed end to end / sum of its micro-batches: {min(ratios):.3f} to "
+            f"{max(ratios):.3f} over {len(ratios)} schedules"
+        )
+    if per_rank:
+        for r in runs:
+            if r.predicted_ms is None:
+                continue
+            lines.append(f"dp {r.dp_size} {r.policy}: rank predicted ms / measured ms")
+            lines.extend(
+                f"  rank {i:>3}: {p:9.2f} / {m:9.2f}  ({(p / m - 1) * 100:+.1f}%)"
+                for i, (p, m) in enumerate(zip(r.predicted_ms, r.measured_ms))
+            )
+    return "\n".join(lines)
+
+
+def target_checks(runs: Sequence[PolicyRun]) -> list[dict[str, Any]]:
+    """The issue's targets per DP size: calibrated ≥10% below tokens, ≤ flops, max/mean < 1.03."""
+    by = {(r.dp_size, r.policy): r for r in runs}
+    out = []
+    for dp in sorted({r.dp_size for r in runs}):
+        cal, tok, flo = by.get((dp, "calibrated")), by.get((dp, "tokens")), by.get((dp, "flops"))
+        if cal is None:
+            continue
+        row: dict[str, Any] = {"dp_size": dp, "calibrated_max_over_mean": cal.imbalance,
+                               "max_over_mean_below_1.03": cal.imbalance < 1.03}
+        if tok is not None:
+            cut = 1 - cal.makespan / tok.makespan
+            row["makespan_cut_vs_tokens"] = cut
+            row["cut_at_least_10pct"] = cut >= 0.10
+        if flo is not None:
+            row["no_worse_than_flops"] = cal.makespan <= flo.makespan
+        out.append(row)
+    return out
+
+
+def provenance(argv: Sequence[str] | None = None) -> dict[str, Any]:
+    """Who ran what, where and when (no GPU query here; the measurer adds its own)."""
+    import costmodel
+
+    commit = None
+    root = Path(__file__).resolve().parents[2]
+    if (root / ".git").exists():
+        try:
+            commit = subprocess.run(
+                ["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True,
+                timeout=5, check=False,
+            ).stdout.strip() or None
+        except (OSError, subprocess.SubprocessError):
+            commit = None
+    return {
+        "date": _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat(),
+        "command": " ".join(["costmodel", *(argv if argv is not None else sys.argv[1:])]),
+        "costmodel": getattr(costmodel, "__version__", None),
+        "git_commit": commit,
+        "python": platform.python_version(),
+        "numpy": np.__version__,
+        "host": platform.node(),
+        "cpu_count": os.cpu_count(),
+    }

@@ -1,0 +1,199 @@
+"""The reference trainer's flags, their validation, and the plan of every step's schedule.
+
+Numpy only. `prepare(args, dp_size)` runs every check the trainer needs — lengths file,
+token cap, DP size against the samples per step, cost model shape — and builds every
+step's schedule, so a bad input stops the run with one line before the first step, never
+in the middle of one. Every rank calls it on its own with the same flags and gets the
+same plan (the schedule is deterministic); the trainer checks that once per step anyway.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from costmodel.integrations.args import add_arguments, scheduler_from_args, validate_args
+from costmodel.spec import ModelSpec
+from costmodel.training.data import LengthSource, read_lengths_file
+
+__all__ = ["Plan", "add_trainer_arguments", "prepare", "tiny_spec"]
+
+logger = logging.getLogger(__name__)
+
+# Synthetic lengths are the scheduler's "rl" mix (prompt 200-1500 + lognormal response,
+# median 1500, clipped so a sample stays under 16384) times this scale: 1/32 gives ~100-token samples, so a CPU
+# step of a tiny model takes tens of milliseconds while keeping the long tail.
+_DEFAULT_SCALE = 1 / 32
+
+
+def add_trainer_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Add the reference trainer's flags (and the balancing flags) to ``parser``."""
+    g = parser.add_argument_group("training run")
+    g.add_argument("--steps", type=int, default=8, help="optimizer steps (default: 8)")
+    g.add_argument(
+        "--samples-per-step", type=int, default=64,
+        help="samples in one global step, over all DP ranks (default: 64)",
+    )
+    g.add_argument("--seed", type=int, default=0, help="seed of data and weights (default: 0)")
+    g.add_argument("--lr", type=float, default=3e-3, help="AdamW learning rate (default: 3e-3)")
+    g.add_argument(
+        "--lengths-file", default=None, metavar="PATH",
+        help="take sample lengths from this file (one positive integer per line, or .json/"
+        ".npy) instead of the synthetic RL-like draw",
+    )
+    g.add_argument(
+        "--length-scale", type=float, default=_DEFAULT_SCALE,
+        help="scale of the synthetic RL-like lengths (default: 1/32, ~100 tokens a sample)",
+    )
+    g.add_argument(
+        "--max-len", type=int, default=0,
+        help="clip sample lengths to this many tokens (default: no clip)",
+    )
+    g.add_argument(
+        "--device", choices=("auto", "cpu", "cuda"), default="auto",
+        help="cpu (gloo) or cuda (nccl); auto picks cuda when available",
+    )
+    g.add_argument(
+        "--attention", default=None,
+        help="varlen attention backend (default: sdpa on CPU, torch-varlen on CUDA)",
+    )
+    g.add_argument("--log-json", default=None, metavar="PATH", help="write per-step records (JSON lines)")
+    m = parser.add_argument_group("tiny GPT shape")
+    m.add_argument("--layers", type=int, default=2)
+    m.add_argument("--hidden", type=int, default=64)
+    m.add_argument("--heads", type=int, default=4)
+    m.add_argument("--kv-heads", type=int, default=2)
+    m.add_argument("--head-dim", type=int, default=16)
+    m.add_argument("--ffn", type=int, default=128)
+    m.add_argument("--vocab", type=int, default=128)
+    add_arguments(parser)
+    # The trainer always packs by a token cap; --balance-by-flops then changes what is
+    # balanced. ~10 samples of ~100 tokens per micro-batch by default.
+    parser.set_defaults(use_dynamic_batch_size=True, max_tokens_per_gpu=1024)
+    return parser
+
+
+def tiny_spec(args: argparse.Namespace, *, dtype: str = "fp32") -> ModelSpec:
+    """The trained model's shape from the flags (ValueError on an inconsistent shape)."""
+    for name in ("layers", "hidden", "heads", "kv_heads", "head_dim", "ffn", "vocab"):
+        value = getattr(args, name)
+        if value < 1:
+            raise ValueError(f"--{name.replace('_', '-')} must be at least 1, got {value}")
+    return ModelSpec(
+        name="tiny-gpt",
+        num_layers=args.layers,
+        hidden_size=args.hidden,
+        num_heads=args.heads,
+        num_kv_heads=args.kv_heads,
+        head_dim=args.head_dim,
+        intermediate_size=args.ffn,
+        vocab_size=args.vocab,
+        tie_word_embeddings=True,
+        dtype=dtype,
+    )
+
+
+@dataclass(kw_only=True)
+class Plan:
+    """Everything a rank needs before its first step, identical on every rank."""
+
+    spec: ModelSpec
+    source: LengthSource
+    dp_size: int
+    scheduler_kwargs: dict[str, Any]
+    lengths: list[np.ndarray] = field(default_factory=list)
+    """Per step, the lengths of its samples (global indices)."""
+    schedules: list[Any] = field(default_factory=list)
+    """Per step, the `Schedule` (same on every rank)."""
+
+    @property
+    def cost_label(self) -> str:
+        cost = self.scheduler_kwargs["cost"]
+        if isinstance(cost, str):
+            return cost
+        return "cost-model" + (" (estimate)" if getattr(cost, "is_estimate", False) else "")
+
+
+def _check_run_flags(args: argparse.Namespace, dp_size: int) -> None:
+    if args.steps < 1:
+        raise ValueError(f"--steps must be at least 1, got {args.steps}")
+    if args.samples_per_step < 1:
+        raise ValueError(f"--samples-per-step must be at least 1, got {args.samples_per_step}")
+    if not args.lr > 0:
+        raise ValueError(f"--lr must be positive, got {args.lr}")
+    if not args.length_scale > 0:
+        raise ValueError(f"--length-scale must be positive, got {args.length_scale}")
+    if args.max_len < 0:
+        raise ValueError(f"--max-len must be 0 (no clip) or positive, got {args.max_len}")
+    if dp_size < 1:
+        raise ValueError(f"the data-parallel size must be at least 1, got {dp_size}")
+    if dp_size > args.samples_per_step:
+        raise ValueError(
+            f"{dp_size} data-parallel ranks but only {args.samples_per_step} samples per step: "
+            f"every rank needs at least one sample; raise --samples-per-step to {dp_size} or "
+            "more, or run fewer processes"
+        )
+    if not args.use_dynamic_batch_size:
+        raise ValueError("the reference trainer packs by tokens: add --use-dynamic-batch-size")
+
+
+def prepare(args: argparse.Namespace, dp_size: int, *, dtype: str = "fp32") -> Plan:
+    """Validate the flags and build every step's schedule; raise before anything trains.
+
+    Raises ValueError / FileNotFoundError with what to change (see the module docstring).
+    """
+    from costmodel.scheduler import build_schedule
+
+    _check_run_flags(args, dp_size)
+    spec = tiny_spec(args, dtype=dtype)
+    validate_args(args, spec=spec)
+    kwargs = scheduler_from_args(args, spec)
+    cap = kwargs["max_tokens_per_microbatch"]
+
+    file_lengths: tuple[int, ...] = ()
+    if args.lengths_file:
+        values = read_lengths_file(args.lengths_file)
+        if values.size < args.samples_per_step:
+            raise ValueError(
+                f"{args.lengths_file} holds {values.size} lengths but --samples-per-step is "
+                f"{args.samples_per_step}; lower --samples-per-step or add lengths"
+            )
+        file_lengths = tuple(int(v) for v in values)
+    source = LengthSource(
+        samples_per_step=args.samples_per_step,
+        seed=args.seed,
+        scale=args.length_scale,
+        max_len=args.max_len,
+        file_lengths=file_lengths,
+    )
+    plan = Plan(spec=spec, source=source, dp_size=dp_size, scheduler_kwargs=kwargs)
+    for step in range(args.steps):
+        lengths = source.lengths(step)
+        longest = int(lengths.max())
+        if longest > cap:
+            where = args.lengths_file or "the synthetic draw"
+            raise ValueError(
+                f"step {step} has a {longest}-token sample but --max-tokens-per-gpu is {cap}: "
+                f"a micro-batch cannot hold it; raise --max-tokens-per-gpu to at least "
+                f"{longest} (or clip lengths in {where} with --max-len)"
+            )
+        if int(np.maximum(lengths - 1, 0).sum()) == 0:
+            raise ValueError(
+                f"every sample of step {step} is 1 token long: next-token training needs "
+                "samples of at least 2 tokens"
+            )
+        try:
+            schedule = build_schedule(lengths, dp_size=dp_size, **kwargs)
+        except ValueError as err:
+            raise ValueError(f"cannot schedule step {step}: {err}") from None
+        plan.lengths.append(lengths)
+        plan.schedules.append(schedule)
+    logger.info(
+        "planned %d steps: %d samples each, dp=%d, cap=%d tokens, balancing %s",
+        args.steps, args.samples_per_step, dp_size, cap, plan.cost_label,
+    )
+    return plan

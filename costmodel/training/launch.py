@@ -1,0 +1,108 @@
+"""Launch the reference trainer on N local processes without torchrun (`costmodel train-demo`).
+
+The parent validates everything first (`config.prepare` with dp = N), so a bad flag is one
+line and a non-zero exit before any process starts. Then it spawns N workers with
+torchrun's environment (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR=127.0.0.1 and a free
+port) and waits; rank 0 writes its step records to a JSON file the parent reads back.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import socket
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from costmodel.training.config import prepare
+
+__all__ = ["free_port", "launch"]
+
+logger = logging.getLogger(__name__)
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that was free a moment ago on ``host`` (the OS picks it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def _worker(local_rank: int, args: argparse.Namespace, nproc: int, port: int, out: str) -> None:
+    os.environ.update(
+        RANK=str(local_rank),
+        LOCAL_RANK=str(local_rank),
+        WORLD_SIZE=str(nproc),
+        LOCAL_WORLD_SIZE=str(nproc),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+    )
+    # Sandboxes and containers often have no routable interface: keep gloo on loopback.
+    if "GLOO_SOCKET_IFNAME" not in os.environ and Path("/sys/class/net/lo").exists():
+        os.environ["GLOO_SOCKET_IFNAME"] = "lo"
+    import torch
+
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // nproc))
+    logging.basicConfig(
+        level=logging.INFO if local_rank == 0 else logging.WARNING,
+        format=f"[rank {local_rank}] %(message)s",
+        stream=sys.stderr,  # progress; the parent prints the results on stdout
+        force=True,
+    )
+    from costmodel.training.trainer import train
+
+    result = train(args)
+    if local_rank == 0:
+        Path(out).write_text(json.dumps([r.to_dict() for r in result.records]))
+
+
+def launch(args: argparse.Namespace, nproc: int) -> list[dict[str, Any]]:
+    """Train on ``nproc`` local processes; return rank 0's step records (dicts).
+
+    Raises ValueError / FileNotFoundError for bad flags (before spawning) and RuntimeError
+    when a worker fails (naming the rank and its error).
+    """
+    if nproc < 1:
+        raise ValueError(f"--nproc must be at least 1, got {nproc}")
+    import torch
+    import torch.multiprocessing as mp
+
+    device = args.device
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cuda":
+        if not torch.cuda.is_available():
+            raise RuntimeError("--device cuda but no CUDA GPU is visible; use --device cpu")
+        if nproc > torch.cuda.device_count():
+            raise ValueError(
+                f"--nproc {nproc} but only {torch.cuda.device_count()} GPUs are visible; "
+                "lower --nproc or use --device cpu"
+            )
+    args.device = device
+    prepare(args, nproc, dtype="bf16" if device == "cuda" else "fp32")
+    # Workers validate and load again on their own: pass the flags, not loaded objects.
+    clean = argparse.Namespace(**{k: v for k, v in vars(args).items() if not k.startswith("_")})
+    clean.func = None
+    with tempfile.TemporaryDirectory(prefix="costmodel-train-") as tmp:
+        out = str(Path(tmp) / "records.json")
+        try:
+            mp.start_processes(
+                _worker,
+                args=(clean, nproc, free_port(), out),
+                nprocs=nproc,
+                join=True,
+                start_method="spawn",
+            )
+        except mp.ProcessRaisedException as err:
+            lines = [ln for ln in str(err).strip().splitlines() if ln.strip()]
+            raise RuntimeError(f"rank {err.error_index} failed: {lines[-1]}") from None
+        except mp.ProcessExitedException as err:
+            raise RuntimeError(
+                f"rank {err.error_index} exited with code {err.exit_code} (signal "
+                f"{err.signal_name}) before finishing"
+            ) from None
+        return json.loads(Path(out).read_text())

@@ -1,0 +1,254 @@
+"""The per-rank training loop of the reference trainer (torch.distributed data parallel).
+
+One process per rank (launched by `torchrun` or by `costmodel train-demo`). Each rank:
+
+1. validates the flags and builds every step's schedule on its own (`config.prepare`),
+   before the process group even exists, so bad input never stops a run mid-step;
+2. per step, all-gathers the schedule's digest and stops with a clear error if any rank
+   computed a different assignment;
+3. runs its micro-batches as packed varlen sequences, forward and backward, with the loss
+   summed over tokens and divided by the step's *global* target-token count — the summed
+   gradient over ranks is then the gradient of the global mean loss, whatever the partition;
+4. all-reduces the gradients (one flat buffer, once per step: the no_sync pattern), steps
+   the optimizer, and all-gathers per-rank compute times for the imbalance figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import logging
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from costmodel.training.config import Plan, prepare
+from costmodel.training.data import sample_tokens
+
+__all__ = ["StepRecord", "TrainResult", "check_schedule_agreement", "digest_to_int", "train"]
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(kw_only=True)
+class StepRecord:
+    """What rank 0 logs for one step."""
+
+    step: int
+    loss: float
+    """Global mean next-token loss (over every target token of the step)."""
+    tokens: int
+    microbatches_per_rank: int
+    compute_ms: list[float]
+    """Per rank: forward+backward time of its micro-batches (no communication)."""
+    measured_imbalance: float
+    """max/mean of compute_ms."""
+    predicted_costs: list[float]
+    """Per rank: the schedule's predicted cost (in the balanced cost's unit)."""
+    predicted_imbalance: float
+    """max/mean of predicted_costs."""
+    cost: str
+    digest: str
+    schedules_agree: bool = True
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+@dataclass(kw_only=True)
+class TrainResult:
+    rank: int
+    world_size: int
+    records: list[StepRecord] = field(default_factory=list)
+
+    @property
+    def first_loss(self) -> float:
+        return self.records[0].loss
+
+    @property
+    def last_loss(self) -> float:
+        return self.records[-1].loss
+
+
+def digest_to_int(digest: str) -> int:
+    """A schedule digest as a non-negative int64, for an all-gather of tensors."""
+    return int(hashlib.sha256(str(digest).encode()).hexdigest()[:15], 16)
+
+
+def check_schedule_agreement(digests: list[int], step: int) -> None:
+    """Raise RuntimeError when the ranks' schedule digests differ at ``step``."""
+    if len(set(digests)) > 1:
+        per_rank = ", ".join(f"rank {r}: {d:x}" for r, d in enumerate(digests))
+        raise RuntimeError(
+            f"step {step}: the ranks built different schedules ({per_rank}); every rank must "
+            "run the same costmodel version with the same flags, lengths and cost model"
+        )
+
+
+def _max_over_mean(values: list[float]) -> float:
+    mean = float(np.mean(values))
+    return float(np.max(values) / mean) if mean > 0 else 1.0
+
+
+def _resolve_device(args: argparse.Namespace, local_rank: int):
+    import torch
+
+    want = args.device
+    if want == "auto":
+        want = "cuda" if torch.cuda.is_available() else "cpu"
+    if want == "cuda":
+        if not torch.cuda.is_available():
+            raise RuntimeError("--device cuda but no CUDA GPU is visible; use --device cpu")
+        torch.cuda.set_device(local_rank % torch.cuda.device_count())
+        device = torch.device("cuda", torch.cuda.current_device())
+        return device, "nccl", torch.bfloat16, "bf16", args.attention or "torch-varlen"
+    return torch.device("cpu"), "gloo", torch.float32, "fp32", args.attention or "sdpa"
+
+
+def _env_int(name: str, default: int) -> int:
+    value = os.environ.get(name)
+    return default if value is None else int(value)
+
+
+def train(args: argparse.Namespace) -> TrainResult:
+    """Run this process's rank of the job described by ``args`` (torchrun's environment).
+
+    RANK/WORLD_SIZE/LOCAL_RANK/MASTER_ADDR/MASTER_PORT come from the environment (a single
+    process when they are absent). Returns the per-step records (complete on rank 0).
+    """
+    import torch.distributed as dist
+
+    rank = _env_int("RANK", 0)
+    world = _env_int("WORLD_SIZE", 1)
+    local_rank = _env_int("LOCAL_RANK", rank)
+    device, backend, dtype, spec_dtype, attention = _resolve_device(args, local_rank)
+    plan = prepare(args, world, dtype=spec_dtype)  # every check, before any communication
+
+    from costmodel.kernels.attention import get_attention
+
+    get_attention(attention)  # an unavailable backend fails here, with how to get it
+
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    if "MASTER_PORT" not in os.environ:  # a lone process (no torchrun): any free port
+        from costmodel.training.launch import free_port
+
+        os.environ["MASTER_PORT"] = str(free_port())
+    os.environ.setdefault("RANK", str(rank))
+    os.environ.setdefault("WORLD_SIZE", str(world))
+    own_group = not dist.is_initialized()
+    if own_group:
+        dist.init_process_group(backend, rank=rank, world_size=world)
+    try:
+        return _train_loop(args, plan, device=device, dtype=dtype, attention=attention)
+    finally:
+        if own_group and dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def _train_loop(args, plan: Plan, *, device, dtype, attention: str) -> TrainResult:
+    import torch
+    import torch.distributed as dist
+    import torch.nn.functional as F
+
+    from costmodel.training.model import TinyGPT, packed_batch
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    torch.manual_seed(args.seed)
+    model = TinyGPT(plan.spec, attention=attention, device=device, dtype=dtype)
+    for p in model.parameters():  # same weights everywhere even if init ever drew per rank
+        dist.broadcast(p.data, src=0)
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=args.lr, weight_decay=0.0)
+    cuda = device.type == "cuda"
+    vocab = plan.spec.vocab_size
+    result = TrainResult(rank=rank, world_size=world)
+    log_file = open(args.log_json, "w") if (args.log_json and rank == 0) else None  # noqa: SIM115
+    try:
+        for step, (lengths, schedule) in enumerate(zip(plan.lengths, plan.schedules)):
+            digest = str(schedule.digest())
+            mine = torch.tensor([digest_to_int(digest)], dtype=torch.int64, device=device)
+            gathered = [torch.zeros_like(mine) for _ in range(world)]
+            dist.all_gather(gathered, mine)
+            check_schedule_agreement([int(t.item()) for t in gathered], step)
+
+            # Target tokens of the whole step: the loss is a sum over this rank's tokens
+            # divided by it, so Σ over ranks of the gradients is the global mean's gradient.
+            global_targets = int(np.maximum(lengths - 1, 0).sum())
+            batches = [
+                packed_batch(
+                    [sample_tokens(args.seed, step, int(i), int(lengths[i]), vocab) for i in mb],
+                    device=device,
+                )
+                for mb in schedule.microbatches[rank]
+            ]
+            if cuda:
+                torch.cuda.synchronize(device)
+            start = time.perf_counter()
+            loss_sum = torch.zeros((), dtype=torch.float32, device=device)
+            for ids, targets, cu_seqlens, max_seqlen in batches:
+                logits = model(ids, cu_seqlens, max_seqlen)
+                loss = F.cross_entropy(logits.float(), targets, ignore_index=-100, reduction="sum")
+                (loss / global_targets).backward()
+                loss_sum += loss.detach()
+            if cuda:
+                torch.cuda.synchronize(device)
+            compute_ms = (time.perf_counter() - start) * 1e3
+
+            grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+            flat = torch.cat([g.reshape(-1) for g in grads])
+            dist.all_reduce(flat)
+            offset = 0
+            for p, g in zip(params, grads):
+                n = g.numel()
+                p.grad = flat[offset : offset + n].view_as(p).clone()
+                offset += n
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+
+            stats = torch.tensor([compute_ms, float(loss_sum)], dtype=torch.float64, device=device)
+            all_stats = [torch.zeros_like(stats) for _ in range(world)]
+            dist.all_gather(all_stats, stats)
+            per_rank = [t.tolist() for t in all_stats]
+            times = [row[0] for row in per_rank]
+            predicted = [float(c) for c in schedule.rank_costs]
+            record = StepRecord(
+                step=step,
+                loss=sum(row[1] for row in per_rank) / global_targets,
+                tokens=int(lengths.sum()),
+                microbatches_per_rank=len(schedule.microbatches[rank]),
+                compute_ms=times,
+                measured_imbalance=_max_over_mean(times),
+                predicted_costs=predicted,
+                predicted_imbalance=_max_over_mean(predicted),
+                cost=plan.cost_label,
+                digest=digest,
+            )
+            result.records.append(record)
+            if rank == 0:
+                logger.info(
+                    "step %d/%d loss %.4f tokens %d mb/rank %d | compute ms %s | max/mean "
+                    "measured %.3f predicted %.3f (%s) | schedule %s agreed by %d ranks",
+                    step + 1, len(plan.schedules), record.loss, record.tokens,
+                    record.microbatches_per_rank, " ".join(f"{t:.1f}" for t in times),
+                    record.measured_imbalance, record.predicted_imbalance, record.cost,
+                    digest[:12], world,
+                )
+                if log_file is not None:
+                    log_file.write(json.dumps(record.to_dict()) + "\n")
+                    log_file.flush()
+    finally:
+        if log_file is not None:
+            log_file.close()
+    if rank == 0 and result.records:
+        logger.info(
+            "done: loss %.4f -> %.4f over %d steps; schedules agreed on every step; "
+            "mean max/mean measured %.3f, predicted %.3f",
+            result.first_loss, result.last_loss, len(result.records),
+            float(np.mean([r.measured_imbalance for r in result.records])),
+            float(np.mean([r.predicted_imbalance for r in result.records])),
+        )
+    return result

@@ -1,0 +1,182 @@
+"""Training-script flags: add_arguments without clashes, validate_args, scheduler_from_args."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+
+import pytest
+
+from costmodel.gpus import estimate_cost_model
+from costmodel.integrations import args as cm_args
+from costmodel.integrations.args import add_arguments, scheduler_from_args, validate_args
+from costmodel.spec import ModelSpec
+
+SPEC = ModelSpec.from_preset("qwen3-0.6b")
+OTHER = ModelSpec.from_preset("qwen3-8b")
+
+
+@pytest.fixture(scope="module")
+def cost_model_file(tmp_path_factory):
+    path = tmp_path_factory.mktemp("cm") / "h200-qwen3-0.6b.json"
+    estimate_cost_model(SPEC, "h200").save(path)
+    return str(path)
+
+
+def parse(argv, parser=None):
+    parser = add_arguments(parser or argparse.ArgumentParser())
+    return parser.parse_args(argv)
+
+
+def test_adds_every_flag():
+    args = parse(
+        ["--use-dynamic-batch-size", "--max-tokens-per-gpu", "8192", "--balance-data",
+         "--balance-by-flops", "--cost-model", "h200/qwen3-8b"]
+    )
+    assert args.use_dynamic_batch_size and args.balance_data and args.balance_by_flops
+    assert args.max_tokens_per_gpu == 8192 and args.cost_model == "h200/qwen3-8b"
+    defaults = parse([])
+    assert not defaults.balance_by_flops and defaults.max_tokens_per_gpu is None
+    assert defaults.cost_model is None and not defaults.cost_model_allow_other_shape
+
+
+def test_reuses_flags_the_parser_already_has():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--max-tokens-per-gpu", type=int, default=4096)
+    parser.add_argument("--use_dynamic_batch_size", action="store_true")  # underscore spelling
+    group = parser.add_argument_group("theirs")
+    group.add_argument("--balance-data", action="store_true", help="their own help")
+    add_arguments(parser)  # must not raise argparse.ArgumentError
+    add_arguments(parser)  # twice is harmless too
+    args = parser.parse_args(["--use_dynamic_batch_size", "--balance-by-flops"])
+    assert args.max_tokens_per_gpu == 4096  # their default is kept
+    assert args.use_dynamic_batch_size and args.balance_by_flops
+    helps = [a.help for a in parser._actions if "--balance-data" in a.option_strings]
+    assert helps == ["their own help"]
+
+
+def test_reuses_a_destination_under_another_option_string():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--token-cap", dest="max_tokens_per_gpu", type=int, default=123)
+    args = parse([], parser)
+    assert args.max_tokens_per_gpu == 123
+    assert "--max-tokens-per-gpu" not in parser._option_string_actions
+
+
+@pytest.mark.parametrize(
+    ("argv", "needle"),
+    [
+        (["--balance-by-flops"], "--use-dynamic-batch-size"),
+        (["--balance-by-flops", "--max-tokens-per-gpu", "100"], "--use-dynamic-batch-size"),
+        (["--use-dynamic-batch-size", "--balance-by-flops"], "--max-tokens-per-gpu"),
+        (["--use-dynamic-batch-size", "--max-tokens-per-gpu", "0"], "positive"),
+        (["--use-dynamic-batch-size", "--max-tokens-per-gpu", "64", "--cost-model", "x.json"],
+         "add --balance-by-flops"),
+    ],
+)
+def test_validate_rejects_with_what_to_change(argv, needle):
+    with pytest.raises(ValueError, match=needle.replace("-", r"\-")):
+        validate_args(parse(argv), spec=SPEC)
+
+
+FLOPS_ARGV = ["--use-dynamic-batch-size", "--max-tokens-per-gpu", "4096", "--balance-by-flops"]
+
+
+def test_cost_model_of_another_shape_is_an_error_unless_opted_in(cost_model_file):
+    args = parse([*FLOPS_ARGV, "--cost-model", cost_model_file])
+    with pytest.raises(ValueError, match="--cost-model-allow-other-shape") as err:
+        validate_args(args, spec=OTHER)
+    assert cost_model_file in str(err.value)
+    args = parse([*FLOPS_ARGV, "--cost-model", cost_model_file, "--cost-model-allow-other-shape"])
+    model = validate_args(args, spec=OTHER)
+    assert model.spec.fingerprint() == SPEC.fingerprint()
+
+
+def test_missing_cost_model_file(tmp_path):
+    args = parse([*FLOPS_ARGV, "--cost-model", str(tmp_path / "nope.json")])
+    with pytest.raises((FileNotFoundError, ValueError), match="nope.json"):
+        validate_args(args, spec=SPEC)
+
+
+def test_cost_model_needs_a_shape_to_check(cost_model_file):
+    args = parse([*FLOPS_ARGV, "--cost-model", cost_model_file])
+    with pytest.raises(ValueError, match="spec="):
+        validate_args(args)
+
+
+def test_scheduler_kwargs_per_policy(cost_model_file):
+    tokens = scheduler_from_args(parse(["--use-dynamic-batch-size", "--max-tokens-per-gpu", "4096"]), SPEC)
+    assert tokens["cost"] == "tokens" and tokens["max_tokens_per_microbatch"] == 4096
+    flops = scheduler_from_args(parse(FLOPS_ARGV), SPEC, dp_size=4)
+    assert flops["cost"] == "flops" and flops["spec"] is SPEC and flops["dp_size"] == 4
+    args = parse([*FLOPS_ARGV, "--cost-model", cost_model_file])
+    model = validate_args(args, spec=SPEC)
+    calibrated = scheduler_from_args(args, SPEC)
+    assert calibrated["cost"] is model  # loaded once, by validate_args
+    assert callable(calibrated["cost"].sample_cost)
+
+
+def test_scheduler_kwargs_feed_build_schedule(cost_model_file):
+    from costmodel.scheduler import build_schedule
+
+    lengths = [900, 3000, 120, 4000, 2500, 64, 700, 1800]
+    for argv in (FLOPS_ARGV[:3], FLOPS_ARGV, [*FLOPS_ARGV, "--cost-model", cost_model_file]):
+        kwargs = scheduler_from_args(parse(argv), SPEC)
+        schedule = build_schedule(lengths, dp_size=2, **kwargs)
+        seen = sorted(i for rank in schedule.microbatches for mb in rank for i in mb)
+        assert seen == list(range(len(lengths)))
+
+
+def test_context_parallel_multiplies_the_cap():
+    args = parse(["--use-dynamic-batch-size", "--max-tokens-per-gpu", "1000"])
+    args.context_parallel_size = 4
+    assert scheduler_from_args(args, SPEC)["max_tokens_per_microbatch"] == 4000
+
+
+def test_no_cap_for_the_scheduler():
+    with pytest.raises(ValueError, match="--max-tokens-per-gpu"):
+        scheduler_from_args(parse([]), SPEC)
+
+
+def test_warns_when_the_cost_model_is_from_another_gpu(cost_model_file, monkeypatch, caplog):
+    args = parse([*FLOPS_ARGV, "--cost-model", cost_model_file])
+    monkeypatch.setattr(cm_args, "_current_gpu_name", lambda: "NVIDIA H100 80GB HBM3")
+    with caplog.at_level(logging.WARNING, logger="costmodel.integrations.args"):
+        validate_args(args, spec=SPEC)
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1
+    assert "NVIDIA H200" in warnings[0] and "NVIDIA H100 80GB HBM3" in warnings[0]
+
+
+@pytest.mark.parametrize("device", ["NVIDIA H200", None])
+def test_no_warning_on_the_same_gpu_or_without_one(cost_model_file, monkeypatch, caplog, device):
+    args = parse([*FLOPS_ARGV, "--cost-model", cost_model_file])
+    monkeypatch.setattr(cm_args, "_current_gpu_name", lambda: device)
+    with caplog.at_level(logging.INFO, logger="costmodel.integrations.args"):
+        validate_args(args, spec=SPEC)
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert any("estimate" in r.getMessage() for r in caplog.records)  # labelled as such
+
+
+def test_gpu_names_compare_through_the_registry():
+    assert cm_args._same_gpu("h200", "NVIDIA H200")
+    assert cm_args._same_gpu("NVIDIA H100 80GB HBM3", "h100")
+    assert not cm_args._same_gpu("h200", "NVIDIA H100 80GB HBM3")
+    assert cm_args._same_gpu("Made-Up GPU 9", "made up gpu 9")  # unknown: by name
+
+
+def test_no_torch_needed_to_import():
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; sys.modules['torch'] = None\n"
+        "import argparse\n"
+        "from costmodel.integrations.args import add_arguments, validate_args, scheduler_from_args\n"
+        "a = add_arguments(argparse.ArgumentParser()).parse_args(['--use-dynamic-batch-size', "
+        "'--max-tokens-per-gpu', '10'])\n"
+        "validate_args(a)\n"
+        "import costmodel.training, costmodel.training.config, costmodel.training.bench\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr

@@ -1,0 +1,175 @@
+"""`costmodel bench-schedule` end to end on CPU, with an injected micro-batch measurer."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from costmodel.cli import build_parser, main
+from costmodel.commands import bench_schedule
+from costmodel.gpus import estimate_cost_model
+from costmodel.spec import ModelSpec
+from costmodel.training import bench
+
+SPEC = ModelSpec.from_preset("qwen3-8b")
+TRUTH = estimate_cost_model(SPEC, "h200")
+
+
+def fake_measure(lengths) -> float:
+    """A stand-in GPU: the registry estimate of one layer, 3% slower than predicted."""
+    return 1.03 * TRUTH.stack_cost(list(lengths), num_layers=1, head=False)
+
+
+def _run(argv: list[str], measure=fake_measure) -> int:
+    args = build_parser().parse_args(["bench-schedule", *argv])
+    return bench_schedule.run(args, measure=measure)
+
+
+ALL = ",".join(bench.POLICIES)
+SMALL = ["--samples-per-rank", "8", "--dp", "4,8", "--cost-model", "h200/qwen3-8b", "--repeats", "1"]
+
+
+def test_whole_command_with_a_fake_measurer(tmp_path, capsys):
+    out = tmp_path / "bench.json"
+    assert _run([*SMALL, "--policies", ALL, "-o", str(out), "--per-rank"]) == 0
+    text = capsys.readouterr().out
+    assert "speed-up" in text and "calibrated" in text and "baseline" in text
+    doc = json.loads(out.read_text())
+    assert doc["schema"] == "costmodel-bench-schedule/1"
+    assert doc["provenance"]["date"] and doc["provenance"]["command"].startswith("costmodel")
+    assert doc["cost_model"]["is_estimate"] is True
+    assert doc["device"]["measurer"].endswith("(injected)")
+    runs = {(r["dp_size"], r["policy"]): r for r in doc["runs"]}
+    assert set(runs) == {(dp, p) for dp in (4, 8) for p in bench.POLICIES}
+    for (dp, _policy), r in runs.items():
+        assert len(r["measured_rank_ms"]) == dp
+        assert r["measured_makespan_ms"] == pytest.approx(max(r["measured_rank_ms"]))
+        assert r["measured_max_over_mean"] >= 1.0
+        # The fake GPU is the cost model x 1.03: every per-rank prediction is 3% low.
+        assert np.allclose(r["rank_error_pct"], 100 * (1 / 1.03 - 1))
+        lengths = [n for rank in r["microbatch_lengths"] for mb in rank for n in mb]
+        assert len(lengths) == doc["batches"][str(dp)]["samples"]
+    for dp in (4, 8):
+        assert runs[(dp, "tokens")]["speedup_over_tokens"] == pytest.approx(1.0)
+        # Balancing the measurer's own shape beats balancing tokens.
+        assert (
+            runs[(dp, "calibrated")]["measured_makespan_ms"]
+            <= runs[(dp, "tokens")]["measured_makespan_ms"] * 1.0001
+        )
+    assert {t["dp_size"] for t in doc["targets"]} == {4, 8}
+
+
+def test_each_distinct_microbatch_is_measured_once_per_round():
+    calls: list[tuple[int, ...]] = []
+
+    def counting(lengths):
+        calls.append(tuple(lengths))
+        return float(sum(lengths))
+
+    keys = [(1, 2), (2, 1), (5,), (5,), (3, 3)]
+    times = bench.measure_microbatches([bench._key(k) for k in keys], counting, repeats=3, warmup=0)
+    assert len(calls) == 3 * 3 and times[(1, 2)] == 3.0 and times[(5,)] == 5.0
+
+
+class FakeTimer:
+    """Also times whole ranks, like `LayerTimer.measure_rank` (back to back: 1% faster)."""
+
+    def __init__(self):
+        self.ranks = 0
+
+    def __call__(self, lengths):
+        return fake_measure(lengths)
+
+    def measure_rank(self, microbatches):
+        self.ranks += 1
+        return 0.99 * sum(fake_measure(mb) for mb in microbatches)
+
+
+def test_slowest_rank_is_also_timed_end_to_end(tmp_path, capsys):
+    timer = FakeTimer()
+    out = tmp_path / "b.json"
+    assert _run([*SMALL, "--policies", "tokens,calibrated", "-o", str(out)], measure=timer) == 0
+    assert timer.ranks == 2 * 2  # (dp 4, dp 8) x 2 policies, 1 round
+    assert "end to end / sum of its micro-batches: 0.990" in capsys.readouterr().out
+    for r in json.loads(out.read_text())["runs"]:
+        assert r["slowest_rank_direct_ms"] == pytest.approx(0.99 * r["measured_makespan_ms"])
+
+
+def test_lengths_file_and_fixed_batch(tmp_path, capsys):
+    lengths = tmp_path / "lengths.txt"
+    lengths.write_text("\n".join(str(n) for n in np.random.default_rng(1).integers(100, 9000, 40)))
+    out = tmp_path / "b.json"
+    assert _run(["--lengths", str(lengths), "--dp", "2,4", "--policies", "tokens,flops",
+                 "--repeats", "1", "-o", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    assert doc["batches"]["2"]["samples"] == doc["batches"]["4"]["samples"] == 40
+
+
+@pytest.mark.parametrize(
+    ("argv", "needle"),
+    [
+        (["--policies", "tokens,magic"], "magic"),
+        (["--dp", "8,x"], "--dp"),
+        (["--cap", "0"], "--cap"),
+        (["--samples", "4", "--dp", "8", "--policies", "tokens"], "larger than the 4 samples"),
+        (["--lengths", "no-such-file.txt"], "neither a built-in distribution"),
+    ],
+)
+def test_bad_input_is_one_line(argv, needle, capsys, monkeypatch):
+    # `main` has no measurer to inject: route the CLI's `run` through the fake one.
+    real = bench_schedule.run
+    monkeypatch.setattr(bench_schedule, "run", lambda args: real(args, measure=fake_measure))
+    assert main(["bench-schedule", *argv]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and needle in err, err
+
+
+def test_junk_lengths_file(tmp_path, capsys):
+    junk = tmp_path / "lengths.txt"
+    junk.write_text("100\n200\nlots\n")
+    args = build_parser().parse_args(["bench-schedule", "--lengths", str(junk), "--dp", "2"])
+    with pytest.raises(ValueError, match="line 3"):
+        bench_schedule.run(args, measure=fake_measure)
+
+
+def test_other_shape_cost_model_is_refused(tmp_path):
+    other = tmp_path / "cm.json"
+    estimate_cost_model(ModelSpec.from_preset("qwen3-0.6b"), "h200").save(other)
+    with pytest.raises(ValueError, match="shape"):
+        _run([*SMALL, "--cost-model", str(other)])
+
+
+def test_needs_a_gpu_without_a_fake_measurer(capsys):
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present: the real timer would run")
+    assert main(["bench-schedule", "--dp", "2", "--samples-per-rank", "2", "--policies", "tokens"]) == 2
+    err = capsys.readouterr().err
+    assert "GPU" in err and len(err.strip().splitlines()) == 1
+
+
+def test_real_layer_timer_path_on_cpu(tmp_path):
+    """The GPU timer's code path (packed inputs, one real layer, fwd+bwd) on a tiny shape."""
+    pytest.importorskip("torch")
+    tiny = ModelSpec(name="tiny", num_layers=2, hidden_size=32, num_heads=2, num_kv_heads=1,
+                     head_dim=16, intermediate_size=64, vocab_size=64, dtype="fp32")
+    timer = bench.LayerTimer(tiny, attention="sdpa", dtype="fp32", device="cpu")
+    assert timer([40, 7]) > 0 and timer.measure_rank([[40, 7], [12]]) > 0
+    runs = bench.run_benchmark(
+        np.array([40, 7, 90, 12, 33, 64, 5, 20]), spec=tiny, cap=128, dp_sizes=[2],
+        measure=timer, policies=["tokens", "flops"], repeats=1, warmup=0,
+    )
+    assert [r.policy for r in runs] == ["tokens", "flops"]
+    assert all(r.slowest_rank_direct_ms > 0 and len(r.measured_ms) == 2 for r in runs)
+
+
+@pytest.mark.gpu
+def test_layer_timer_on_the_gpu():
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    timer = bench.LayerTimer(ModelSpec.from_preset("qwen3-0.6b"))
+    small, large = timer([256] * 2), timer([4096] * 4)
+    assert 0 < small < large
