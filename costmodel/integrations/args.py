@@ -193,10 +193,12 @@ def validate_args(args: argparse.Namespace, spec=None):
         model = load_cost_model(cost_model_arg, spec=spec, allow_other_shape=allow_other)
     except ValueError as err:
         message = str(err)
-        if not allow_other and "shape" in message.lower():
-            message += (
-                f" (calibrate one for {spec.name} with `costmodel calibrate --model ...`, or "
-                "pass --cost-model-allow-other-shape to use it anyway)"
+        if not allow_other and "allow_other_shape=True" in message:
+            # Say it in the training script's terms: a flag, not a keyword argument.
+            message = message.replace(
+                "pass allow_other_shape=True to use it anyway",
+                f"calibrate one for {spec.name} with `costmodel calibrate --model ...`, or "
+                "pass --cost-model-allow-other-shape to use it anyway",
             )
         raise ValueError(f"--cost-model {cost_model_arg}: {message}") from None
     except FileNotFoundError as err:
