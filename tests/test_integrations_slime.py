@@ -210,3 +210,45 @@ def test_errors():
             global_batch_size=8,
             rollout_indices=list(range(8)),
         )
+
+
+def test_errors_name_the_step_and_bad_lengths():
+    # Step 1 has 3 samples for 4 ranks (slime asserts; here a ValueError naming the step).
+    lengths = [100] * 8 + [100] * 3
+    rollouts = [0] * 8 + [1] * 3
+    for flags in (dict(), dict(balance_data=True)):
+        with pytest.raises(ValueError, match=r"step 1 \(3 samples\)"):
+            build_dp_schedule(
+                make_args(**flags),
+                config(dp=4),
+                lengths,
+                global_batch_size=1,
+                rollout_indices=rollouts,
+            )
+    # The unbalanced (first-fit) path checked no lengths at all.
+    with pytest.raises(ValueError, match="total_lengths must be positive"):
+        build_dp_schedule(
+            make_args(),
+            config(dp=2),
+            [10, 0, 5, 7],
+            global_batch_size=4,
+            rollout_indices=list(range(4)),
+        )
+
+
+def test_packing_safety_margin_and_unsupported_flags():
+    lengths = [400] * 16
+    args = make_args(max_tokens_per_gpu=1000, packing_safety_margin=0.5, balance_data=True)
+    res = build_dp_schedule(
+        args, config(dp=2), lengths, global_batch_size=16, rollout_indices=list(range(16))
+    )
+    check(res, lengths, list(range(16)), 16, config(dp=2), cap=500)
+    for flag, value in (("global_batch_tokens", 4096), ("multimodal_aware_packing", "separate")):
+        with pytest.raises(ValueError, match=f"{flag}=.* is not supported"):
+            build_dp_schedule(
+                make_args(**{flag: value}),
+                config(dp=2),
+                lengths,
+                global_batch_size=16,
+                rollout_indices=list(range(16)),
+            )

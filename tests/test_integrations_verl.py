@@ -63,3 +63,9 @@ def test_rearrange_over_dp_ranks():
 def test_rearrange_rejects_a_sequence_over_the_cap():
     with pytest.raises(ValueError, match="over the cap"):
         rearrange_micro_batches([100, 5000, 200], 1000)
+
+
+def test_balanced_partitions_with_zero_lengths_are_never_empty():
+    # verl's contract (every partition non-empty) held only for positive lengths.
+    parts = get_seqlen_balanced_partitions([0, 0, 0, 0, 5], 4, equal_size=False)
+    assert all(parts) and sorted(i for p in parts for i in p) == [0, 1, 2, 3, 4]

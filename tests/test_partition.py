@@ -130,3 +130,11 @@ def test_deterministic_under_ties():
 def test_kk_bad_input(weights, k, equal_size, match):
     with pytest.raises(ValueError, match=match):
         karmarkar_karp(weights, k, equal_size)
+
+
+@pytest.mark.parametrize("weights, k", [([0, 0, 0], 3), ([5, 0, 0], 3), ([0] * 10, 4)])
+def test_kk_zero_weights_leave_no_set_empty(weights, k):
+    # Ties on the sum were broken by position alone, which paired empty sets with empty
+    # sets: [0, 0, 0] into 3 came back as {0, 1, 2}, {}, {}.
+    parts = karmarkar_karp(weights, k)
+    assert all(parts) and sorted(i for p in parts for i in p) == list(range(len(weights)))

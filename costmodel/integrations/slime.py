@@ -18,21 +18,31 @@ Same arguments, same return value, same invariants as slime's:
   number of rollouts.
 
 What it honours on ``args``: ``use_dynamic_batch_size`` with ``max_tokens_per_gpu``
-(× ``cp_size``), or ``micro_batch_size`` for fixed-size micro-batches; ``balance_data``,
-``balance_by_flops``; and a new ``cost_model`` (a calibrated file or a shipped name such as
-``h200/qwen3-8b``; absent or None for none). Model shape for FLOPs comes from the
-Megatron-style fields on ``args`` (`ModelSpec.from_megatron_args`).
+(× ``cp_size``, × ``packing_safety_margin`` when set, as slime does), or ``micro_batch_size``
+for fixed-size micro-batches; ``balance_data``, ``balance_by_flops``; and a new
+``cost_model`` (a calibrated file or a shipped name such as ``h200/qwen3-8b``; absent or
+None for none). Model shape for FLOPs comes from the Megatron-style fields on ``args``
+(`ModelSpec.from_megatron_args`).
 
 Differences from slime, all on purpose:
 
-- with dynamic batch size and any balancing flag, `costmodel.scheduler.build_schedule`
-  packs and distributes: by the cost model if ``cost_model`` is set, else by exact
-  analytic FLOPs. slime's ``balance_by_flops`` splits samples into micro-batches by FLOPs
-  and can break the token cap; here the cap always holds (a single sample longer than it
-  sits alone, as in slime);
-- without balancing, the micro-batches are slime's (first fit by tokens, the largest split
-  until the count aligns, strided over ranks);
-- impossible inputs raise ValueError saying what to change, instead of AssertionError.
+- with dynamic batch size and any balancing flag (``balance_data``, ``balance_by_flops``
+  or ``cost_model``), `costmodel.scheduler.build_schedule` packs and distributes: by the
+  cost model if ``cost_model`` is set, else by exact analytic FLOPs. slime packs first fit
+  and then balances whole micro-batches over ranks only with ``balance_data``; its
+  ``balance_by_flops`` splits samples into micro-batches by FLOPs and can break the token
+  cap, and without ``balance_data`` it deals those micro-batches out strided. Here the cap
+  always holds (a single sample longer than it sits alone, as in slime) and the ranks are
+  always balanced;
+- with fixed-size micro-batches, ``balance_by_flops`` (or ``cost_model``) alone also
+  balances the ranks (slime ignores ``balance_by_flops`` there);
+- without any flag, the micro-batches are slime's (first fit by tokens, the largest split
+  until the count aligns, strided over ranks); sample indices inside a micro-batch are
+  ascending (slime keeps a split micro-batch's samples longest first: same samples);
+- ``global_batch_tokens`` (token-budget steps) and multimodal-aware packing are not
+  supported: setting them is a ValueError rather than a silently different schedule;
+- impossible inputs raise ValueError naming the step and what to change, instead of
+  AssertionError.
 """
 
 from __future__ import annotations
@@ -43,6 +53,7 @@ from typing import Any
 
 import numpy as np
 
+from costmodel.flops import as_lengths
 from costmodel.scheduler import build_schedule, karmarkar_karp
 from costmodel.scheduler.baselines import expand_bins_by_splitting, first_fit_pack
 from costmodel.scheduler.costs import as_cost
@@ -121,11 +132,17 @@ def build_dp_schedule(
         raise ValueError(f"dp_size must be >= 1, got {dp}")
     if isinstance(global_batch_size, bool) or int(global_batch_size) < 1:
         raise ValueError(f"global_batch_size must be >= 1, got {global_batch_size!r}")
-    lengths = np.asarray(total_lengths)
+    lengths = as_lengths(total_lengths, "total_lengths")
     if len(rollout_indices) != lengths.size:
         raise ValueError(
             f"rollout_indices has {len(rollout_indices)} entries for {lengths.size} samples"
         )
+    for unsupported in ("global_batch_tokens", "multimodal_aware_packing"):
+        if getattr(args, unsupported, None) not in (None, "off"):
+            raise ValueError(
+                f"{unsupported}={getattr(args, unsupported)!r} is not supported by the costmodel "
+                f"drop-in; unset it or use slime's own build_dp_schedule"
+            )
     dynamic = bool(getattr(args, "use_dynamic_batch_size", False))
     cost, spec, balance = _resolve_cost(args)
     cap = None
@@ -133,7 +150,8 @@ def build_dp_schedule(
         per_gpu = getattr(args, "max_tokens_per_gpu", None)
         if per_gpu is None or int(per_gpu) < 1:
             raise ValueError("use_dynamic_batch_size needs max_tokens_per_gpu >= 1")
-        cap = int(per_gpu) * cp
+        margin = getattr(args, "packing_safety_margin", None)
+        cap = max(1, int(int(per_gpu) * cp * (1.0 if margin is None else float(margin))))
     else:
         mbs = getattr(args, "micro_batch_size", None)
         if mbs is None or int(mbs) < 1:
@@ -145,22 +163,24 @@ def build_dp_schedule(
     global_batch_sizes: list[int] = []
     for step, samples in enumerate(_steps(rollout_indices, int(global_batch_size))):
         step_lengths = lengths[samples]
-        if dynamic and balance:
-            s = build_schedule(
-                step_lengths,
-                dp_size=dp,
-                max_tokens_per_microbatch=cap,
-                cost=cost,
-                spec=spec,
-                align=align,
-            )
-            per_rank = s.microbatches
-        elif dynamic:
-            per_rank = _first_fit_strided(step_lengths, dp, align, cap, step)
-        else:
-            per_rank = _static(
-                step_lengths, dp, align, int(args.micro_batch_size), cost, spec, balance, step
-            )
+        try:
+            if dynamic and balance:
+                per_rank = build_schedule(
+                    step_lengths,
+                    dp_size=dp,
+                    max_tokens_per_microbatch=cap,
+                    cost=cost,
+                    spec=spec,
+                    align=align,
+                ).microbatches
+            elif dynamic:
+                per_rank = _first_fit_strided(step_lengths, dp, align, cap)
+            else:
+                per_rank = _static(
+                    step_lengths, dp, align, int(args.micro_batch_size), cost, spec, balance
+                )
+        except ValueError as err:
+            raise ValueError(f"step {step} ({len(samples)} samples): {err}") from err
         num_microbatches.append(len(per_rank[0]))
         global_batch_sizes.append(int(global_batch_size))
         for r in range(dp):
@@ -171,9 +191,7 @@ def build_dp_schedule(
     return partitions, micro_batch_indices, num_microbatches, global_batch_sizes
 
 
-def _first_fit_strided(
-    lengths: np.ndarray, dp: int, align: int, cap: int, step: int
-) -> list[list[list[int]]]:
+def _first_fit_strided(lengths: np.ndarray, dp: int, align: int, cap: int) -> list[list[list[int]]]:
     """slime without balancing: first fit, split the largest until aligned, strided."""
     lens = lengths.tolist()
     bins = first_fit_pack(lens, cap)
@@ -182,7 +200,7 @@ def _first_fit_strided(
     expand_bins_by_splitting(bins, target, lens)
     if len(bins) != target:
         raise ValueError(
-            f"step {step}: {len(lens)} samples cannot make {target} micro-batches "
+            f"{len(lens)} samples cannot make {target} micro-batches "
             f"(dp_size × micro-batch group = {align_to}); bring more samples per step or "
             f"lower dp_size"
         )
@@ -197,7 +215,6 @@ def _static(
     cost: Any,
     spec: Any,
     balance: bool,
-    step: int,
 ) -> list[list[list[int]]]:
     """Fixed-size micro-batches of consecutive samples; balanced by cost or strided."""
     n = lengths.size
@@ -205,7 +222,7 @@ def _static(
     align_to = dp * align
     if len(bins) % align_to:
         raise ValueError(
-            f"step {step}: {n} samples make {len(bins)} micro-batches of {micro_batch_size}, "
+            f"{n} samples make {len(bins)} micro-batches of {micro_batch_size}, "
             f"not a multiple of dp_size × micro-batch group = {align_to}; make the step's "
             f"sample count a multiple of {align_to * micro_batch_size}"
         )

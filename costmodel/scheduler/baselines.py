@@ -33,7 +33,6 @@ __all__ = [
     "expand_bins_by_splitting",
     "first_fit_pack",
     "first_fit_then_karmarkar_karp",
-    "karmarkar_karp_samples",
 ]
 
 BASELINES = ("first-fit", "kk-samples")
@@ -152,19 +151,5 @@ def first_fit_then_karmarkar_karp(
         max_tokens_per_microbatch=max_tokens_per_microbatch,
         sample_flops=_sample_flops(lengths, spec),
         variant="first-fit",
-        align=align,
-    )
-
-
-def karmarkar_karp_samples(
-    lengths, *, dp_size: int, max_tokens_per_microbatch: int, spec, align: int = 1
-) -> list[list[list[int]]]:
-    """The ``kk-samples`` variant (slime's ``balance_by_flops``), FLOPs of ``spec``."""
-    return baseline_microbatches(
-        lengths,
-        dp_size=dp_size,
-        max_tokens_per_microbatch=max_tokens_per_microbatch,
-        sample_flops=_sample_flops(lengths, spec),
-        variant="kk-samples",
         align=align,
     )

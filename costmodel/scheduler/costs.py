@@ -39,11 +39,10 @@ __all__ = [
     "Cost",
     "ModelCost",
     "as_cost",
-    "segment_ids",
 ]
 
 
-def segment_ids(offsets: np.ndarray) -> np.ndarray:
+def _segment_ids(offsets: np.ndarray) -> np.ndarray:
     """For CSR ``offsets`` of K segments, the segment id of every element."""
     counts = np.diff(offsets)
     return np.repeat(np.arange(counts.size, dtype=np.int64), counts)
@@ -55,7 +54,7 @@ def _segment_sums(values: np.ndarray, offsets: np.ndarray) -> np.ndarray:
     k = offsets.size - 1
     if values.size == 0:
         return np.zeros(k, dtype=np.float64)
-    return np.bincount(segment_ids(offsets), weights=values, minlength=k)
+    return np.bincount(_segment_ids(offsets), weights=values, minlength=k)
 
 
 class Cost:
@@ -220,7 +219,7 @@ class CallableCost(Cost):
         for k in range(out.size):
             try:
                 out[k] = float(self.fn(lengths[offsets[k] : offsets[k + 1]]))
-            except (TypeError, ValueError) as err:
+            except (TypeError, ValueError, ArithmeticError) as err:
                 raise ValueError(f"cost {self.name!r} failed on a micro-batch: {err}") from err
         return out
 

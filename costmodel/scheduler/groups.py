@@ -10,7 +10,8 @@ Distribute, then pack:
    samples on every rank (no micro-batch may be empty).
 3. Each rank's samples are packed into exactly ``m`` micro-batches by `pack.pack_tokens`.
 
-If a rank cannot be packed, the caller retries with more micro-batches per rank.
+When a rank cannot get ``m`` samples, the caller retries with fewer micro-batches per rank;
+when a rank cannot be packed, with more.
 """
 
 from __future__ import annotations
@@ -61,6 +62,26 @@ def _greedy(uq: np.ndarray, ut: np.ndarray, dp: int, budget: int) -> np.ndarray:
         heapq.heappush(heap, (load + uq_l[u], r))
         for item in skipped:
             heapq.heappush(heap, item)
+    return rank_of_unit
+
+
+def _greedy_by_count(uc: np.ndarray, ut: np.ndarray, dp: int, budget: int) -> np.ndarray:
+    """Largest group first, to the rank with the fewest samples that has token room.
+
+    The fallback when the cost-first greedy leaves a rank short of samples: with few
+    samples per rank (m close to n / dp), counts, not costs, decide what is feasible.
+    """
+    order = np.lexsort((np.arange(uc.size), -ut, -uc)).tolist()
+    rank_of_unit = np.empty(uc.size, dtype=np.int64)
+    tokens = [0] * dp
+    counts = [0] * dp
+    uc_l, ut_l = uc.tolist(), ut.tolist()
+    for u in order:
+        fits = [r for r in range(dp) if tokens[r] + ut_l[u] <= budget] or range(dp)
+        r = min(fits, key=lambda x: (counts[x], tokens[x], x))
+        rank_of_unit[u] = r
+        tokens[r] += ut_l[u]
+        counts[r] += uc_l[u]
     return rank_of_unit
 
 
@@ -181,10 +202,11 @@ def place_groups(
     short: int,
     rel_tol: float = 5e-5,
     max_sweeps: int = 64,
-) -> tuple[np.ndarray, np.ndarray] | None:
-    """Ranks and micro-batches (ids ``rank * m + slot``) for grouped samples, or None when
-    some rank cannot be packed into ``m`` micro-batches. ``short``: room to leave per
-    micro-batch for the shortest samples (see `schedule._start_m`)."""
+) -> tuple[np.ndarray, np.ndarray] | str:
+    """Ranks and micro-batches (ids ``rank * m + slot``) for grouped samples, or why not:
+    "samples" when some rank cannot get ``m`` samples, "tokens" when some rank's samples do
+    not pack into ``m`` micro-batches. ``short``: room to leave per micro-batch for the
+    shortest samples (see `schedule._start_m`)."""
     members, starts = _units(groups)
     seg = starts[:-1]
     # An oversized sample takes a whole micro-batch: count it as cap tokens of budget.
@@ -192,10 +214,12 @@ def place_groups(
     uq = np.add.reduceat(q[members], seg)
     ut = np.add.reduceat(eff[members], seg)
     uc = np.diff(starts)
-    budget = m * max(cap - short, 1)
+    budget = m * (cap - short + 1)
     rank_of_unit = _greedy(uq, ut, dp, budget)
     if not _fix_counts(rank_of_unit, uq, uc, dp, m):
-        return None
+        rank_of_unit = _greedy_by_count(uc, ut, dp, budget)
+        if not _fix_counts(rank_of_unit, uq, uc, dp, m):
+            return "samples"
     total = int(uq.sum())
     tol = rel_tol * total / dp
     for sweep in range(max_sweeps):
@@ -210,6 +234,6 @@ def place_groups(
         idx = by_rank[bounds[r] : bounds[r + 1]]
         bins, _ = pack_tokens(lens[idx], m, cap)
         if bins is None:
-            return None
+            return "tokens"
         bin_of[idx] = r * m + bins
     return rank_of, bin_of

@@ -154,7 +154,9 @@ def _kk_labels(w: np.ndarray, k: int, equal_size: bool) -> np.ndarray:
             right[next_node - n : next_node - n + c] = nb[both]
             new_nodes[both] = ids
             next_node += c
-        perm = np.argsort(-merged, kind="stable")
+        # Heaviest first; among equal sums, non-empty sets before empty ones, so zero
+        # weights still fill every set (verl breaks such ties by item count the same way).
+        perm = np.lexsort((new_nodes < 0, -merged))
         merged = merged[perm]
         new_nodes = new_nodes[perm]
         sums[counter] = merged

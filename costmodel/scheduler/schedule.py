@@ -17,7 +17,10 @@ How (each step justified by ``benchmarks/bench_scheduler.py``):
    give each rank ``m`` of them balancing their true costs, then (`refine`) move and swap
    single samples between paired ranks, judged by the true cost of the micro-batches they
    change. With groups (`groups`): balance whole groups over ranks (marginal costs, within
-   a token budget per rank), then pack each rank.
+   a token budget per rank), then pack each rank. Here ``m`` can also be too large (a rank
+   with few samples cannot fill ``m`` micro-batches), so failures move it either way.
+   Feasibility with groups is bin packing under a sample-count constraint (NP-hard): on
+   tiny, tight inputs the search may report failure where a placement exists.
 3. Run order inside each rank (`order`).
 
 Costs are quantised to integers (a power-of-two scale, so the rounding is exact
@@ -44,7 +47,7 @@ from costmodel.scheduler.order import ORDERS, run_order
 from costmodel.scheduler.pack import assign_bins, pack_tokens
 from costmodel.scheduler.refine import BinState, local_search
 
-__all__ = ["Schedule", "build_schedule", "evaluate_schedule", "lower_bound", "validate_lengths"]
+__all__ = ["Schedule", "build_schedule", "evaluate_schedule", "lower_bound"]
 
 # Quantised marginal costs sum to about 2**44: exact integer sums with room for fixed
 # costs and non-additive micro-batch costs up to 2**53 (float64-exact integers).
@@ -145,11 +148,6 @@ class Schedule:
 # -- input checks ----------------------------------------------------------------------
 
 
-def validate_lengths(lengths: ArrayLike) -> np.ndarray:
-    """Lengths as int64: a 1-D list of positive whole numbers, else ValueError."""
-    return as_lengths(lengths, "lengths")
-
-
 def _positive_int(value: Any, name: str) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
         raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
@@ -168,7 +166,13 @@ def _dense_groups(group_ids: Sequence[Any], n: int) -> np.ndarray:
     seen: dict[Any, int] = {}
     out = np.empty(n, dtype=np.int64)
     for i, g in enumerate(group_ids):
-        out[i] = seen.setdefault(g, len(seen))
+        try:
+            out[i] = seen.setdefault(g, len(seen))
+        except TypeError as err:
+            raise ValueError(
+                f"group_ids[{i}] = {g!r} cannot be a group id ({err}): use hashable ids such "
+                "as integers or strings"
+            ) from err
     return out
 
 
@@ -182,6 +186,58 @@ def _min_bins(lengths: np.ndarray, cap: int) -> int:
     half = int((rest > cap // 2).sum()) if cap > 1 else rest.size
     fluid = -(-int(rest.sum()) // cap)
     return int(over.sum()) + max(fluid, half)
+
+
+def _microbatch_range(
+    lens: np.ndarray, cap: int, dp: int, align: int, min_m: int, groups: np.ndarray | None
+) -> tuple[int, int]:
+    """(fewest, most) micro-batches per rank: at least what the cap needs (and each group
+    on its rank), at most one sample each; ValueError saying what to change if none fit."""
+    n = lens.size
+    m_max = (n // dp) // align * align
+    m_cap = _round_up(-(-_min_bins(lens, cap) // dp), align)
+    m_lb = max(m_cap, _round_up(min_m, align))
+    if m_lb > m_max:
+        if m_lb > m_cap:
+            why = f"min_num_microbatches={min_m} asks for {m_lb}"
+            fix = "lower min_num_microbatches, dp_size or align"
+        else:
+            why = f"the cap of {cap} tokens needs at least {m_lb}"
+            fix = "raise max_tokens_per_microbatch, or lower dp_size or align"
+        raise ValueError(
+            f"cannot make {dp} ranks × m non-empty micro-batches from {n} samples: {why} "
+            f"micro-batches per rank (a multiple of align={align}), but {n} samples fill at "
+            f"most {m_max}; {fix}"
+        )
+    if groups is not None:
+        m_lb = max(m_lb, _group_min_m(lens, groups, cap, align, m_max))
+    return m_lb, m_max
+
+
+def _group_min_m(lens: np.ndarray, groups: np.ndarray, cap: int, align: int, m_max: int) -> int:
+    """The fewest micro-batches per rank the largest group allows (`_min_bins` per group:
+    a group shares one rank, so that rank needs at least that many); ValueError when some
+    group alone needs more than any rank can run."""
+    over = lens > cap
+    fits = np.where(over, 0, lens)
+    half = (fits > cap // 2) if cap > 1 else ~over
+    k = int(groups.max()) + 1
+    need = np.bincount(groups, weights=over, minlength=k).astype(np.int64) + np.maximum(
+        np.bincount(groups, weights=half, minlength=k).astype(np.int64),
+        -(-np.bincount(groups, weights=fits, minlength=k).astype(np.int64) // cap),
+    )
+    g = int(np.argmax(need))
+    m = _round_up(int(need[g]), align)
+    if m > m_max:
+        members = np.flatnonzero(groups == g)
+        raise ValueError(
+            f"the group of sample {int(members[0])} ({members.size} samples, "
+            f"{int(lens[members].sum())} tokens) needs at least {int(need[g])} micro-batches of "
+            f"at most {cap} tokens on its rank, but every rank must run the same number and "
+            f"{lens.size} samples over the ranks allow at most {m_max}: raise "
+            f"max_tokens_per_microbatch, lower dp_size or align, or split the group"
+        )
+    return m
 
 
 def _round_up(x: int, multiple: int) -> int:
@@ -270,7 +326,7 @@ def build_schedule(
     Returns:
         A `Schedule`.
     """
-    lens = validate_lengths(lengths)
+    lens = as_lengths(lengths, "lengths")
     dp = _positive_int(dp_size, "dp_size")
     cap = _positive_int(max_tokens_per_microbatch, "max_tokens_per_microbatch")
     align = _positive_int(align, "align")
@@ -308,15 +364,7 @@ def build_schedule(
             groups = None  # every sample alone: the fast path applies
     cost_obj = as_cost(cost, spec, mode)
 
-    m_lb = max(_round_up(-(-_min_bins(lens, cap) // dp), align), _round_up(min_m, align))
-    m_max = (n // dp) // align * align
-    if m_lb > m_max:
-        raise ValueError(
-            f"cannot make {dp} ranks × {m_lb} non-empty micro-batches of at most {cap} tokens "
-            f"from {n} samples: the cap needs at least {m_lb} micro-batches per rank "
-            f"(a multiple of align={align}) but there are only {n} samples; raise "
-            f"max_tokens_per_microbatch, or lower dp_size or align"
-        )
+    m_lb, m_max = _microbatch_range(lens, cap, dp, align, min_m, groups)
 
     by_length = np.lexsort((np.arange(n), -lens))  # longest first, ties by index
     m_start, short = _start_m(lens[by_length], dp, cap, m_lb, m_max, align)
@@ -331,7 +379,9 @@ def build_schedule(
             lens, by_length, q, dp, m_start, m_max, align, cap, cost_obj, scale
         )
     else:
-        rank_of, bin_of, m = _place_groups(lens, q, groups, dp, m_start, m_max, align, cap, short)
+        rank_of, bin_of, m = _place_groups(
+            lens, q, groups, dp, (m_lb, m_start, m_max), align, cap, short
+        )
         bin_q = None
     state = BinState(lens, q, rank_of, bin_of, dp, m, cap, cost_obj, scale, bin_q)
     greedy_imbalance = _imbalance(state.load)
@@ -375,7 +425,10 @@ def _start_m(
         short = int(desc[min(n - 1, n - max(1, k_open // 8))])
         if short >= cap:
             break
-        need = -(-(-(-tokens // (cap - short)) + n_over) // dp)
+        # Fills are whole tokens: a level fill averaging under cap − short + 1 leaves the
+        # emptiest micro-batch at most cap − short full, room for `short`. ("cap − short"
+        # alone asked for twice the micro-batches needed with cap 2 and 1-token samples.)
+        need = -(-(-(-tokens // (cap - short + 1)) + n_over) // dp)
         m = max(m_lb, min(_round_up(need, align), m_max))
     return m, min(short, cap - 1)
 
@@ -441,32 +494,46 @@ def _place_groups(
     q: np.ndarray,
     groups: np.ndarray,
     dp: int,
-    m_start: int,
-    m_max: int,
+    m_range: tuple[int, int, int],
     align: int,
     cap: int,
     short: int,
 ) -> tuple[np.ndarray, np.ndarray, int]:
+    """Place whole groups for the fewest micro-batches per rank that work.
+
+    ``m_range``: (lowest possible, where to start, highest possible). A failure says which
+    way to go: a rank with too few samples for ``m`` micro-batches asks for fewer, a rank
+    whose samples do not pack asks for more. Each try narrows the range, so the search ends.
+    """
+    lo, m, hi = m_range
     # Whole groups balance less finely than samples, and balancing cost moves tokens
     # around: leave each rank room for 1% more tokens plus half a group.
     n_groups = int(groups.max()) + 1
     tokens = int(np.minimum(lens, cap).sum())
     need = tokens * 1.01 + dp * tokens / (2 * n_groups)
-    m = max(m_start, min(_round_up(math.ceil(need / (dp * (cap - short))), align), m_max))
+    m = max(m, min(_round_up(math.ceil(need / (dp * (cap - short + 1))), align), hi))
     tried: list[int] = []
+    shrunk = False
     while True:
         tried.append(m)
         placed = place_groups(lens, q, groups, dp, m, cap, short)
-        if placed is not None:
+        if not isinstance(placed, str):
             return placed[0], placed[1], m
-        if m >= m_max:
+        if placed == "samples":
+            hi, shrunk = m - align, True
+        else:
+            lo = m + align
+        if lo > hi:
             raise ValueError(
-                f"could not pack {lens.size} samples in {int(groups.max()) + 1} groups into "
-                f"{dp} ranks × m micro-batches of at most {cap} tokens (tried m = {tried}); a "
-                f"group stays on one rank and every rank needs m samples: raise "
-                f"max_tokens_per_microbatch, lower dp_size or align, or use smaller groups"
+                f"could not pack {lens.size} samples in {n_groups} groups into {dp} ranks × m "
+                f"micro-batches of at most {cap} tokens (tried m = {tried}); a group stays on "
+                f"one rank and every rank needs m samples: raise max_tokens_per_microbatch, "
+                f"lower dp_size or align, or use smaller groups"
             )
-        m = min(_next_m(m, 0, dp, align, cap), m_max)
+        if placed == "samples" or shrunk:
+            m = lo + (hi - lo) // (2 * align) * align  # bisect what is left
+        else:
+            m = min(_next_m(m, 0, dp, align, cap), hi)
 
 
 def _imbalance(load: np.ndarray) -> float:
@@ -539,7 +606,7 @@ def evaluate_schedule(
     micro-batches and micro-batches may break the cap (`Schedule.cap_violations` counts
     those).
     """
-    lens = validate_lengths(lengths)
+    lens = as_lengths(lengths, "lengths")
     cap = _positive_int(max_tokens_per_microbatch, "max_tokens_per_microbatch")
     cost_obj = as_cost(cost, spec, mode)
     flat = [np.asarray(sorted(mb), dtype=np.int64) for rank in microbatches for mb in rank]

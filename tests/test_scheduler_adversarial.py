@@ -1,0 +1,99 @@
+"""build_schedule on inputs found to break it once: each test is a regression for a bug
+that an adversarial search turned up (the input that triggered it is the test's input)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from test_scheduler import check_schedule
+
+from costmodel.scheduler import build_schedule, generate_lengths
+
+
+@pytest.mark.parametrize(
+    "lengths, group_ids, dp, align, m",
+    [
+        # The search started at m = 4 = n / dp and only ever grew m; the rank holding the
+        # 2-sample group cannot run 4 micro-batches, but m = 2 works.
+        ([85, 99, 8, 10, 99, 35, 25, 9], [0, 0, 1, 1, 1, 2, 2, 2], 2, 2, 2),
+        # Every rank needs exactly n / dp samples: the cost-first greedy left one short;
+        # the count-first fallback finds {0,1}, {2}, {3,4}.
+        (
+            [1, 1, 91, 74, 98, 9, 18, 99, 98, 1, 1, 92],
+            [0, 0, 0, 1, 2, 2, 2, 2, 3, 3, 4, 4],
+            3,
+            2,
+            4,
+        ),
+    ],
+)
+def test_groups_search_micro_batch_counts_both_ways(lengths, group_ids, dp, align, m):
+    s = build_schedule(
+        lengths, dp_size=dp, max_tokens_per_microbatch=100, align=align, group_ids=group_ids
+    )
+    check_schedule(s, lengths, dp=dp, cap=100, align=align, group_ids=group_ids)
+    assert s.num_microbatches == m
+
+
+def test_a_group_too_large_for_any_rank_is_named():
+    # 100 samples of one prompt need 100 micro-batches on their rank; 103 samples over
+    # 2 ranks allow at most 51 each.
+    lengths = [100] * 100 + [5, 5, 5]
+    groups = [0] * 100 + [1, 2, 3]
+    with pytest.raises(ValueError, match=r"group of sample 0 \(100 samples.*split the group"):
+        build_schedule(lengths, dp_size=2, max_tokens_per_microbatch=100, group_ids=groups)
+
+
+@pytest.mark.parametrize("grouped", [False, True])
+def test_tiny_caps_use_the_fewest_micro_batches(grouped):
+    # With 1-token samples and cap 2, "room for the shortest sample" asked for one sample
+    # per micro-batch: twice the micro-batches (and fixed costs) needed.
+    n, dp = 65536, 8
+    groups = np.arange(n) // 8 if grouped else None
+    s = build_schedule(
+        np.ones(n, dtype=np.int64), dp_size=dp, max_tokens_per_microbatch=2, group_ids=groups
+    )
+    fewest = n // (2 * dp)
+    if grouped:
+        # Whole groups get 1% of slack (see schedule._place_groups), not 100%.
+        assert fewest <= s.num_microbatches <= 1.02 * fewest
+    else:
+        assert s.num_microbatches == fewest
+    assert max(max(t) for t in s.microbatch_tokens) == 2
+    assert s.imbalance == 1.0
+
+
+def test_huge_batch_of_samples_at_and_over_the_cap():
+    rng = np.random.default_rng(0)
+    lengths = np.where(rng.random(65536) < 0.2, 20000, rng.integers(1, 16385, 65536))
+    s = build_schedule(lengths, dp_size=64, max_tokens_per_microbatch=16384)
+    check_schedule(s, lengths, dp=64, cap=16384)
+
+
+def test_min_num_microbatches_error_blames_it():
+    with pytest.raises(ValueError, match="min_num_microbatches=5 asks for 5.*lower min_num"):
+        build_schedule([10] * 8, dp_size=2, max_tokens_per_microbatch=100, min_num_microbatches=5)
+
+
+@pytest.mark.parametrize("group_ids", [[[1]] * 8, np.zeros((8, 2))])
+def test_unhashable_group_ids_are_a_value_error(group_ids):
+    with pytest.raises(ValueError, match=r"group_ids\[0\] = .* cannot be a group id"):
+        build_schedule([10] * 8, dp_size=2, max_tokens_per_microbatch=100, group_ids=group_ids)
+
+
+def test_cost_callable_errors_and_zero_costs():
+    with pytest.raises(ValueError, match="failed on a micro-batch: division by zero"):
+        build_schedule([10] * 8, dp_size=2, max_tokens_per_microbatch=100, cost=lambda x: 1 / 0)
+    lengths = generate_lengths(64, "rl", seed=0)
+    s = build_schedule(lengths, dp_size=4, max_tokens_per_microbatch=16384, cost=lambda x: 0.0)
+    check_schedule(s, lengths, dp=4, cap=16384)
+    assert s.makespan == 0.0 and s.imbalance == 1.0
+
+
+def test_exactly_dp_times_align_samples_and_dp_one():
+    lengths = [20000, 1, 16384, 7] * 16  # 64 = dp × align, some over the cap
+    s = build_schedule(lengths, dp_size=16, max_tokens_per_microbatch=16384, align=4)
+    check_schedule(s, lengths, dp=16, cap=16384, align=4)
+    assert all(len(mb) == 1 for rank in s.microbatches for mb in rank)
+    s1 = build_schedule(lengths, dp_size=1, max_tokens_per_microbatch=16384, order="pipeline")
+    check_schedule(s1, lengths, dp=1, cap=16384)
