@@ -167,40 +167,47 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict:
         except RuntimeError as exc:  # say so in the table and JSON; never a silent NaN
             unavailable[name] = str(exc)
     rows = []
+    errors = []  # a backend failing at one L is recorded and skipped, never fatal
     h, hkv, d = args.num_heads, args.num_kv_heads, args.head_dim
     for L in args.lengths:
         lengths, cu, q, k, v, do = _packed(L, args.total_tokens, h, hkv, d, device)
         n = len(lengths)
         outs = {}
         for name, fn in backends.items():
-            with torch.no_grad():
-                outs[name] = fn(q, k, v, cu, L)  # validates once; timed calls skip the sync
-            for mode in args.modes:
-                ins = (q, k, v, cu, L)
-                if mode == "fwd":
+            try:
+                with torch.no_grad():
+                    outs[name] = fn(q, k, v, cu, L)  # validates once; timed calls skip the sync
+                for mode in args.modes:
+                    ins = (q, k, v, cu, L)
+                    if mode == "fwd":
 
-                    def step(fn=fn, ins=ins):
-                        with torch.no_grad():
-                            fn(*ins, check_values=False)
-                else:
+                        def step(fn=fn, ins=ins):
+                            with torch.no_grad():
+                                fn(*ins, check_values=False)
+                    else:
 
-                    def step(fn=fn, ins=ins, do=do):
-                        out = fn(*ins, check_values=False)
-                        torch.autograd.grad(out, ins[:3], do)
+                        def step(fn=fn, ins=ins, do=do):
+                            out = fn(*ins, check_values=False)
+                            torch.autograd.grad(out, ins[:3], do)
 
-                ms = do_bench(step, warmup=args.warmup, rep=args.rep, return_mode="median")
-                flops = attention_flops(lengths, h, hkv, d, mode)
-                rows.append(
-                    {
-                        "L": L,
-                        "num_seqs": n,
-                        "backend": name,
-                        "mode": mode,
-                        "ms": ms,
-                        "tflops": flops / ms / 1e9,
-                        "flops": flops,
-                    }
-                )
+                    ms = do_bench(step, warmup=args.warmup, rep=args.rep, return_mode="median")
+                    flops = attention_flops(lengths, h, hkv, d, mode)
+                    rows.append(
+                        {
+                            "L": L,
+                            "num_seqs": n,
+                            "backend": name,
+                            "mode": mode,
+                            "ms": ms,
+                            "tflops": flops / ms / 1e9,
+                            "flops": flops,
+                        }
+                    )
+            except Exception as exc:  # recorded in the table and the JSON, never fatal
+                first = str(exc).splitlines()[0] if str(exc) else ""
+                errors.append({"L": L, "backend": name, "error": f"{type(exc).__name__}: {first}"})
+                print(f"note: {name} failed at L={L}: {type(exc).__name__}: {first}", file=sys.stderr)
+                outs.pop(name, None)
         if "triton" in outs and len(outs) > 1:
             ref = next(o for b, o in outs.items() if b != "triton").float()
             err = ((outs["triton"].float() - ref).norm() / ref.norm()).item()
@@ -212,6 +219,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict:
     result = {
         "provenance": _provenance(argv),
         "unavailable": unavailable,
+        "errors": errors,
         "rows": rows,
         "shape": {
             "num_heads": h,
@@ -221,6 +229,10 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict:
             "total_tokens": args.total_tokens,
         },
     }
+    if "torch-varlen" in backends:
+        # torch 2.10/2.11 varlen_attn has no GQA switch: the adapter expands KV heads, and
+        # that copy is inside the torch-varlen times.
+        result["torch_varlen_gqa"] = attn.torch_varlen_gqa_mode()
     if "triton" in backends:
         from costmodel.kernels.triton_attention import chosen_configs
 
@@ -385,6 +397,10 @@ def _table(result: dict) -> str:
         )
     for name, why in result["unavailable"].items():
         lines.append(f"{name}: not measured: {why}")
+    for e in result.get("errors", []):
+        lines.append(f"{e['backend']} at L={e['L']}: FAILED: {e['error']}")
+    if result.get("torch_varlen_gqa") == "expanded":
+        lines.append("torch-varlen: this torch has no enable_gqa; KV heads expanded per call")
     return "\n".join(lines)
 
 
@@ -423,7 +439,7 @@ def main(argv: list[str] | None = None) -> int:
         tmp.write_text(json.dumps(result, indent=2) + "\n")
         os.replace(tmp, args.json)
         print(f"wrote {args.json}")
-    return 0
+    return 1 if result.get("errors") else 0
 
 
 if __name__ == "__main__":

@@ -27,6 +27,7 @@ Nothing here touches CUDA or imports triton at import time.
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import inspect
 import math
@@ -42,6 +43,7 @@ __all__ = [
     "attention_reference",
     "available_attention_backends",
     "get_attention",
+    "torch_varlen_gqa_mode",
     "validate_attention_inputs",
 ]
 
@@ -197,26 +199,50 @@ def _varlen_attn_fn():
     return varlen_attn
 
 
-def _torch_varlen_attention(q, k, v, cu_seqlens, max_seqlen, *, check_values: bool = True):
-    validate_attention_inputs(q, k, v, cu_seqlens, max_seqlen, check_values=check_values)
+@functools.cache
+def _varlen_call_style() -> tuple[tuple[tuple[str, object], ...], bool]:
+    """How to ask this torch's varlen_attn for causal attention, and whether it has GQA.
+
+    Feature detection on the signature, not the version: causal is `is_causal=True` in the
+    first release (2.10) and `window_size=(-1, 0)` later (a *tuple*: the function compares
+    ``window_size == (-1, 0)``); `enable_gqa` exists from 2.12 on. Cached: inspect.signature
+    costs ~30 us of host time per call, which a launch-bound timing loop would otherwise
+    measure as attention cost. Raises RuntimeError if neither causal switch is found.
+    """
     varlen_attn = _varlen_attn_fn()
-    params = inspect.signature(varlen_attn).parameters
-    kwargs: dict = {}
-    # The causal switch moved between releases: `is_causal=True` in the first release,
-    # `window_size=(-1, 0)` (left unbounded, right 0) later.
+    try:
+        params = inspect.signature(varlen_attn).parameters
+    except (TypeError, ValueError) as exc:
+        raise RuntimeError(
+            f"cannot inspect torch {torch.__version__} varlen_attn's signature ({exc})"
+        ) from exc
     if "window_size" in params:
-        kwargs["window_size"] = (-1, 0)
+        causal: tuple[tuple[str, object], ...] = (("window_size", (-1, 0)),)
     elif "is_causal" in params:
-        kwargs["is_causal"] = True
+        causal = (("is_causal", True),)
     else:
         raise RuntimeError(
             f"torch {torch.__version__} varlen_attn has neither `window_size` nor `is_causal`; "
-            "cannot request causal attention from it"
+            "cannot request causal attention from it; use another backend"
         )
+    return causal, "enable_gqa" in params
+
+
+def torch_varlen_gqa_mode() -> str:
+    """"native" if this torch's varlen_attn takes `enable_gqa`, else "expanded" (the adapter
+    materialises the repeated KV heads, which costs time and memory: benchmarks record it)."""
+    return "native" if _varlen_call_style()[1] else "expanded"
+
+
+def _torch_varlen_attention(q, k, v, cu_seqlens, max_seqlen, *, check_values: bool = True):
+    validate_attention_inputs(q, k, v, cu_seqlens, max_seqlen, check_values=check_values)
+    varlen_attn = _varlen_attn_fn()
+    causal, has_gqa = _varlen_call_style()
+    kwargs: dict = dict(causal)
     if k.shape[1] != q.shape[1]:
-        if "enable_gqa" in params:
+        if has_gqa:
             kwargs["enable_gqa"] = True
-        else:  # torch 2.11: no GQA support, materialise the repeated KV heads
+        else:  # torch 2.10/2.11: no GQA switch, materialise the repeated KV heads
             group = q.shape[1] // k.shape[1]
             k = k.repeat_interleave(group, dim=1)
             v = v.repeat_interleave(group, dim=1)
@@ -224,6 +250,7 @@ def _torch_varlen_attention(q, k, v, cu_seqlens, max_seqlen, *, check_values: bo
     return varlen_attn(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, **kwargs)
 
 
+@functools.cache
 def _sdpa_supports_gqa() -> bool:
     try:
         return (
@@ -275,6 +302,22 @@ def _flash_attn_attention(q, k, v, cu_seqlens, max_seqlen, *, check_values: bool
     )
 
 
+@functools.cache
+def _flash_attn_import_error() -> str | None:
+    """None if `flash_attn_varlen_func` imports, else why not: an installed flash-attn built
+    against another torch fails at import (undefined symbol), which must read as
+    "unavailable", not crash a benchmark or test half-way."""
+    try:
+        from flash_attn import flash_attn_varlen_func  # noqa: F401
+    except Exception as exc:  # ImportError, OSError (bad .so), RuntimeError (CUDA init)
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        return (
+            f"flash-attn is installed but does not import ({type(exc).__name__}: {first}); "
+            "reinstall it for this torch: pip install flash-attn --no-build-isolation"
+        )
+    return None
+
+
 _ADAPTERS: dict[str, AttentionFn] = {
     "triton": _triton_attention,
     "torch-varlen": _torch_varlen_attention,
@@ -298,7 +341,7 @@ def _unavailable_reason(name: str) -> str | None:
         return None
     if name == "torch-varlen":
         try:
-            _varlen_attn_fn()
+            _varlen_call_style()
         except RuntimeError as exc:
             return str(exc)
         if not cuda:
@@ -311,7 +354,7 @@ def _unavailable_reason(name: str) -> str | None:
             return "the flash-attn package is not installed; pip install flash-attn --no-build-isolation"
         if not cuda:
             return "flash-attn runs only on CUDA; no GPU here"
-        return None
+        return _flash_attn_import_error()
     raise ValueError(f"unknown attention backend {name!r}; known: {list(ATTENTION_BACKENDS)}")
 
 

@@ -38,7 +38,11 @@ import math
 import torch
 import triton
 import triton.language as tl
-from triton.runtime.errors import OutOfResources
+
+try:  # triton >= 2.1 (checked against 3.6 and 3.9)
+    from triton.runtime.errors import OutOfResources
+except ImportError:  # older layouts re-export it from triton.runtime
+    from triton.runtime import OutOfResources
 
 __all__ = ["chosen_configs", "flash_attn_varlen", "kernel_configs"]
 
@@ -703,6 +707,12 @@ def _check_launch_limits(
         )
     if q.shape[1] > _GRID_YZ_MAX:
         raise ValueError(f"{q.shape[1]} query heads exceed the launch limit of {_GRID_YZ_MAX}")
+    # logsumexp/delta offsets `head * total` are int32 in the kernels.
+    if q.shape[1] * q.shape[0] > _INT32_MAX:
+        raise ValueError(
+            f"{q.shape[1]} heads × {q.shape[0]} tokens = {q.shape[1] * q.shape[0]} exceeds the "
+            f"int32 offset limit {_INT32_MAX} of the logsumexp buffer; split the micro-batch"
+        )
     # In-sequence offsets are int32 (the sequence base is int64): row · token stride must fit.
     for name, t in (("q", q), ("k", k), ("v", v)):
         span = (max_seqlen + 128) * max(t.stride(0), 1)
