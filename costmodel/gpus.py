@@ -90,7 +90,10 @@ GPUS: dict[str, GpuInfo] = {
         GpuInfo(key="h100-nvl", names=("NVIDIA H100 NVL",),
                 peak_bf16_flops=835.5e12, hbm_bandwidth=3.9e12, sm_count=132,
                 source=_H100_DATASHEET + " (H100 NVL: 1,671 TFLOPS bf16 sparse, 3.9 TB/s)"),
-        GpuInfo(key="h200", names=("NVIDIA H200",),
+        # torch reports an H200 SXM as "NVIDIA H200"; some stacks add the memory size. An
+        # H200 NVL may also report plain "NVIDIA H200": the fingerprint's power limit (700 W
+        # SXM, 600 W NVL) tells them apart, and the SXM peak stays an upper bound for both.
+        GpuInfo(key="h200", names=("NVIDIA H200", "NVIDIA H200 141GB HBM3e"),
                 peak_bf16_flops=989.4e12, hbm_bandwidth=4.8e12, sm_count=132,
                 source=_H200_PAGE + " (H200 SXM: 4.8 TB/s)"),
         GpuInfo(key="h200-nvl", names=("NVIDIA H200 NVL",),
@@ -156,12 +159,22 @@ def _normalise(text: str) -> str:
     return re.sub(r"\s+", " ", text.strip()).lower()
 
 
-def find_gpu_by_device_name(device_name: str) -> GpuInfo | None:
-    """The registry entry whose exact names include `device_name` (case/space-insensitive)."""
+def find_gpu_by_device_name(device_name: str, *, allow_suffix: bool = False) -> GpuInfo | None:
+    """The registry entry whose exact names include `device_name` (case/space-insensitive).
+
+    With `allow_suffix`, a name no entry has exactly may also be a registered name plus
+    words ("NVIDIA H200 144GB" -> h200; the longest such name wins; "NVIDIA H20" never
+    matches "NVIDIA H200", whole words only). Callers should say when that happened.
+    """
     wanted = _normalise(device_name)
     for info in GPUS.values():
         if any(_normalise(n) == wanted for n in info.names):
             return info
+    if allow_suffix:
+        prefixes = [(len(n), info) for info in GPUS.values() for n in map(_normalise, info.names)
+                    if wanted.startswith(n + " ")]
+        if prefixes:
+            return max(prefixes, key=lambda p: p[0])[1]
     return None
 
 

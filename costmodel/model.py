@@ -433,14 +433,18 @@ class CostModel:
 
 
 # ---- validation of a document -------------------------------------------------------------------
-def _fail(source: str, message: str) -> ValueError:
-    return ValueError(f"cost model {source}: {message}")
+_REWRITE = "write a new file with `costmodel calibrate` (or restore this one)"
+
+
+def _fail(source: str, message: str, *, fix: str | None = _REWRITE) -> ValueError:
+    """One line: which file, what is wrong with it, and what to do."""
+    return ValueError(f"cost model {source}: {message}" + (f"; {fix}" if fix else ""))
 
 
 def _check_finite(obj: Any, source: str, where: str = "") -> None:
     if isinstance(obj, float) and not math.isfinite(obj):
-        raise _fail(source, f"non-finite number {obj!r} at {where or 'top level'}; "
-                    "cost model files hold finite numbers only")
+        raise _fail(source, f"non-finite number {obj!r} at {where or 'top level'} "
+                    "(cost model files hold finite numbers only)")
     if isinstance(obj, Mapping):
         for k, v in obj.items():
             _check_finite(v, source, f"{where}.{k}" if where else str(k))
@@ -455,7 +459,8 @@ def _require(mapping: Any, key: str, kind: type | tuple[type, ...], source: str,
     value = mapping[key]
     kinds = kind if isinstance(kind, tuple) else (kind,)
     if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds):
-        raise _fail(source, f"field {where}{key!r} has the wrong type {type(value).__name__}")
+        raise _fail(source, f"field {where}{key!r} has the wrong type {type(value).__name__} "
+                    f"(expected {' or '.join(k.__name__ for k in kinds)})")
     return value
 
 
@@ -501,12 +506,13 @@ def _from_document(
         raise _fail(source, f"expected a JSON object at top level, got {type(doc).__name__}")
     schema = doc.get("schema")
     if schema is None:
-        raise _fail(source, f"missing field 'schema' (expected {SCHEMA!r}); is this a cost model file?")
+        raise _fail(source, f"missing field 'schema' (expected {SCHEMA!r}): not a cost model file?")
     if schema != SCHEMA:
         raise _fail(
             source,
             f"unsupported schema {schema!r}; this version of costmodel reads {SCHEMA!r} only "
             "(re-run `costmodel calibrate` to write a current file, or upgrade costmodel)",
+            fix=None,
         )
     missing = [k for k in _REQUIRED_FIELDS if k not in doc]
     if missing:
@@ -530,6 +536,7 @@ def _from_document(
                 f"made for model {file_spec.name!r} (shape {file_spec.fingerprint()}), not for "
                 f"{spec.name!r} (shape {spec.fingerprint()}); calibrate for this model, or pass "
                 "allow_other_shape=True (--cost-model-allow-other-shape) to use it anyway",
+                fix=None,
             )
         logger.warning(
             "%s: using a cost model made for %s (shape %s) for %s (shape %s); its curves are "
@@ -590,8 +597,9 @@ def read_document(path: str | os.PathLike) -> dict[str, Any]:
             f"not valid JSON{hint}: {err.msg} at line {err.lineno} column {err.colno} "
             f"(char {err.pos} of {len(text)})",
         ) from None
-    except ValueError as err:  # NaN / Infinity literals
-        raise _fail(str(p), f"{err}; cost model files hold finite numbers only") from None
+    except ValueError:  # NaN / Infinity literals: parse them to say where they are
+        _check_finite(json.loads(text), str(p))
+        raise
 
 
 def write_json_atomic(path: str | os.PathLike, doc: Mapping[str, Any]) -> Path:

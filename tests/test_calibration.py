@@ -123,3 +123,116 @@ def test_validation_with_synthetic_timer(fitted):
     assert s["all"]["cost_model"]["mape"] < s["all"]["tokens"]["mape"]
     assert s["all"]["cost_model"]["spearman"] > 0.99
     assert "cost_model" in format_validation(block)
+
+
+def test_plan_measures_the_coarse_grid_first():
+    plan = make_plan(SPEC, quick=True, max_len=8192, gpu="h200")
+    coarse = plan.points[: plan.essential]
+    assert 0 < plan.essential < len(plan.points)
+    for mode in ("train", "forward"):
+        assert any(p.kind == "layer" and p.mode == mode for p in coarse)
+        for kind in ("attention", "linear", "head"):
+            every = [p for p in plan.points if p.mode == mode and p.kind == kind]
+            first = [p for p in coarse if p.mode == mode and p.kind == kind]
+            # the coarse grid spans the whole range of every curve
+            assert max(p.length for p in first) == max(p.length for p in every)
+            assert min(p.length for p in first) == min(p.length for p in every)
+    # an attention length keeps all its packs together (the per-call fit needs them)
+    for L in {p.length for p in coarse if p.kind == "attention"}:
+        packs = [p for p in plan.points if p.kind == "attention" and p.mode == "train" and p.length == L]
+        assert all(p in coarse for p in packs)
+
+
+class _Clock:
+    """A stand-in clock (`perf_counter`) that the tests advance by 1 s per measurement."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def perf_counter(self):
+        return self.now
+
+
+def test_deadline_skips_refinements_only(monkeypatch):
+    import costmodel.calibration.pipeline as pipeline
+
+    clock = _Clock()
+    monkeypatch.setattr(pipeline, "time", clock)
+    timer = SyntheticTimer(SPEC, SHAPE, noise=0.005, seed=1)
+    real_measure = timer.measure
+
+    def measure(point, **kw):
+        clock.now += 1.0
+        return real_measure(point, **kw)
+
+    timer.measure = measure
+    plan = make_plan(SPEC, quick=True, max_len=8192, gpu="h200", budget_s=10)  # deadline 12 s
+    m = calibrate(SPEC, timer=timer, plan=plan, gpu_key="h200", gpu_info=H200, attention="torch-varlen")
+    assert len(m.extra["measurements"]) == plan.essential
+    assert m.provenance["skipped_points"] == len(plan.points) - plan.essential
+    assert set(m.modes) == {"train", "forward"}
+    lin = m.curves["train"].linear["dense"]
+    assert float(lin(8000)) == pytest.approx(SHAPE.linear_ms(SPEC, 8000, "train", False), rel=0.1)
+
+
+def test_interrupted_sweep_saves_measurements_and_refits(tmp_path):
+    from costmodel.calibration.pipeline import PARTIAL_SCHEMA, refit
+
+    plan = make_plan(SPEC, quick=True, max_len=4096, gpu="h200")
+    timer = SyntheticTimer(SPEC, SHAPE, noise=0.005, seed=1)
+    real_measure = timer.measure
+    # interrupted once the coarse grid of train is measured, before any forward point
+    train_points = next(i for i, p in enumerate(plan.points) if p.mode == "forward")
+
+    def measure(point, **kw):
+        if timer.calls > train_points:  # + 1: the drift probe
+            raise KeyboardInterrupt
+        return real_measure(point, **kw)
+
+    timer.measure = measure
+    saved = []
+    with pytest.raises(KeyboardInterrupt):
+        calibrate(SPEC, timer=timer, plan=plan, gpu_key="h200", gpu_info=H200, attention="torch-varlen",
+                  save_partial=saved.append)
+    (doc,) = saved
+    assert doc["schema"] == PARTIAL_SCHEMA and doc["error"].startswith("KeyboardInterrupt")
+    assert len(doc["measurements"]) == train_points
+    partial = refit(json.loads(json.dumps(doc)), source="partial.json")
+    assert partial.modes == ["train"] and "forward" in partial.provenance["dropped_modes"]
+    assert partial.provenance["refit"]["from"] == "partial.json"
+
+
+def test_refit_of_a_complete_file_reproduces_it(tmp_path, fitted):
+    from costmodel.calibration.pipeline import refit
+    from costmodel.cli import main
+
+    path = tmp_path / "cal.json"
+    fitted.save(path)
+    again = refit(json.loads(path.read_text()), source=str(path))
+    L = np.array([100, 1000, 10000])
+    for mode in ("train", "forward"):
+        np.testing.assert_allclose(again.sample_cost(L, mode), fitted.sample_cost(L, mode), rtol=1e-12)
+    assert again.provenance["drift_probe"] == fitted.provenance["drift_probe"]
+    assert main(["calibrate", "--refit", str(path), "-o", str(tmp_path / "re.json")]) == 0
+    assert load_cost_model(tmp_path / "re.json", spec=SPEC).modes == ["train", "forward"]
+    with pytest.raises(ValueError, match="cannot refit"):
+        refit({"schema": "costmodel/1"}, source="x.json")
+
+
+def test_validation_stops_at_its_time_limit(monkeypatch, fitted):
+    import time
+
+    clock = _Clock()
+    monkeypatch.setattr(time, "perf_counter", clock.perf_counter)
+    timer = SyntheticTimer(SPEC, SHAPE, noise=0.005, seed=7)
+    real_measure = timer.measure
+
+    def measure(point, **kw):
+        clock.now += 1.0
+        return real_measure(point, **kw)
+
+    timer.measure = measure
+    block = run_validation(fitted, timer, count=40, num_layers=2, time_limit_s=10)
+    assert block["stopped_at_time_limit"] and block["count"] == 6 and block["requested_count"] == 40
+    assert [len(block["modes"][m]["points"]) for m in ("train", "forward")] == [6, 6]
+    assert "stopped at the time limit" in format_validation(block)

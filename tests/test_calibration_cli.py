@@ -3,6 +3,7 @@
 GPU tests at the bottom run only with CUDA (skipped with a reason otherwise)."""
 
 import builtins
+import dataclasses
 import json
 import sys
 
@@ -105,11 +106,11 @@ def test_validate_needs_a_measured_file(tmp_path, capsys):
 @pytest.mark.gpu
 def test_cuda_timer_measures_and_passes_flops_check():
     from costmodel.calibration.plan import SweepPoint
-    from costmodel.calibration.workloads import CudaTimer
+    from costmodel.calibration.workloads import KernelTimer
     from costmodel.spec import ModelSpec
 
     spec = ModelSpec.from_preset("qwen3-0.6b")
-    timer = CudaTimer(spec, attention="torch-varlen")
+    timer = KernelTimer(spec, attention="torch-varlen")
     fp = timer.device_fingerprint()
     assert fp["sm_count"] > 0 and fp["torch"]
     for point in (SweepPoint("attention", "train", (1024,) * 4), SweepPoint("linear", "forward", (2048,)),
@@ -133,26 +134,36 @@ def test_calibrate_quick_end_to_end_on_gpu(tmp_path, capsys):
     assert main(["report", str(out), "--png", str(tmp_path / "p.png")]) == 0
 
 
-# ---- the GPU workloads, run once on CPU at tiny shapes (no timing) ---------------------------
-@pytest.mark.skipif(torch is None, reason="needs torch")
-def test_workloads_build_and_run_on_cpu():
-    """The closures CudaTimer times, built on CPU in fp32 with the sdpa backend."""
+# ---- the GPU workloads, run on CPU at tiny shapes (a dry run of the GPU code path) ---------
+def _tiny(preset: str):
     import dataclasses
 
-    from costmodel.calibration.plan import SweepPoint
-    from costmodel.calibration.workloads import CudaTimer
-    from costmodel.kernels.attention import get_attention
     from costmodel.spec import ModelSpec
 
-    spec = dataclasses.replace(
-        ModelSpec.from_preset("qwen3-30b-a3b"), num_layers=2, hidden_size=64, num_heads=4,
-        num_kv_heads=2, head_dim=16, intermediate_size=96, num_experts=4, num_experts_per_tok=2,
-        moe_intermediate_size=32, vocab_size=128, moe_layers=(1,),
-    )
-    timer = object.__new__(CudaTimer)  # skip the CUDA checks of __init__
-    timer.torch, timer.spec, timer.attention = torch, spec, "sdpa"
-    timer.attn_fn = get_attention("sdpa")
-    timer.dtype, timer.device, timer._modules = torch.float32, torch.device("cpu"), {}
+    spec = ModelSpec.from_preset(preset)
+    moe = {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+           "moe_layers": (1,)} if spec.is_moe else {}
+    return dataclasses.replace(spec, num_layers=2, hidden_size=64, num_heads=4, num_kv_heads=2,
+                               head_dim=16, intermediate_size=96, vocab_size=128, **moe)
+
+
+@pytest.fixture
+def one_thread():
+    """Tiny ops: one intra-op thread is faster, and fair to the other test worker."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.mark.skipif(torch is None, reason="needs torch")
+def test_workloads_build_and_run_on_cpu(one_thread):
+    """Every kind of workload KernelTimer times, on CPU in fp32 with the sdpa backend."""
+    from costmodel.calibration.plan import SweepPoint
+    from costmodel.calibration.workloads import KernelTimer
+
+    timer = KernelTimer(_tiny("qwen3-30b-a3b"), attention="sdpa", dtype="fp32", device="cpu")
+    assert timer.device_fingerprint()["dry_run"]
     points = [
         SweepPoint("attention", "train", (8,) * 3), SweepPoint("attention", "forward", (16,)),
         SweepPoint("linear", "train", (24,)), SweepPoint("linear", "forward", (24,), moe=True),
@@ -161,13 +172,41 @@ def test_workloads_build_and_run_on_cpu():
         SweepPoint("stack", "train", (3, 9), num_layers=2), SweepPoint("stack", "forward", (3, 9), moe=True, num_layers=2),
     ]
     for point in points:
-        fn, ws = timer._build(point)
-        assert ws > 0
-        fn()
-        fn()  # twice: repeats must not fail on accumulated state
+        m = timer.measure(point, repeats=2, warmup=1)  # three calls: repeats must not fail on accumulated state
+        assert m.median_ms > 0 and m.repeats == 2
     layer = timer._modules[("layer", "none", False, 0)]
     # parameter gradients accumulate (k_norm gets none: with attention="none" k is unused)
     assert layer.w_qkv.grad is not None and layer.mlp.w_down.grad is not None
+
+
+@pytest.mark.skipif(torch is None, reason="needs torch")
+@pytest.mark.parametrize("preset", ["qwen3-8b", "qwen3-30b-a3b"])
+def test_cpu_dry_run_of_calibrate_validate_report(tmp_path, preset, one_thread):
+    """The real workloads through the same pipeline as on the GPU: plan -> sweep -> fit ->
+    file -> validate -> report, timed on CPU (the numbers mean nothing; shapes, dtypes and
+    arguments are what is checked)."""
+    from costmodel.calibration.pipeline import calibrate
+    from costmodel.calibration.plan import QUICK_SETTINGS, make_plan
+    from costmodel.calibration.report import format_report
+    from costmodel.calibration.validate import run_validation
+    from costmodel.calibration.workloads import KernelTimer
+    from costmodel.model import load_cost_model
+
+    spec = _tiny(preset)
+    timer = KernelTimer(spec, attention="sdpa", dtype="fp32", device="cpu")
+    settings = dataclasses.replace(QUICK_SETTINGS, repeats=1, warmup=0, token_per_octave=2, max_packs=2,
+                                   attention_per_octave=1, head_per_octave=1, probes_per_mode=2)
+    plan = make_plan(spec, max_len=256, max_tokens=512, gpu="h200", settings=settings)
+    model = calibrate(spec, timer=timer, plan=plan, gpu_key="cpu", gpu_info=None, attention="sdpa",
+                      dtype="fp32", command="test")
+    assert model.provenance["kind"] == "dry-run" and set(model.modes) == {"train", "forward"}
+    assert not model.extra["flops_check"]["checked"]
+    path = model.save(tmp_path / "dry.json")
+    loaded = load_cost_model(path, spec=spec)
+    block = run_validation(loaded, timer, count=6, caps=(128, 512), num_layers=2, repeats=1, warmup=0)
+    assert block["count"] == 6 and set(block["modes"]) == {"train", "forward"}
+    assert "CPU dry run" in format_report(loaded)
+    assert set(loaded.curves["train"].linear) == ({"dense", "moe"} if spec.is_moe else {"dense"})
 
 
 def test_calibrate_and_validate_commands_with_a_synthetic_device(tmp_path, monkeypatch, capsys):
@@ -177,7 +216,7 @@ def test_calibrate_and_validate_commands_with_a_synthetic_device(tmp_path, monke
     from costmodel.calibration.timer import SyntheticTimer
 
     monkeypatch.setattr(device, "require_cuda", lambda: None)
-    monkeypatch.setattr(workloads, "CudaTimer", lambda spec, **kw: SyntheticTimer(spec, noise=0.003))
+    monkeypatch.setattr(workloads, "KernelTimer", lambda spec, **kw: SyntheticTimer(spec, noise=0.003))
     out = tmp_path / "cal.json"
     args = ["calibrate", "--gpu", "h200", "--model", "qwen3-0.6b", "--quick", "--max-len", "4096", "-o", str(out)]
     assert main(args) == 0, capsys.readouterr().err
@@ -195,3 +234,41 @@ def test_calibrate_and_validate_commands_with_a_synthetic_device(tmp_path, monke
     assert val["modes"]["train"]["summary"]["all"]["cost_model"]["mape"] < 0.03
     assert main(["report", str(out)]) == 0
     assert "validation: 20 random micro-batches" in capsys.readouterr().out
+
+
+def test_sigterm_during_calibrate_saves_a_partial_file_that_refits(tmp_path, monkeypatch, capsys):
+    """A `timeout` (SIGTERM/SIGINT) mid-sweep: exit 130, the measurements so far in
+    OUT.partial.json, and `calibrate --refit` turns them into a cost model."""
+    import os
+    import signal
+
+    import costmodel.calibration.device as device
+    import costmodel.calibration.workloads as workloads
+    from costmodel.calibration.plan import make_plan
+    from costmodel.calibration.timer import SyntheticTimer
+    from costmodel.spec import ModelSpec
+
+    plan = make_plan(ModelSpec.from_preset("qwen3-0.6b"), quick=True, max_len=4096, gpu="h200")
+    stop_at = plan.essential + 5  # the coarse grid of both modes is measured
+
+    class Killed(SyntheticTimer):
+        def measure(self, point, **kw):
+            if self.calls == stop_at:
+                os.kill(os.getpid(), signal.SIGTERM)
+            return super().measure(point, **kw)
+
+    monkeypatch.setattr(device, "require_cuda", lambda: None)
+    monkeypatch.setattr(workloads, "KernelTimer", lambda spec, **kw: Killed(spec, noise=0.003))
+    out = tmp_path / "cal.json"
+    args = ["calibrate", "--gpu", "h200", "--model", "qwen3-0.6b", "--quick", "--max-len", "4096", "-o", str(out)]
+    assert main(args) == 130
+    assert not out.exists()
+    partial = tmp_path / "cal.partial.json"
+    doc = json.loads(partial.read_text())
+    assert doc["error"] == "KeyboardInterrupt: signal SIGTERM"
+    assert len(doc["measurements"]) == stop_at - 1  # the first call was the drift probe
+    assert f"--refit {partial}" in capsys.readouterr().err
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # restored
+    assert main(["calibrate", "--refit", str(partial), "-o", str(out)]) == 0
+    assert "refitted from" in capsys.readouterr().out
+    assert json.loads(out.read_text())["provenance"]["refit"]["partial_error"].startswith("KeyboardInterrupt")

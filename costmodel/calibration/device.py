@@ -114,9 +114,14 @@ def resolve_gpu(requested: str, fingerprint: Mapping[str, Any]) -> tuple[str, Gp
 
     `auto` takes the device as found (an unregistered GPU gets a key derived from its name
     and no entry: the FLOPs check then has no peak). A key or name must match the device.
+    A device name that is a registered name plus words (a memory-size suffix) counts as
+    that GPU, with a warning.
     """
     found = str(fingerprint.get("name", ""))
-    found_info = find_gpu_by_device_name(found)
+    found_info = find_gpu_by_device_name(found, allow_suffix=True)
+    if found_info is not None and find_gpu_by_device_name(found) is None:
+        logger.warning("GPU %r is not in the registry by its exact name; taking it as %s (%s)",
+                       found, found_info.key, found_info.name)
     if requested.strip().lower() == "auto":
         if found_info is not None:
             return found_info.key, found_info

@@ -1,31 +1,39 @@
 """`calibrate()`: sweep -> fit -> FLOPs check -> CostModel. One code path for every timer.
 
-The GPU run passes a `CudaTimer` (costmodel.calibration.workloads), tests a
+The GPU run passes a `KernelTimer` (costmodel.calibration.workloads), tests a
 `SyntheticTimer`; nothing else differs. The drift probe (the same micro-batch timed
 before and after the sweep) warns when the two differ by more than 5% (clocks throttling,
-another process on the GPU), and is recorded in the file.
+another process on the GPU), and is recorded in the file. Past the plan's deadline the
+sweep skips the refinement points it has not reached (see costmodel.calibration.plan).
+
+Measurements outlive failures: if the sweep is interrupted or the fit or the FLOPs check
+fails, `save_partial` receives a "partial" document with every point measured so far, and
+`refit(doc)` fits a cost model again from the measurements of a partial or complete file
+(on any machine: no GPU needed).
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from costmodel.calibration.check import flops_check
 from costmodel.calibration.fit import Record, fit_mode, residuals
 from costmodel.calibration.plan import SweepPlan, SweepPoint
 from costmodel.calibration.timer import Timer
-from costmodel.gpus import GpuInfo
+from costmodel.gpus import GpuInfo, lookup_gpu
 from costmodel.model import CostModel, _now
 from costmodel.spec import ModelSpec
 
-__all__ = ["DRIFT_WARNING", "Progress", "calibrate"]
+__all__ = ["DRIFT_WARNING", "PARTIAL_SCHEMA", "Progress", "calibrate", "fit_measurements", "refit"]
 
 logger = logging.getLogger(__name__)
 
 DRIFT_WARNING = 0.05
+PARTIAL_SCHEMA = "costmodel-partial/1"
+_SWEEP_KEYS = ("plan", "sweep_seconds", "skipped_points", "drift_probe")
 
 Progress = Callable[[int, int, SweepPoint, float], None]
 """progress(done, total, point, elapsed_s), called after each point."""
@@ -42,20 +50,64 @@ def calibrate(
     dtype: str = "bf16",
     command: str | None = None,
     progress: Progress | None = None,
+    save_partial: Callable[[dict[str, Any]], None] | None = None,
 ) -> CostModel:
-    """Run `plan` with `timer` and return the fitted, checked cost model (not yet saved)."""
-    s = plan.settings
+    """Run `plan` with `timer` and return the fitted, checked cost model (not yet saved).
+
+    If anything fails after the first measurement (an error, Ctrl-C, a timeout's SIGINT),
+    `save_partial` is called with the partial document before the exception propagates.
+    """
     fingerprint = timer.device_fingerprint()
-    modes = tuple(dict.fromkeys(p.mode for p in plan.points))
+    kernels = {"attention": attention, "linear": "costmodel.kernels.layer (attention='none')",
+               "head": "costmodel.kernels.layer.LMHead", "dtype": dtype}
     logger.info("calibrating %s on %s: %s", spec.name, fingerprint.get("name"), plan.summary())
+    records: list[Record] = []
+    sweep: dict[str, Any] = {"plan": plan.to_dict()}
+    try:
+        _run_sweep(timer, plan, records, sweep, progress)
+        return fit_measurements(spec, records, device=fingerprint, sweep=sweep, gpu_key=gpu_key,
+                                gpu_info=gpu_info, kernels=kernels, command=command)
+    except BaseException as err:
+        if save_partial is not None and records:
+            save_partial({
+                "schema": PARTIAL_SCHEMA,
+                "created": _now(),
+                "command": command,
+                "error": f"{type(err).__name__}: {err}",
+                "gpu": {"key": gpu_key, "name": fingerprint.get("name")},
+                "device": fingerprint,
+                "spec": spec.to_dict(),
+                "kernels": kernels,
+                "sweep": sweep,
+                "measurements": [r.to_dict() for r in records],
+            })
+        raise
+
+
+def _run_sweep(timer: Timer, plan: SweepPlan, records: list[Record], sweep: dict[str, Any],
+               progress: Progress | None) -> None:
+    """Measure the drift probe, the plan's points (up to its deadline), the probe again."""
+    s = plan.settings
     t0 = time.perf_counter()
     start = timer.measure(plan.probe, repeats=s.repeats, warmup=s.warmup)
-    records: list[Record] = []
+    sweep["drift_probe"] = {"point": plan.probe.to_dict(), "start_ms": start.median_ms}
+    total, skipped = len(plan.points), 0
     for i, point in enumerate(plan.points):
+        elapsed = time.perf_counter() - t0
+        if i >= plan.essential and elapsed > plan.deadline_s:
+            skipped = total - i
+            logger.warning(
+                "sweep at %.0f s, past its deadline of %.0f s (plan estimate %.0f s): skipping "
+                "the last %d of %d points (refinements; every curve keeps its coarse grid)",
+                elapsed, plan.deadline_s, plan.estimated_s, skipped, total,
+            )
+            if progress is not None:
+                progress(i, i, plan.points[i - 1], elapsed)  # ends the progress line
+            break
         m = timer.measure(point, repeats=s.repeats, warmup=s.warmup)
         records.append(Record(point.kind, point.mode, point.lengths, m.median_ms, m.spread, point.moe))
         if progress is not None:
-            progress(i + 1, len(plan.points), point, time.perf_counter() - t0)
+            progress(i + 1, total, point, time.perf_counter() - t0)
     end = timer.measure(plan.probe, repeats=s.repeats, warmup=s.warmup)
     sweep_s = time.perf_counter() - t0
     drift = end.median_ms / start.median_ms - 1.0
@@ -65,51 +117,110 @@ def calibrate(
             "(%.4g -> %.4g ms): clocks throttled or the GPU was shared; the curves may be off",
             plan.probe.describe(), 100 * drift, start.median_ms, end.median_ms,
         )
+    logger.info("sweep: %d points in %.1f s (plan estimate %.1f s)", len(records), sweep_s,
+                plan.estimated_s)
+    sweep["drift_probe"].update(end_ms=end.median_ms, relative_change=drift,
+                                warning=abs(drift) > DRIFT_WARNING)
+    sweep.update(sweep_seconds=round(sweep_s, 2), skipped_points=skipped)
 
+
+def fit_measurements(
+    spec: ModelSpec,
+    records: list[Record],
+    *,
+    device: Mapping[str, Any],
+    sweep: Mapping[str, Any],
+    gpu_key: str,
+    gpu_info: GpuInfo | None,
+    kernels: Mapping[str, Any],
+    command: str | None,
+    created: str | None = None,
+) -> CostModel:
+    """Fit every mode that has measurements, check them against FLOPs, build the model.
+
+    A mode whose fit fails (an interrupted sweep never reached it) is dropped with a
+    warning as long as another mode fits; if none does, the first error is raised.
+    """
     needs = tuple(k for k, n in (("dense", spec.num_dense_layers), ("moe", spec.num_moe_layers)) if n)
-    curves, fit_details, resid = {}, {}, {}
-    for mode in modes:
-        curves[mode], fit_details[mode] = fit_mode(records, mode, needs=needs)
+    curves, fit_details, resid, errors = {}, {}, {}, {}
+    planned = (sweep.get("plan") or {}).get("modes") or []
+    for mode in dict.fromkeys([*planned, *(r.mode for r in records)]):
+        try:
+            curves[mode], fit_details[mode] = fit_mode(records, mode, needs=needs)
+        except ValueError as err:
+            errors[mode] = str(err)
+            continue
         call_ms = fit_details[mode]["attention"]["call_ms"]
         resid[mode] = residuals(curves[mode], [r for r in records if r.mode == mode], call_ms)
+    if not curves:
+        raise ValueError(f"cannot fit any mode from {len(records)} measurements: "
+                         + "; ".join(f"{m}: {e}" for m, e in errors.items()))
+    for mode, err in errors.items():
+        logger.warning("mode %s dropped from the cost model: %s", mode, err)
 
     peak = gpu_info.peak_bf16_flops if gpu_info is not None else None
-    check = flops_check(records, spec, peak_flops=peak, gpu_name=str(fingerprint.get("name")))
+    check = flops_check(records, spec, peak_flops=peak, gpu_name=str(device.get("name")))
 
     provenance: dict[str, Any] = {
         "kind": "measured",
-        "note": f"measured with `costmodel calibrate` on {fingerprint.get('name')}",
-        "plan": plan.to_dict(),
-        "sweep_seconds": round(sweep_s, 2),
-        "drift_probe": {
-            "point": plan.probe.to_dict(),
-            "start_ms": start.median_ms,
-            "end_ms": end.median_ms,
-            "relative_change": drift,
-            "warning": abs(drift) > DRIFT_WARNING,
-        },
+        "note": f"measured with `costmodel calibrate` on {device.get('name')}",
+        **{k: sweep[k] for k in _SWEEP_KEYS if k in sweep},
         "fit": fit_details,
+        "dropped_modes": errors or None,
         "gpu_source": gpu_info.source if gpu_info is not None else None,
     }
-    if fingerprint.get("synthetic"):
+    if device.get("synthetic"):
         provenance["kind"] = "synthetic"
         provenance["note"] = "synthetic timer (tests): not a measurement of any GPU"
+    elif device.get("dry_run"):
+        provenance["kind"] = "dry-run"
+        provenance["note"] = "CPU dry run of the GPU workloads: not a measurement of any GPU"
     return CostModel(
         spec=spec,
-        gpu=str(fingerprint.get("name")),
+        gpu=str(device.get("name")),
         gpu_key=gpu_key,
         curves=curves,
         is_estimate=False,
         provenance=provenance,
         extra={
-            "created": _now(),
+            "created": created or _now(),
             "command": command,
-            "device": fingerprint,
-            "kernels": {"attention": attention, "linear": "costmodel.kernels.layer (attention='none')",
-                        "head": "costmodel.kernels.layer.LMHead", "dtype": dtype},
+            "device": dict(device),
+            "kernels": dict(kernels),
             "measurements": [r.to_dict() for r in records],
             "residuals": resid,
             "flops_check": check,
             "validation": None,
         },
     )
+
+
+def refit(doc: Mapping[str, Any], *, source: str, command: str | None = None) -> CostModel:
+    """A cost model fitted again from the measurements stored in a calibrated file or in a
+    partial one (`PARTIAL_SCHEMA`); ValueError if it holds none."""
+    try:
+        spec = ModelSpec.from_dict(doc["spec"])
+        records = [Record.from_dict(d) for d in doc["measurements"]]
+        gpu_key, gpu_name = str(doc["gpu"]["key"]), doc["gpu"].get("name")
+        device = dict(doc["device"])
+    except (AttributeError, KeyError, TypeError, ValueError) as err:
+        raise ValueError(
+            f"{source}: cannot refit: it needs 'spec', 'gpu', 'device' and 'measurements' as "
+            f"written by `costmodel calibrate` ({type(err).__name__}: {err})"
+        ) from None
+    if not records:
+        raise ValueError(f"{source}: cannot refit: it holds no measurements")
+    provenance = doc.get("provenance") or {}
+    sweep = doc.get("sweep") or {k: provenance[k] for k in _SWEEP_KEYS if k in provenance}
+    try:
+        info = lookup_gpu(gpu_key)
+    except ValueError:
+        info = None
+    device.setdefault("name", gpu_name)
+    model = fit_measurements(
+        spec, records, device=device, sweep=sweep, gpu_key=gpu_key, gpu_info=info,
+        kernels=doc.get("kernels") or {}, command=doc.get("command"), created=doc.get("created"),
+    )
+    model.provenance["refit"] = {"from": source, "at": _now(), "command": command,
+                                 "partial_error": doc.get("error")}
+    return model

@@ -7,6 +7,12 @@ total exceeds the budget (default sweep 75 s so that it ends within 90 s on an H
 with set-up; `--quick` 24 s for 30 s) the grids are thinned, coarsest-first, until it
 fits. The plan size and estimate are logged.
 
+The estimate can be wrong, so the budget is also enforced while measuring: points are
+ordered coarse grid first (every 4th length / token count of each curve and its last
+one: `essential`, always measured), then the points that refine it. Past
+`deadline_s` (1.2 × the budget) the sweep skips the refinements it has not reached;
+every curve keeps its full range, at a coarser grid.
+
 Point kinds:
 - "attention": the attention core alone on a pack of n equal sequences of length L
   (n from 1 to cap/L), so that fitting t = a(L) + n·b(L) separates the per-call cost a
@@ -29,13 +35,15 @@ import numpy as np
 
 from costmodel.spec import ModelSpec
 
-__all__ = ["PlanSettings", "SweepPlan", "SweepPoint", "make_plan", "estimate_point_ms"]
+__all__ = ["PlanSettings", "SweepPlan", "SweepPoint", "coarse_first", "estimate_point_ms", "make_plan"]
 
 logger = logging.getLogger(__name__)
 
 KINDS = ("attention", "linear", "head", "layer", "stack")
 PER_POINT_OVERHEAD_S = 0.02
 """Allocation, synchronisation and Python per point (a guess; the log shows the truth)."""
+DEADLINE_FACTOR = 1.2
+"""The sweep stops refining past this multiple of the budget (see the module docstring)."""
 
 
 @dataclass(frozen=True)
@@ -113,6 +121,9 @@ QUICK_SETTINGS = PlanSettings(
 @dataclass(kw_only=True)
 class SweepPlan:
     points: list[SweepPoint]
+    """In measuring order: the `essential` coarse grid first, then its refinements."""
+    essential: int
+    """The first `essential` points are always measured; the rest only before the deadline."""
     probe: SweepPoint
     """Timed at the start and at the end: the drift probe."""
     settings: PlanSettings
@@ -122,6 +133,11 @@ class SweepPlan:
     max_tokens: int
     notes: list[str] = field(default_factory=list)
 
+    @property
+    def deadline_s(self) -> float:
+        """Seconds into the sweep after which refinement points are skipped."""
+        return DEADLINE_FACTOR * self.budget_s
+
     def summary(self) -> str:
         kinds: dict[str, int] = {}
         for p in self.points:
@@ -130,16 +146,19 @@ class SweepPlan:
         return (
             f"{len(self.points)} points ({parts}) x {self.settings.warmup} warm-up + "
             f"{self.settings.repeats} repeats; estimated {self.estimated_s:.0f} s "
-            f"(budget {self.budget_s:.0f} s)"
+            f"(budget {self.budget_s:.0f} s, refinements skipped past {self.deadline_s:.0f} s)"
         )
 
     def to_dict(self) -> dict[str, Any]:
         return {
+            "modes": list(dict.fromkeys(p.mode for p in self.points)),
             "points": len(self.points),
+            "essential": self.essential,
             "repeats": self.settings.repeats,
             "warmup": self.settings.warmup,
             "estimated_s": round(self.estimated_s, 2),
             "budget_s": self.budget_s,
+            "deadline_s": self.deadline_s,
             "max_len": self.max_len,
             "max_tokens": self.max_tokens,
             "settings": {k: getattr(self.settings, k) for k in self.settings.__dataclass_fields__},
@@ -192,6 +211,28 @@ def _build(spec: ModelSpec, modes: tuple[str, ...], max_len: int, max_tokens: in
     probe_tokens = min(4096, max_tokens)
     probe = SweepPoint("linear", modes[0], (probe_tokens,), moe=not spec.num_dense_layers)
     return points, probe
+
+
+def coarse_first(points: list[SweepPoint]) -> tuple[list[SweepPoint], int]:
+    """(points reordered coarse grid first, how many are in the coarse grid).
+
+    Within each curve (mode, kind, dense/MoE) the grid positions j = 0, 4, 8, ... and the
+    last one form the coarse grid; then j = 2, 6, ...; then the odd ones. An attention
+    length moves with all its packs (the per-call/per-sequence fit needs them together).
+    """
+    groups: dict[tuple, list] = {}
+    for p in points:
+        units = groups.setdefault((p.mode, p.kind, p.moe), [])
+        if p.kind == "attention" and units and units[-1][0].length == p.length:
+            units[-1].append(p)
+        else:
+            units.append([p])
+    levels: list[list[SweepPoint]] = [[], [], []]
+    for units in groups.values():
+        for j, unit in enumerate(units):
+            level = 0 if j % 4 == 0 or j == len(units) - 1 else (1 if j % 2 == 0 else 2)
+            levels[level].extend(unit)
+    return levels[0] + levels[1] + levels[2], len(levels[0])
 
 
 def _random_pack(rng: np.random.Generator, max_len: int, max_tokens: int) -> tuple[int, ...]:
@@ -251,6 +292,8 @@ def make_plan(
         raise ValueError(f"max_tokens ({max_tokens}) must be >= max_len ({max_len})")
     s = settings or (QUICK_SETTINGS if quick else DEFAULT_SETTINGS)
     budget = float(budget_s if budget_s is not None else (24.0 if quick else 75.0))
+    if not budget > 0:
+        raise ValueError(f"the time budget must be > 0 seconds, got {budget_s}")
     try:
         info = lookup_gpu(gpu)
     except ValueError:
@@ -276,8 +319,9 @@ def make_plan(
     else:
         notes.append(f"could not fit the budget; estimated {est:.0f} s")
         logger.warning("sweep estimated at %.0f s, over the %.0f s budget", est, budget)
-    plan = SweepPlan(points=points, probe=probe, settings=s, estimated_s=est, budget_s=budget,
-                     max_len=max_len, max_tokens=max_tokens, notes=notes)
+    ordered, essential = coarse_first(points)
+    plan = SweepPlan(points=ordered, essential=essential, probe=probe, settings=s, estimated_s=est,
+                     budget_s=budget, max_len=max_len, max_tokens=max_tokens, notes=notes)
     logger.info("sweep plan for %s on %s: %s", spec.name, info.key, plan.summary())
     return plan
 

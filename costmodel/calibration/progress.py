@@ -15,10 +15,9 @@ __all__ = ["ProgressLine"]
 
 
 class ProgressLine:
-    def __init__(self, stream: TextIO, label: str, *, estimated_s: float | None = None):
+    def __init__(self, stream: TextIO, label: str):
         self.stream = stream
         self.label = label
-        self.estimated_s = estimated_s
         self.tty = bool(getattr(stream, "isatty", lambda: False)())
         self._last = 0.0
         self._last_decile = -1

@@ -151,13 +151,14 @@ def plot_report(model: CostModel, path: str) -> str:
     fig, axes = plt.subplots(2, 2, figsize=(13, 9))
     (ax_a, ax_l), (ax_e, ax_s) = axes
     colors = {"train": "C0", "forward": "C1"}
+    fitted = "estimated" if model.is_estimate else "fitted"
     for mode in model.modes:
         c, col = model.curves[mode], colors[mode]
         passes = 3.0 if mode == "train" else 1.0
         hi = max(65536, int(c.attention.lengths[-1]) * 2)
         L = np.unique(np.geomspace(16, hi, 300).astype(np.int64))
         a = c.attention(L)
-        ax_a.loglog(L, a, color=col, label=f"{mode}: fitted attn(L)")
+        ax_a.loglog(L, a, color=col, label=f"{mode}: {fitted} attn(L)")
         raw = (model.provenance.get("fit") or {}).get(mode, {}).get("attention", {}).get("per_sequence_ms_raw")
         if raw:
             xs = np.array([int(k) for k in raw])
@@ -170,7 +171,7 @@ def plot_report(model: CostModel, path: str) -> str:
         ax_a.loglog(L, fl * scale, "--", color=col, alpha=0.5, label=f"{mode}: FLOPs-proportional")
         for kind, curve in c.linear.items():
             T = np.unique(np.geomspace(16, max(65536, curve.tokens[-1]), 400).astype(np.int64))
-            ax_l.plot(T, curve(T), color=col, label=f"{mode}: fitted {kind} linear(T)")
+            ax_l.plot(T, curve(T), color=col, label=f"{mode}: {fitted} {kind} linear(T)")
             pts = [m for m in _measured(model, "linear", mode) if bool(m.get("moe")) == (kind == "moe")]
             if pts:
                 ax_l.plot([m["tokens"] for m in pts], [m["ms"] for m in pts], ".", color=col, ms=3,
@@ -188,8 +189,10 @@ def plot_report(model: CostModel, path: str) -> str:
     ax_a.set(xlabel="sequence length L (tokens)", ylabel="ms per sequence per layer", title="attention core")
     ax_l.set(xlabel="tokens in micro-batch", ylabel="ms per layer", title="token-linear part of a layer",
              xscale="log", yscale="log")
-    ax_e.set(xlabel="length / tokens", ylabel="fraction of peak bf16", title="efficiency vs length")
-    ax_s.set(xlabel="sample length L", ylabel="µs per token (all layers + head)",
+    ax_e.set(xlabel="sequence length L (attention) or tokens in micro-batch (linear)",
+             ylabel=f"fraction of peak bf16 ({peak / 1e12:.0f} TFLOP/s)" if peak else "fraction of peak bf16",
+             title="efficiency vs length")
+    ax_s.set(xlabel="sample length L (tokens)", ylabel="µs per token (all layers + head)",
              title=f"sample_cost per token (reference {model.reference_tokens} tokens)")
     for ax in axes.flat:
         ax.grid(True, which="both", alpha=0.3)

@@ -28,7 +28,7 @@ import numpy as np
 
 from costmodel.calibration.plan import SweepPoint
 
-__all__ = ["Measurement", "SyntheticShape", "SyntheticTimer", "Timer", "time_cuda"]
+__all__ = ["Measurement", "SyntheticShape", "SyntheticTimer", "Timer", "time_cpu", "time_cuda"]
 
 
 @dataclass(frozen=True)
@@ -107,6 +107,22 @@ def time_cuda(
         ends[i].record()
     torch.cuda.synchronize()
     return Measurement.from_samples([s.elapsed_time(e) for s, e in zip(starts, ends)])
+
+
+def time_cpu(fn: Callable[[], Any], *, repeats: int, warmup: int) -> Measurement:
+    """Wall-clock time of `fn` on the CPU (dry runs of the GPU workloads; not a calibration)."""
+    import time
+
+    if repeats < 1 or warmup < 0:
+        raise ValueError(f"need repeats >= 1 and warmup >= 0, got {repeats}, {warmup}")
+    for _ in range(warmup):
+        fn()
+    samples = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        samples.append((time.perf_counter() - t0) * 1e3)
+    return Measurement.from_samples(samples)
 
 
 # ---- synthetic timer (CPU tests) ---------------------------------------------------------------

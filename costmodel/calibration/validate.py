@@ -120,9 +120,14 @@ def run_validation(
     repeats: int = 3,
     warmup: int = 1,
     seed: int = 0,
+    time_limit_s: float | None = None,
     progress: Callable[[int, int, SweepPoint, float], None] | None = None,
 ) -> dict[str, Any]:
-    """Time `count` random micro-batches per mode and compare; returns the validation block."""
+    """Time `count` random micro-batches in every mode and compare; returns the validation block.
+
+    Micro-batches run in random order (caps mixed), each in every mode before the next, so
+    that stopping at `time_limit_s` leaves a fair sample of the same micro-batches per mode.
+    """
     import time
 
     spec = model.spec
@@ -131,9 +136,32 @@ def run_validation(
         model._mode(mode)  # ValueError for a mode the model lacks
     max_len = int(min(c.attention.lengths[-1] for c in model.curves.values()))
     caps = [c for c in (caps or DEFAULT_CAPS) if c >= 64]
+    if not caps:
+        raise ValueError("validation needs at least one token cap >= 64")
     moe = spec.num_moe_layers > 0
     rng = np.random.default_rng(seed)
     batches = random_microbatches(rng, count=count, caps=caps, max_len=max_len)
+    batches = [batches[i] for i in rng.permutation(len(batches))]
+    t0 = time.perf_counter()
+    total = len(batches) * len(modes)
+    measured: dict[str, list[float]] = {m: [] for m in modes}
+    done, stopped = 0, False
+    for lengths in batches:
+        if time_limit_s is not None and time.perf_counter() - t0 > time_limit_s:
+            stopped = True
+            logger.warning("validation stopped at its time limit of %.0f s after %d of %d "
+                           "micro-batches", time_limit_s, len(measured[modes[0]]), len(batches))
+            break
+        for mode in modes:
+            point = SweepPoint("stack", mode, lengths, moe=moe, num_layers=num_layers)
+            measured[mode].append(timer.measure(point, repeats=repeats, warmup=warmup).median_ms)
+            done += 1
+            if progress is not None:
+                progress(done, total, point, time.perf_counter() - t0)
+    batches = batches[: len(measured[modes[0]])]
+    if len(batches) < 4:
+        raise RuntimeError(f"validation measured only {len(batches)} micro-batches before its "
+                           f"time limit of {time_limit_s} s; raise the limit or lower --count")
     result: dict[str, Any] = {
         "created": _now(),
         "device": timer.device_fingerprint(),
@@ -141,31 +169,23 @@ def run_validation(
         "moe_layers": moe,
         "caps": list(caps),
         "count": len(batches),
+        "requested_count": count,
+        "stopped_at_time_limit": stopped,
         "seed": seed,
         "repeats": repeats,
         "modes": {},
     }
-    t0 = time.perf_counter()
-    total = len(batches) * len(modes)
-    done = 0
+    toks = np.array([sum(b) for b in batches], dtype=np.float64)
+    fl = np.array([stack_flops(b, spec, num_layers=num_layers, moe=moe) for b in batches])
     for mode in modes:
-        measured, predicted, toks, fl = [], [], [], []
-        for lengths in batches:
-            point = SweepPoint("stack", mode, lengths, moe=moe, num_layers=num_layers)
-            measured.append(timer.measure(point, repeats=repeats, warmup=warmup).median_ms)
-            predicted.append(model.stack_cost(lengths, mode, num_layers=num_layers, moe=moe))
-            toks.append(sum(lengths))
-            fl.append(stack_flops(lengths, spec, num_layers=num_layers, moe=moe))
-            done += 1
-            if progress is not None:
-                progress(done, total, point, time.perf_counter() - t0)
-        m, tok = np.array(measured), np.array(toks, dtype=np.float64)
-        summary = summarize(m, {"cost_model": np.array(predicted), "tokens": tok, "flops": np.array(fl)}, tok)
+        m = np.array(measured[mode])
+        predicted = np.array([model.stack_cost(b, mode, num_layers=num_layers, moe=moe) for b in batches])
+        summary = summarize(m, {"cost_model": predicted, "tokens": toks, "flops": fl}, toks)
         result["modes"][mode] = {
             "summary": summary,
             "points": [
                 {"tokens": int(t), "n": len(b), "measured_ms": float(x), "predicted_ms": float(p)}
-                for b, t, x, p in zip(batches, toks, measured, predicted)
+                for b, t, x, p in zip(batches, toks, m, predicted)
             ],
         }
     result["seconds"] = round(time.perf_counter() - t0, 2)
@@ -174,9 +194,11 @@ def run_validation(
 
 def format_validation(block: dict[str, Any]) -> str:
     """A table of the validation block (also used by `report`)."""
+    stopped = (f"; stopped at the time limit, {block.get('requested_count')} requested"
+               if block.get("stopped_at_time_limit") else "")
     lines = [
         f"validation: {block.get('count')} random micro-batches per mode through "
-        f"{block.get('num_layers')} layers + head (caps {block.get('caps')})",
+        f"{block.get('num_layers')} layers + head (caps {block.get('caps')}{stopped})",
         f"  {'mode':8} {'split':7} {'predictor':11} {'MAPE':>7} {'worst':>7} {'Spearman':>9} {'scale':>10}",
     ]
     for mode, res in block.get("modes", {}).items():

@@ -1,8 +1,10 @@
 """The GPU workloads behind each sweep point, and the `Timer` that times them.
 
-`CudaTimer(spec, attention=..., dtype=...)` implements the `Timer` protocol on a CUDA
+`KernelTimer(spec, attention=..., dtype=...)` implements the `Timer` protocol on a CUDA
 device: for each `SweepPoint` it builds the workload from `costmodel.kernels` and times
-one call with `costmodel.calibration.timer.time_cuda`:
+one call with `costmodel.calibration.timer.time_cuda`. With `device="cpu"` the same
+workloads run on the CPU, timed by `time_cpu`: a dry run of the GPU code path (shapes,
+dtypes, arguments) for tests and for checking a change before a GPU session.
 
 - "attention": the backend alone (`get_attention(name)`) on a pack of n equal sequences;
   forward under no_grad, or forward + backward against a fixed output gradient.
@@ -16,7 +18,7 @@ one call with `costmodel.calibration.timer.time_cuda`:
 backward, accumulating parameter gradients as gradient accumulation does (but not the
 inputs' gradients, which in a model flow on to the previous layer). Modules are
 built once and cached; inputs are built per point (outside the timed region).
-Only imported when calibrating on a GPU.
+Only imported when calibrating (it imports torch through costmodel.kernels).
 """
 
 from __future__ import annotations
@@ -27,24 +29,38 @@ from typing import Any
 
 from costmodel.calibration.device import device_fingerprint, require_cuda
 from costmodel.calibration.plan import SweepPoint
-from costmodel.calibration.timer import Measurement, time_cuda
+from costmodel.calibration.timer import Measurement, time_cpu, time_cuda
 from costmodel.spec import ModelSpec
 
-__all__ = ["CudaTimer"]
+__all__ = ["KernelTimer"]
 
 logger = logging.getLogger(__name__)
 
 _DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 
 
-class CudaTimer:
-    """Times sweep points on the current CUDA device with the kernels of `costmodel.kernels`."""
+class KernelTimer:
+    """Times sweep points with the kernels of `costmodel.kernels` on the current CUDA
+    device (CUDA events), or with `device="cpu"` on the CPU (a dry run, wall clock)."""
 
     def __init__(self, spec: ModelSpec, *, attention: str = "torch-varlen", dtype: str = "bf16",
-                 seed: int = 0):
-        torch = require_cuda()
+                 device: str = "cuda", seed: int = 0):
         if dtype not in _DTYPES:
             raise ValueError(f"dtype {dtype!r}; allowed: {', '.join(_DTYPES)}")
+        if device not in ("cuda", "cpu"):
+            raise ValueError(f"device {device!r}; allowed: cuda, cpu (a dry run)")
+        if device == "cuda":
+            torch = require_cuda()
+            self.device = torch.device("cuda", torch.cuda.current_device())
+            self._fingerprint = device_fingerprint(self.device.index)
+        else:
+            import platform
+
+            import torch
+
+            self.device = torch.device("cpu")
+            self._fingerprint = {"name": f"CPU dry run ({platform.processor() or platform.machine()})",
+                                 "dry_run": True, "torch": torch.__version__}
         from costmodel.kernels.attention import get_attention
 
         self.torch = torch
@@ -52,8 +68,6 @@ class CudaTimer:
         self.attention = attention
         self.attn_fn = get_attention(attention)  # RuntimeError if unavailable here
         self.dtype = getattr(torch, _DTYPES[dtype])
-        self.device = torch.device("cuda", torch.cuda.current_device())
-        self._fingerprint = device_fingerprint(self.device.index)
         self.l2_bytes = int(self._fingerprint.get("l2_cache_bytes") or 0)
         self._modules: dict[tuple, Any] = {}
         torch.manual_seed(seed)
@@ -162,13 +176,15 @@ class CudaTimer:
         raise ValueError(f"unknown sweep point kind {point.kind!r}")
 
     def measure(self, point: SweepPoint, *, repeats: int, warmup: int) -> Measurement:
-        fn, ws = self._build(point)
         try:
+            fn, ws = self._build(point)
+            if self.device.type == "cpu":
+                return time_cpu(fn, repeats=repeats, warmup=warmup)
             return time_cuda(fn, repeats=repeats, warmup=warmup, working_set_bytes=ws,
                              l2_bytes=self.l2_bytes)
         except self.torch.cuda.OutOfMemoryError:
+            free, total = self.torch.cuda.mem_get_info(self.device)
             raise RuntimeError(
-                f"out of GPU memory timing {point.describe()}; lower --max-len"
+                f"out of GPU memory timing {point.describe()} ({free / 2**30:.1f} of "
+                f"{total / 2**30:.1f} GiB free after the failure); lower --max-len / --max-tokens"
             ) from None
-        finally:
-            del fn

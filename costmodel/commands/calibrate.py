@@ -4,9 +4,13 @@ GPU, fit cost curves, check them against analytic FLOPs, and write a cost model 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import shlex
+import signal
 import sys
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 _MODES = ("train", "forward")
@@ -35,7 +39,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--gpu", default="auto",
                    help="registry key of the GPU the file is for (h100, h200, a100, ...), checked "
                    "against the device; 'auto' takes the device found (default)")
-    p.add_argument("--model", required=True, help="preset name or HF config.json path")
+    p.add_argument("--model", help="preset name or HF config.json path (required unless --refit)")
     p.add_argument("--attention", default="torch-varlen",
                    help="attention backend: triton, torch-varlen, sdpa, flash-attn (default torch-varlen)")
     p.add_argument("--dtype", default="bf16", choices=("bf16", "fp16"), help="compute dtype")
@@ -47,7 +51,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--quick", action="store_true", help="a coarser sweep (~30 s on an H200)")
     p.add_argument("--budget-s", type=float, default=None,
                    help="time budget of the sweep in seconds (default 75, --quick 24)")
-    p.add_argument("-o", "--output", required=True, help="where to write the cost model (JSON)")
+    p.add_argument("-o", "--output", required=True,
+                   help="where to write the cost model (JSON). If the run fails or is interrupted "
+                   "after measuring, what was measured goes to OUTPUT-stem.partial.json")
+    p.add_argument("--refit", metavar="FILE", default=None,
+                   help="no measuring: fit again from the measurements in FILE (a calibrated or "
+                   ".partial.json file; no GPU needed) and write -o")
     p.set_defaults(func=run)
 
 
@@ -56,40 +65,105 @@ def run(args: argparse.Namespace) -> int:
     from costmodel.calibration.pipeline import calibrate
     from costmodel.calibration.plan import make_plan
     from costmodel.calibration.progress import ProgressLine
+    from costmodel.model import write_json_atomic
     from costmodel.spec import ModelSpec
 
+    output = Path(args.output)
+    if output.is_dir():
+        raise ValueError(f"-o {output} is a directory; give a file name such as calibrated.json")
+    command = shlex.join(["costmodel", *args.argv])
+    if args.refit:
+        return _refit(args.refit, output, command)
+    if not args.model:
+        raise ValueError("--model is required (a preset name or a HF config.json path), unless --refit")
     modes = parse_modes(args.modes)
     spec = ModelSpec.from_any(args.model)
     if spec.dtype != args.dtype:
         spec = dataclasses.replace(spec, dtype=args.dtype)
-    output = Path(args.output)
-    if output.is_dir():
-        raise ValueError(f"-o {output} is a directory; give a file name such as calibrated.json")
     require_cuda()  # RuntimeError saying what is missing, before any work
-    from costmodel.calibration.workloads import CudaTimer
+    from costmodel.calibration.workloads import KernelTimer
 
-    timer = CudaTimer(spec, attention=args.attention, dtype=args.dtype)
+    timer = KernelTimer(spec, attention=args.attention, dtype=args.dtype)
     fingerprint = timer.device_fingerprint()
     gpu_key, info = resolve_gpu(args.gpu, fingerprint)
     plan = make_plan(spec, modes=modes, max_len=args.max_len, max_tokens=args.max_tokens,
                      quick=args.quick, gpu=gpu_key if info else "h200", budget_s=args.budget_s)
     print(f"calibrating {spec.name} on {fingerprint['name']} ({gpu_key}), attention "
           f"{args.attention}, {args.dtype}: {plan.summary()}", file=sys.stderr)
-    command = shlex.join(["costmodel", *args.argv])
-    model = calibrate(
-        spec, timer=timer, plan=plan, gpu_key=gpu_key, gpu_info=info, attention=args.attention,
-        dtype=args.dtype, command=command,
-        progress=ProgressLine(sys.stderr, "calibrate", estimated_s=plan.estimated_s),
-    )
+    partial = output.with_name(output.stem + ".partial.json")
+
+    def save_partial(doc: dict) -> None:
+        write_json_atomic(partial, doc)
+        print(f"saved {len(doc['measurements'])} measurements to {partial} ({doc['error']}); "
+              f"fit them later with: costmodel calibrate --refit {partial} -o {output}",
+              file=sys.stderr)
+
+    with _signals_interrupt():
+        model = calibrate(
+            spec, timer=timer, plan=plan, gpu_key=gpu_key, gpu_info=info, attention=args.attention,
+            dtype=args.dtype, command=command, save_partial=save_partial,
+            progress=ProgressLine(sys.stderr, "calibrate"),
+        )
     model.save(output)
-    drift = model.provenance["drift_probe"]["relative_change"]
-    check = model.extra["flops_check"]
+    prov = model.provenance
+    skipped = f", {prov['skipped_points']} refinement points skipped" if prov.get("skipped_points") else ""
     print(f"wrote {output}: {len(model.extra['measurements'])} points in "
-          f"{model.provenance['sweep_seconds']:.0f} s, drift {drift:+.1%}")
+          f"{prov['sweep_seconds']:.0f} s (plan estimate {plan.estimated_s:.0f} s){skipped}, "
+          f"drift {prov['drift_probe']['relative_change']:+.1%}")
+    print_peak_memory()
+    _print_summary(model)
+    print(f"next: costmodel validate {output}   and   costmodel report {output} --png plot.png")
+    return 0
+
+
+@contextlib.contextmanager
+def _signals_interrupt() -> Iterator[None]:
+    """SIGINT and SIGTERM raise KeyboardInterrupt while measuring, so that `timeout` or a
+    scheduler stopping the run still gets the partial measurements saved. Needed because a
+    shell starts background jobs with SIGINT ignored, which Python would inherit."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt(f"signal {signal.Signals(signum).name}")
+
+    previous = {sig: signal.signal(sig, interrupt) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _refit(source: str, output: Path, command: str) -> int:
+    from costmodel.calibration.pipeline import refit
+    from costmodel.model import read_document
+
+    path = Path(source)
+    if not path.is_file():
+        raise FileNotFoundError(f"--refit {source}: no such file")
+    model = refit(read_document(path), source=str(path), command=command)
+    model.save(output)
+    print(f"wrote {output}: refitted from {len(model.extra['measurements'])} measurements in {path}")
+    _print_summary(model)
+    return 0
+
+
+def print_peak_memory() -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        print(f"peak GPU memory allocated: {torch.cuda.max_memory_allocated() / 2**30:.1f} GiB "
+              f"of {torch.cuda.get_device_properties(0).total_memory / 2**30:.0f} GiB", file=sys.stderr)
+
+
+def _print_summary(model) -> None:
+    check = model.extra["flops_check"]
     if check.get("max_efficiency") is not None:
         print(f"FLOPs check passed: highest efficiency {check['max_efficiency']:.1%} of "
               f"{check['peak_tflops']:.0f} TFLOP/s")
+    for mode, err in (model.provenance.get("dropped_modes") or {}).items():
+        print(f"mode {mode} NOT in the file (its fit failed: {err})")
     for mode, kinds in model.extra["residuals"].items():
         print(f"fit residuals {mode}: " + ", ".join(f"{k} rms {v['rms']:.2%}" for k, v in kinds.items()))
-    print(f"next: costmodel validate {output}   and   costmodel report {output} --png plot.png")
-    return 0

@@ -36,6 +36,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--modes", default=None, help="passes to validate (default: all in the file)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--time-limit-s", type=float, default=None,
+                   help="stop starting new micro-batches after this many seconds and report "
+                   "those measured (default: no limit)")
     p.add_argument("--allow-other-gpu", action="store_true",
                    help="validate on a GPU other than the one the file was calibrated on")
     p.add_argument("--no-save", action="store_true", help="do not store the result in the file")
@@ -46,7 +49,7 @@ def run(args: argparse.Namespace) -> int:
     from costmodel.calibration.device import require_cuda
     from costmodel.calibration.progress import ProgressLine
     from costmodel.calibration.validate import format_validation, run_validation
-    from costmodel.commands.calibrate import parse_modes
+    from costmodel.commands.calibrate import parse_modes, print_peak_memory
     from costmodel.model import load_cost_model, read_document, write_json_atomic
 
     path = Path(args.path)
@@ -59,12 +62,14 @@ def run(args: argparse.Namespace) -> int:
     caps = _ints(args.caps, "--caps")
     if args.count < 4 or args.layers < 1:
         raise ValueError("--count must be >= 4 and --layers >= 1")
+    if args.time_limit_s is not None and not args.time_limit_s > 0:
+        raise ValueError(f"--time-limit-s must be > 0 seconds, got {args.time_limit_s}")
     require_cuda()
-    from costmodel.calibration.workloads import CudaTimer
+    from costmodel.calibration.workloads import KernelTimer
 
     kernels = model.extra.get("kernels") or {}
     attention = kernels.get("attention", "torch-varlen")
-    timer = CudaTimer(model.spec, attention=attention, dtype=kernels.get("dtype", "bf16"))
+    timer = KernelTimer(model.spec, attention=attention, dtype=kernels.get("dtype", "bf16"))
     found = timer.device_fingerprint()["name"]
     if found != model.gpu and not args.allow_other_gpu:
         raise ValueError(
@@ -75,10 +80,11 @@ def run(args: argparse.Namespace) -> int:
           f"{args.layers} layers + head ({attention})", file=sys.stderr)
     result = run_validation(
         model, timer, count=args.count, caps=caps, modes=modes, num_layers=args.layers,
-        repeats=args.repeats, seed=args.seed,
+        repeats=args.repeats, seed=args.seed, time_limit_s=args.time_limit_s,
         progress=ProgressLine(sys.stderr, "validate"),
     )
     print(format_validation(result))
+    print_peak_memory()
     if not args.no_save:
         doc = read_document(path)
         doc["validation"] = result
