@@ -8,6 +8,11 @@
 #   3. costmodel report --png                                      seconds
 #   4. GPU pytest tests (-m gpu)                                   <= 100 s
 #   5. kernel benchmarks (attention, MLP --quick), if time is left
+#   6. costmodel bench-schedule with the fresh cost model (dp 8,16), if time is left
+# STEPS picks and orders a subset, e.g. STEPS="bench_schedule pytest" with CAL=<a shipped
+# profile> for a session that only needs those. At most 8 files come back from $OUT, so
+# only these are written there: session.log, $MODEL.json (+ .partial.json on failure),
+# $MODEL.png, pytest-gpu.xml, bench_attention.json, bench_mlp.json, bench_schedule.json.
 # Every step has a timeout (SIGINT first, so Python saves what it can), the whole script
 # skips steps past LIMIT_S, and a failing step never stops the next. Everything goes
 # under "$OUT" (default ./out) with a log: session.log.
@@ -25,8 +30,10 @@ export PYTHONUNBUFFERED=1   # progress lines reach the log as they happen
 PY="${PYTHON:-python}"
 LIMIT_S="${LIMIT_S:-470}"   # total wall budget; later steps are skipped past it
 MODEL="${MODEL:-qwen3-8b}"
-CAL="$OUT/$MODEL.json"
+CAL="${CAL:-$OUT/$MODEL.json}"
+STEPS="${STEPS:-calibrate validate report pytest bench_attention bench_mlp bench_schedule}"
 STATUS=0
+want() { [[ " $STEPS " == *" $1 "* ]]; }
 
 step() {  # step NAME TIMEOUT_S CMD...: run with a timeout, log rc and time, never abort
   local name="$1" limit="$2"; shift 2
@@ -57,31 +64,37 @@ for name in ("triton", "numpy", "scipy", "matplotlib"):
         print(name, "MISSING")
 PYEOF
 
-step "calibrate $MODEL" 170 "$PY" -m costmodel -v calibrate --gpu auto --model "$MODEL" \
-  --attention torch-varlen --dtype bf16 --modes train,forward --max-len 32768 -o "$CAL"
-if [[ ! -f "$CAL" && -f "$OUT/$MODEL.partial.json" ]]; then
-  step "refit $MODEL from the partial measurements" 40 "$PY" -m costmodel -v calibrate \
-    --refit "$OUT/$MODEL.partial.json" -o "$CAL"
-fi
-if [[ ! -f "$CAL" ]]; then
-  step "calibrate $MODEL (fallback: sdpa, --quick)" 80 "$PY" -m costmodel -v calibrate --gpu auto \
-    --model "$MODEL" --attention sdpa --dtype bf16 --modes train,forward --max-len 32768 --quick \
-    -o "$CAL"
+if want calibrate; then
+  step "calibrate $MODEL" 170 "$PY" -m costmodel -v calibrate --gpu auto --model "$MODEL" \
+    --attention torch-varlen --dtype bf16 --modes train,forward --max-len 32768 -o "$CAL"
+  if [[ ! -f "$CAL" && -f "$OUT/$MODEL.partial.json" ]]; then
+    step "refit $MODEL from the partial measurements" 40 "$PY" -m costmodel -v calibrate \
+      --refit "$OUT/$MODEL.partial.json" -o "$CAL"
+  fi
+  if [[ ! -f "$CAL" ]]; then
+    step "calibrate $MODEL (fallback: sdpa, --quick)" 80 "$PY" -m costmodel -v calibrate \
+      --gpu auto --model "$MODEL" --attention sdpa --dtype bf16 --modes train,forward \
+      --max-len 32768 --quick -o "$CAL"
+  fi
 fi
 if [[ -f "$CAL" ]]; then
-  cp "$CAL" "$OUT/$MODEL.before-validate.json"
-  step "validate $MODEL" 140 "$PY" -m costmodel -v validate "$CAL" --count 120 --layers 4 \
-    --time-limit-s 100
-  step "report $MODEL" 40 sh -c "\"$PY\" -m costmodel report \"$CAL\" --png \"$OUT/$MODEL.png\" > \"$OUT/$MODEL.report.txt\"; rc=\$?; cat \"$OUT/$MODEL.report.txt\"; exit \$rc"
+  want validate && step "validate $MODEL" 140 "$PY" -m costmodel -v validate "$CAL" \
+    --count 120 --layers 4 --time-limit-s 100
+  want report && step "report $MODEL" 40 "$PY" -m costmodel report "$CAL" --png "$OUT/$MODEL.png"
 else
   echo "== no $CAL: calibrate failed, skipping validate/report"
   STATUS=1
 fi
-step "pytest -m gpu" 100 "$PY" -m pytest -q -m gpu -p no:cacheprovider tests/ \
+want pytest && step "pytest -m gpu" 100 "$PY" -m pytest -q -m gpu -p no:cacheprovider tests/ \
   --junitxml="$OUT/pytest-gpu.xml"
-step "bench_attention --quick" 45 "$PY" benchmarks/bench_attention.py --quick \
-  --backends torch-varlen triton --json "$OUT/bench_attention.json"
-step "bench_mlp --quick" 40 "$PY" benchmarks/bench_mlp.py --quick --json "$OUT/bench_mlp.json"
+want bench_attention && step "bench_attention --quick" 45 "$PY" benchmarks/bench_attention.py \
+  --quick --backends torch-varlen triton --json "$OUT/bench_attention.json"
+want bench_mlp && step "bench_mlp --quick" 40 "$PY" benchmarks/bench_mlp.py --quick \
+  --json "$OUT/bench_mlp.json"
+if want bench_schedule && [[ -f "$CAL" ]]; then
+  step "bench-schedule $MODEL" 120 "$PY" -m costmodel -v bench-schedule --model "$MODEL" \
+    --lengths rl --cap 16384 --dp 8,16 --cost-model "$CAL" -o "$OUT/bench_schedule.json"
+fi
 echo "== session end after ${SECONDS}s, status $STATUS; files:"
 ls -la "$OUT"
 exit $STATUS
