@@ -55,7 +55,7 @@ import numpy as np
 
 from costmodel.flops import as_lengths
 from costmodel.scheduler import build_schedule, karmarkar_karp
-from costmodel.scheduler.baselines import expand_bins_by_splitting, first_fit_pack
+from costmodel.scheduler.baselines import align_bins, first_fit_pack
 from costmodel.scheduler.costs import as_cost
 
 __all__ = ["build_dp_schedule"]
@@ -195,16 +195,8 @@ def _first_fit_strided(lengths: np.ndarray, dp: int, align: int, cap: int) -> li
     """slime without balancing: first fit, split the largest until aligned, strided."""
     lens = lengths.tolist()
     bins = first_fit_pack(lens, cap)
-    align_to = dp * align
-    target = max(-(-len(bins) // align_to) * align_to, align_to)
-    expand_bins_by_splitting(bins, target, lens)
-    if len(bins) != target:
-        raise ValueError(
-            f"{len(lens)} samples cannot make {target} micro-batches "
-            f"(dp_size × micro-batch group = {align_to}); bring more samples per step or "
-            f"lower dp_size"
-        )
-    return [[sorted(bins[k]) for k in range(r, target, dp)] for r in range(dp)]
+    align_bins(bins, dp * align, lens)
+    return [[sorted(bins[k]) for k in range(r, len(bins), dp)] for r in range(dp)]
 
 
 def _static(

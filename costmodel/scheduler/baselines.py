@@ -30,6 +30,7 @@ from costmodel.scheduler.partition import karmarkar_karp
 __all__ = [
     "BASELINES",
     "baseline_microbatches",
+    "align_bins",
     "expand_bins_by_splitting",
     "first_fit_pack",
     "first_fit_then_karmarkar_karp",
@@ -96,6 +97,19 @@ def expand_bins_by_splitting(bins: list[list[int]], target: int, lengths) -> Non
         bins.append(right)
 
 
+def align_bins(bins: list[list[int]], align_to: int, lengths) -> None:
+    """Split the largest micro-batches until their count is a positive multiple of
+    `align_to` (dp_size × micro-batch group), as slime does; ValueError when it cannot."""
+    target = max(-(-len(bins) // align_to) * align_to, align_to)
+    expand_bins_by_splitting(bins, target, lengths)
+    if len(bins) != target:
+        raise ValueError(
+            f"{len(lengths)} samples cannot make {target} micro-batches "
+            f"(a multiple of dp_size × micro-batch group = {align_to}); bring more samples "
+            f"per step or lower dp_size"
+        )
+
+
 def baseline_microbatches(
     lengths,
     *,
@@ -119,14 +133,7 @@ def baseline_microbatches(
     else:
         k = max(1, -(-sum(lens) // cap))
         bins = [[i] for i in range(len(lens))] if k >= len(lens) else karmarkar_karp(work, k)
-    align_to = dp_size * align
-    target = max(-(-len(bins) // align_to) * align_to, align_to)
-    expand_bins_by_splitting(bins, target, lens)
-    if len(bins) != target:
-        raise ValueError(
-            f"baseline could only make {len(bins)} micro-batches, needs {target} "
-            f"(a multiple of dp_size × align)"
-        )
+    align_bins(bins, dp_size * align, lens)
     weights = [float(work[b].sum()) for b in bins]
     ranks = karmarkar_karp(weights, dp_size, equal_size=True)
     return [[sorted(bins[k]) for k in sorted(part)] for part in ranks]

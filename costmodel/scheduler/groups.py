@@ -21,6 +21,7 @@ import heapq
 import numpy as np
 
 from costmodel.scheduler.pack import pack_tokens
+from costmodel.scheduler.refine import pair_ranks
 
 __all__ = ["place_groups"]
 
@@ -100,20 +101,11 @@ def _sweep(
     load = np.bincount(rank_of_unit, weights=uq, minlength=dp).astype(np.int64)
     tok = np.bincount(rank_of_unit, weights=ut, minlength=dp).astype(np.int64)
     cnt = np.bincount(rank_of_unit, weights=uc, minlength=dp).astype(np.int64)
-    by_load = np.lexsort((np.arange(dp), -load))
-    n_pairs = dp // 2
-    a_ranks = by_load[:n_pairs]
-    b_ranks = by_load[::-1][:n_pairs] if fold else by_load[dp - n_pairs :]
-    gap = load[a_ranks] - load[b_ranks]
-    live = gap > tol
-    if not live.any():
+    pairs = pair_ranks(load, tol, fold)
+    if pairs is None:
         return 0
-    a_ranks, b_ranks, gap = a_ranks[live], b_ranks[live], gap[live]
+    a_ranks, b_ranks, gap, pair_a, pair_b = pairs
     n_pairs = a_ranks.size
-    pair_a = np.full(dp, -1, dtype=np.int64)
-    pair_a[a_ranks] = np.arange(n_pairs)
-    pair_b = np.full(dp, -1, dtype=np.int64)
-    pair_b[b_ranks] = np.arange(n_pairs)
 
     pa_all = pair_a[rank_of_unit]
     ua = np.flatnonzero(pa_all >= 0)

@@ -96,6 +96,31 @@ class BinState:
         return self.quantise(self.cost.evaluate(self.lengths[flat], offsets))
 
 
+def pair_ranks(
+    load: np.ndarray, tol: float, fold: bool
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None:
+    """Pair heavy ranks A with light ranks B for one sweep; None when no pair's gap > tol.
+
+    Returns (a_ranks, b_ranks, gap, pair_a, pair_b): pair_a[r] / pair_b[r] is the pair index
+    of rank r on the heavy / light side, -1 when r is not there. Ties go to lower ranks.
+    """
+    dp = load.size
+    by_load = np.lexsort((np.arange(dp), -load))
+    n_pairs = dp // 2
+    a_ranks = by_load[:n_pairs]
+    b_ranks = by_load[::-1][:n_pairs] if fold else by_load[dp - n_pairs :]
+    gap = load[a_ranks] - load[b_ranks]
+    live = gap > tol
+    if not live.any():
+        return None
+    a_ranks, b_ranks, gap = a_ranks[live], b_ranks[live], gap[live]
+    pair_a = np.full(dp, -1, dtype=np.int64)
+    pair_a[a_ranks] = np.arange(a_ranks.size)
+    pair_b = np.full(dp, -1, dtype=np.int64)
+    pair_b[b_ranks] = np.arange(a_ranks.size)
+    return a_ranks, b_ranks, gap, pair_a, pair_b
+
+
 def _sweep(st: BinState, tol: float, fold: bool = True) -> int:
     """One sweep over all rank pairs. Returns how many changes were applied.
 
@@ -106,20 +131,11 @@ def _sweep(st: BinState, tol: float, fold: bool = True) -> int:
     dp, m, cap = st.dp, st.m, st.cap
     q, lengths, fill, count = st.q, st.lengths, st.fill, st.count
     load = st.load
-    by_load = np.lexsort((np.arange(dp), -load))
-    n_pairs = dp // 2
-    a_ranks = by_load[:n_pairs]
-    b_ranks = by_load[::-1][:n_pairs] if fold else by_load[dp - n_pairs :]
-    gap = load[a_ranks] - load[b_ranks]
-    live = gap > tol
-    if not live.any():
+    pairs = pair_ranks(load, tol, fold)
+    if pairs is None:
         return 0
-    a_ranks, b_ranks, gap = a_ranks[live], b_ranks[live], gap[live]
+    a_ranks, b_ranks, gap, pair_a, pair_b = pairs
     n_pairs = a_ranks.size
-    pair_a = np.full(dp, -1, dtype=np.int64)
-    pair_a[a_ranks] = np.arange(n_pairs)
-    pair_b = np.full(dp, -1, dtype=np.int64)
-    pair_b[b_ranks] = np.arange(n_pairs)
 
     pa_all = pair_a[st.rank_of]
     ia = np.flatnonzero(pa_all >= 0)
