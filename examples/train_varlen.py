@@ -16,8 +16,13 @@ import argparse
 import logging
 import os
 import sys
+from pathlib import Path
 
-from costmodel.training.config import add_trainer_arguments
+_ROOT = Path(__file__).resolve().parents[1]
+if (_ROOT / "costmodel").is_dir() and str(_ROOT) not in sys.path:  # run from a checkout
+    sys.path.insert(0, str(_ROOT))
+
+from costmodel.training.config import add_trainer_arguments  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -35,9 +40,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         train(args)
     except (ValueError, RuntimeError, FileNotFoundError) as err:
-        # Every rank validates the same flags, so each would say the same: rank 0 speaks.
-        if rank == 0 or "ranks built different schedules" in str(err):
-            print(f"train_varlen.py: error: {err}", file=sys.stderr)
+        # Every rank says why it stops: a bad flag fails them all alike, but a failure of
+        # one rank alone (out of memory, say) must not go unsaid.
+        where = f" (rank {rank})" if int(os.environ.get("WORLD_SIZE", "1")) > 1 else ""
+        print(f"train_varlen.py: error{where}: {err}", file=sys.stderr)
         return 2
     return 0
 

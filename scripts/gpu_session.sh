@@ -9,6 +9,7 @@
 #   4. GPU pytest tests (-m gpu)                                   <= 100 s
 #   5. kernel benchmarks (attention, MLP --quick), if time is left
 #   6. costmodel bench-schedule with the fresh cost model (dp 8,16), if time is left
+#      (stops measuring at 95 s, or at the step's SIGINT, and writes what it measured)
 # STEPS picks and orders a subset, e.g. STEPS="bench_schedule pytest" with CAL=<a shipped
 # profile> for a session that only needs those. At most 8 files come back from $OUT, so
 # only these are written there: session.log, $MODEL.json (+ .partial.json on failure),
@@ -93,7 +94,8 @@ want bench_mlp && step "bench_mlp --quick" 40 "$PY" benchmarks/bench_mlp.py --qu
   --json "$OUT/bench_mlp.json"
 if want bench_schedule && [[ -f "$CAL" ]]; then
   step "bench-schedule $MODEL" 120 "$PY" -m costmodel -v bench-schedule --model "$MODEL" \
-    --lengths rl --cap 16384 --dp 8,16 --cost-model "$CAL" -o "$OUT/bench_schedule.json"
+    --lengths rl --cap 16384 --dp 8,16 --cost-model "$CAL" --time-limit-s 95 \
+    -o "$OUT/bench_schedule.json"
 fi
 echo "== session end after ${SECONDS}s, status $STATUS; files:"
 ls -la "$OUT"

@@ -92,10 +92,15 @@ def test_cost_model_of_another_shape_is_an_error_unless_opted_in(cost_model_file
     assert model.spec.fingerprint() == SPEC.fingerprint()
 
 
-def test_missing_cost_model_file(tmp_path):
-    args = parse([*FLOPS_ARGV, "--cost-model", str(tmp_path / "nope.json")])
-    with pytest.raises((FileNotFoundError, ValueError), match="nope.json"):
+@pytest.mark.parametrize("content", [None, "{not json", "[1, 2]", '{"schema": "other/9"}'])
+def test_cost_model_that_does_not_load(tmp_path, content):
+    path = tmp_path / "cm.json"
+    if content is not None:
+        path.write_text(content)
+    args = parse([*FLOPS_ARGV, "--cost-model", str(path)])
+    with pytest.raises((FileNotFoundError, ValueError), match="cm.json") as err:
         validate_args(args, spec=SPEC)
+    assert str(err.value).startswith(f"--cost-model {path}") and "\n" not in str(err.value)
 
 
 def test_cost_model_needs_a_shape_to_check(cost_model_file):
@@ -180,3 +185,98 @@ def test_no_torch_needed_to_import():
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
+
+
+def test_their_option_under_another_dest_is_read_from_there():
+    """Regression: `--use-dynamic-batch-size` with dest="dynamic" was taken as absent."""
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--use-dynamic-batch-size", dest="dynamic", action="store_true")
+    parser.add_argument("--max_tokens_per_gpu", dest="cap", type=int)
+    args = parse(["--use-dynamic-batch-size", "--max_tokens_per_gpu", "512", "--balance-by-flops"],
+                 parser)
+    assert not hasattr(args, "use_dynamic_batch_size") and args.dynamic and args.cap == 512
+    kwargs = scheduler_from_args(args, SPEC)
+    assert kwargs["cost"] == "flops" and kwargs["max_tokens_per_microbatch"] == 512
+    with pytest.raises(ValueError, match=r"\-\-use\-dynamic\-batch\-size"):
+        validate_args(parse(["--balance-by-flops", "--max_tokens_per_gpu", "512"], parser), spec=SPEC)
+
+
+def test_into_an_argument_group_or_a_subcommand():
+    """Regression: an argument group got a nested group (deprecated since Python 3.11)."""
+    import warnings
+
+    parser = argparse.ArgumentParser()
+    group = parser.add_argument_group("mine")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        add_arguments(group)
+    assert "--balance-by-flops" in [o for a in group._group_actions for o in a.option_strings]
+    assert parser.parse_args(["--balance-by-flops"]).balance_by_flops
+    with pytest.raises(TypeError, match="mutually exclusive"):
+        add_arguments(parser.add_mutually_exclusive_group())
+
+    sub = argparse.ArgumentParser().add_subparsers(dest="cmd")
+    train = add_arguments(sub.add_parser("train"))
+    args = train.parse_args(["--use-dynamic-batch-size", "--max-tokens-per-gpu", "64"])
+    assert scheduler_from_args(args, SPEC)["max_tokens_per_microbatch"] == 64
+
+
+@pytest.mark.parametrize(
+    ("definition", "argv"),
+    [
+        (dict(action="store_true"), ["--max-tokens-per-gpu"]),  # a switch, not a number
+        (dict(default="lots"), []),
+        (dict(type=float), ["--max-tokens-per-gpu", "12.5"]),
+    ],
+)
+def test_their_cap_that_is_not_a_number_of_tokens(definition, argv):
+    """Regression: a store_true --max-tokens-per-gpu became a 1-token cap (True)."""
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--max-tokens-per-gpu", **definition)
+    args = parse(["--use-dynamic-batch-size", *argv], parser)
+    with pytest.raises(ValueError, match="must be a number of tokens"):
+        validate_args(args, spec=SPEC)
+
+
+def test_kwargs_are_parameters_of_build_schedule(cost_model_file):
+    import inspect
+
+    from costmodel.scheduler import build_schedule
+
+    params = set(inspect.signature(build_schedule).parameters)
+    expected = {"tokens": FLOPS_ARGV[:3], "flops": FLOPS_ARGV,
+                "model": [*FLOPS_ARGV, "--cost-model", cost_model_file]}
+    for policy, argv in expected.items():
+        kwargs = scheduler_from_args(parse(argv), SPEC, dp_size=2)
+        assert set(kwargs) <= params
+        assert set(kwargs) == {"max_tokens_per_microbatch", "cost", "spec", "mode", "dp_size"}
+        assert kwargs["max_tokens_per_microbatch"] == 4096 and kwargs["dp_size"] == 2
+        if policy == "model":
+            assert kwargs["cost"].spec.fingerprint() == SPEC.fingerprint()
+        else:
+            assert kwargs["cost"] == policy
+
+
+def megatron_args(**flags) -> argparse.Namespace:
+    """What slime hands its data code: Megatron's namespace for qwen3-0.6b, plus our flags."""
+    return argparse.Namespace(
+        num_layers=28, hidden_size=1024, num_attention_heads=16, group_query_attention=True,
+        num_query_groups=8, kv_channels=128, ffn_hidden_size=3072, padded_vocab_size=151936,
+        qk_layernorm=True, swiglu=True, context_parallel_size=2,
+        use_dynamic_batch_size=True, max_tokens_per_gpu=8192, balance_data=True, **flags,
+    )
+
+
+def test_slime_style_namespace():
+    """max_tokens_per_gpu is per GPU: a context-parallel group packs cp x as many tokens;
+    the model shape comes from Megatron's own fields when no spec is passed."""
+    tokens = scheduler_from_args(megatron_args(balance_by_flops=False))
+    assert tokens == {"max_tokens_per_microbatch": 16384, "cost": "tokens", "spec": None,
+                      "mode": "train"}
+    flops = scheduler_from_args(megatron_args(balance_by_flops=True))
+    assert flops["cost"] == "flops" and flops["spec"].fingerprint() == SPEC.fingerprint()
+    args = megatron_args(balance_by_flops=True, cost_model="h200/qwen3-0.6b")
+    model = validate_args(args)
+    assert scheduler_from_args(args)["cost"] is model
+    with pytest.raises(ValueError, match="allow-other-shape"):
+        validate_args(megatron_args(balance_by_flops=True, cost_model="h200/qwen3-8b"))

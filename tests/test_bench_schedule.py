@@ -36,6 +36,7 @@ def test_whole_command_with_a_fake_measurer(tmp_path, capsys):
     assert _run([*SMALL, "--policies", ALL, "-o", str(out), "--per-rank"]) == 0
     text = capsys.readouterr().out
     assert "speed-up" in text and "calibrated" in text and "baseline" in text
+    assert "dp 8 calibrated: rank predicted ms / measured ms" in text and "(-2.9%)" in text
     doc = json.loads(out.read_text())
     assert doc["schema"] == "costmodel-bench-schedule/1"
     assert doc["provenance"]["date"] and doc["provenance"]["command"].startswith("costmodel")
@@ -69,8 +70,11 @@ def test_each_distinct_microbatch_is_measured_once_per_round():
         return float(sum(lengths))
 
     keys = [(1, 2), (2, 1), (5,), (5,), (3, 3)]
-    times = bench.measure_microbatches([bench._key(k) for k in keys], counting, repeats=3, warmup=0)
+    times, stopped = bench.measure_microbatches(
+        [bench._key(k) for k in keys], counting, repeats=3, warmup=0
+    )
     assert len(calls) == 3 * 3 and times[(1, 2)] == 3.0 and times[(5,)] == 5.0
+    assert stopped is None
 
 
 class FakeTimer:
@@ -173,3 +177,67 @@ def test_layer_timer_on_the_gpu():
     timer = bench.LayerTimer(ModelSpec.from_preset("qwen3-0.6b"))
     small, large = timer([256] * 2), timer([4096] * 4)
     assert 0 < small < large
+
+
+class Clock:
+    """A fake clock for `bench` and the command: every micro-batch measured takes 1 s."""
+
+    def __init__(self, interrupt_at: int | None = None):
+        self.t = 0.0
+        self.interrupt_at = interrupt_at
+
+    def perf_counter(self) -> float:
+        return self.t
+
+    def measure(self, lengths) -> float:
+        if self.interrupt_at is not None and self.t >= self.interrupt_at:
+            raise KeyboardInterrupt  # what `timeout --signal=INT` delivers
+        self.t += 1
+        return fake_measure(lengths)
+
+
+LIMITED = [*SMALL, "--policies", "tokens,calibrated", "--warmup", "0"]
+
+
+@pytest.fixture
+def clock(monkeypatch):
+    """The clock, and how many micro-batches (= seconds) a whole run measures."""
+    clock = Clock()
+    monkeypatch.setattr(bench, "time", clock)
+    monkeypatch.setattr(bench_schedule, "time", clock)
+    assert _run(LIMITED, measure=clock.measure) == 0
+    total, clock.t = clock.t, 0.0
+    return clock, total
+
+
+@pytest.mark.parametrize("stop", ["time-limit", "sigint"])
+def test_stopping_early_writes_the_schedules_measured_in_full(stop, clock, tmp_path, capsys):
+    """dp 4 is ~1/3 of the micro-batches: stopped at 40%, dp 4 is reported, dp 8 is not."""
+    clock, total = clock
+    out = tmp_path / "b.json"
+    argv = [*LIMITED, "-o", str(out)]
+    if stop == "time-limit":
+        argv += ["--time-limit-s", str(0.4 * total)]
+    else:
+        clock.interrupt_at = int(0.4 * total)
+    capsys.readouterr()
+    assert _run(argv, measure=clock.measure) == 0
+    doc = json.loads(out.read_text())
+    assert [(r["dp_size"], r["policy"]) for r in doc["runs"]] == [(4, "tokens"), (4, "calibrated")]
+    assert doc["unmeasured"] == [[8, "tokens"], [8, "calibrated"]]
+    assert doc["runs"][1]["speedup_over_tokens"] > 0
+    assert clock.t <= 0.4 * total + 1
+    captured = capsys.readouterr()
+    assert "not measured: dp 8 tokens, dp 8 calibrated" in captured.err
+    assert "calibrated" in captured.out  # the table of what was measured
+
+
+def test_a_time_limit_too_short_for_any_schedule(clock, capsys, monkeypatch):
+    clock, _ = clock
+    real = bench_schedule.run
+    monkeypatch.setattr(bench_schedule, "run", lambda args: real(args, measure=clock.measure))
+    assert main(["bench-schedule", *LIMITED, "--time-limit-s", "2"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert "raise --time-limit-s" in err[-1]
+    assert main(["bench-schedule", *LIMITED, "--time-limit-s", "0"]) == 2
+    assert "--time-limit-s must be > 0" in capsys.readouterr().err

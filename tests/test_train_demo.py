@@ -32,12 +32,21 @@ def _env() -> dict[str, str]:
     return env
 
 
-def torchrun(*argv: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    cmd = [
-        sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--standalone",
-        str(REPO / "examples" / "train_varlen.py"), *argv,
-    ]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=_env(), cwd=REPO)
+def _torchrun_script(tmp_path: Path, body: str, *argv: str) -> subprocess.CompletedProcess:
+    """torchrun (2 ranks) of a wrapper around the example: ``body`` runs first on each rank."""
+    script = tmp_path / "wrapped.py"
+    script.write_text(
+        "import os, sys\n"
+        f"sys.path[:0] = [{str(REPO)!r}, {str(REPO / 'examples')!r}]\n"
+        "import torch\n"
+        "import costmodel.training.trainer as trainer\n"
+        "import train_varlen\n"
+        "RANK = int(os.environ['RANK'])\n"
+        f"{body}\n"
+    )
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+           "--standalone", str(script), *argv]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=90, env=_env(), cwd=tmp_path)
 
 
 @pytest.fixture(scope="module")
@@ -53,11 +62,28 @@ def tiny_cost_model(tmp_path_factory) -> str:
     return str(path)
 
 
-def test_torchrun_two_ranks_balanced_by_the_cost_model(tmp_path, tiny_cost_model):
+def test_torchrun_two_ranks_balanced_by_the_cost_model(tmp_path, tiny_cost_model, monkeypatch):
+    """The example under torchrun: loss goes down, schedules agree, the log has the figures;
+    both ranks end with the same weights, and so does one process training on the same
+    global batches (other micro-batches, no all-reduce): the update ignores the partition."""
+    import argparse
+
+    from costmodel.training.config import add_trainer_arguments
+    from costmodel.training.trainer import train
+
     log = tmp_path / "steps.jsonl"
-    done = torchrun(
-        *FAST, "--steps", "5", "--device", "cpu", "--balance-by-flops", "--cost-model",
-        tiny_cost_model, "--log-json", str(log),
+    flags = [*FAST, "--steps", "5", "--device", "cpu", "--balance-by-flops", "--cost-model",
+             tiny_cost_model]
+    done = _torchrun_script(
+        tmp_path,
+        "real = trainer.train\n"
+        "def keep(args):\n"
+        "    result = real(args)\n"
+        "    torch.save(result.model.state_dict(), f'{RANK}.pt')\n"
+        "    return result\n"
+        "trainer.train = keep\n"
+        "sys.exit(train_varlen.main(sys.argv[1:]))",
+        *flags, "--log-json", str(log),
     )
     assert done.returncode == 0, done.stdout + done.stderr
     records = [json.loads(line) for line in log.read_text().splitlines()]
@@ -70,6 +96,19 @@ def test_torchrun_two_ranks_balanced_by_the_cost_model(tmp_path, tiny_cost_model
     assert records[-1]["loss"] < records[0]["loss"] - 0.1
     assert "max/mean measured" in done.stdout and "predicted" in done.stdout
     assert "agreed by 2 ranks" in done.stdout
+
+    rank0, rank1 = (torch.load(tmp_path / f"{r}.pt") for r in (0, 1))
+    for name, value in rank0.items():
+        assert torch.equal(value, rank1[name]), name  # all-reduced: bit-identical
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT"):
+        monkeypatch.delenv(name, raising=False)
+    single = train(add_trainer_arguments(argparse.ArgumentParser()).parse_args(flags))
+    assert single.world_size == 1
+    assert [r.loss for r in single.records] == pytest.approx([r["loss"] for r in records], rel=1e-5)
+    # Adam's first steps move each weight by ~lr x sign(grad): a wrong all-reduce shifts them
+    # by ~1e-2; rounding of near-zero gradients, measured, by up to 3e-5.
+    for name, value in single.model.state_dict().items():
+        torch.testing.assert_close(value, rank0[name], rtol=1e-4, atol=1e-4, msg=name)
 
 
 def test_train_demo_spawns_two_ranks(tmp_path, capfd):
@@ -113,7 +152,8 @@ def test_example_bad_input_exits_before_the_first_step(tmp_path):
     done = subprocess.run(
         [sys.executable, str(REPO / "examples" / "train_varlen.py"), "--lengths-file", str(junk),
          "--samples-per-step", "2", "--device", "cpu"],
-        capture_output=True, text=True, timeout=120, env=_env(), cwd=REPO,
+        capture_output=True, text=True, timeout=120, cwd=tmp_path,
+        env={**_env(), "PYTHONPATH": ""},  # the example finds costmodel from its checkout
     )
     assert done.returncode == 2
     assert done.stderr.strip().splitlines() == [done.stderr.strip()]  # one line
@@ -172,3 +212,44 @@ def test_update_does_not_depend_on_the_partition():
     split = grads([[4], [1, 3], [0, 5, 2]])  # e.g. two ranks' micro-batches, all-reduced
     for a, b in zip(whole, split):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+
+
+def test_a_rank_with_another_schedule_stops_every_rank(tmp_path):
+    """Rank 1's digest is off: both ranks stop at step 1 with the reason, nobody hangs."""
+    done = _torchrun_script(
+        tmp_path,
+        "if RANK == 1:\n"
+        "    real = trainer.digest_to_int\n"
+        "    trainer.digest_to_int = lambda digest: real(digest) + 1\n"
+        "sys.exit(train_varlen.main(sys.argv[1:]))",
+        *FAST, "--steps", "2", "--device", "cpu",
+    )
+    assert done.returncode != 0
+    for rank in (0, 1):
+        assert f"error (rank {rank}): step 0: the ranks built different schedules" in done.stderr
+    assert "step 1/" not in done.stdout
+
+
+def test_log_json_in_a_missing_folder_stops_before_any_process_starts(tmp_path, capsys):
+    """Regression: rank 0 failed to open it after the process group started."""
+    err = _error(["--log-json", str(tmp_path / "no" / "such" / "steps.jsonl")], capsys)
+    assert "--log-json" in err and "existing folder" in err
+
+
+@pytest.mark.parametrize(
+    ("name", "content", "needle"),
+    [
+        ("big.txt", b"100\n99999999999999999999999\n", "too large"),  # was an OverflowError
+        ("big.json", b"[100, 99999999999999999999999]", "entry 1"),  # was an OverflowError
+        ("bad.npy", b"not an array", "not a .npy array"),  # said nothing of the file
+        ("junk.txt", b"100\n12.5\n", "line 2"),
+    ],
+)
+def test_lengths_file_errors_name_the_file(tmp_path, name, content, needle):
+    from costmodel.training.data import read_lengths_file
+
+    path = tmp_path / name
+    path.write_bytes(content)
+    with pytest.raises(ValueError, match=needle) as err:
+        read_lengths_file(path)
+    assert name in str(err.value) and len(str(err.value).splitlines()) == 1

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -68,6 +69,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--repeats", type=int, default=2, help="timing rounds per micro-batch (median)")
     p.add_argument("--warmup", type=int, default=2, help="warm-up micro-batches at each end of the size range")
     p.add_argument("--seed", type=int, default=0, help="seed of the synthetic lengths")
+    p.add_argument(
+        "--time-limit-s", type=float, default=None,
+        help="stop measuring after this many seconds (counted from the start) and report the "
+        "(dp, policy) schedules measured in full so far; Ctrl-C / SIGINT does the same "
+        "(default: no limit)",
+    )
     p.add_argument("--per-rank", action="store_true", help="also print predicted vs measured per rank")
     p.add_argument("-o", "--output", default=None, metavar="JSON", help="write the results here")
     p.set_defaults(func=run)
@@ -98,6 +105,7 @@ def _detected_gpu_key() -> str | None:
 
 def run(args: argparse.Namespace, *, measure=None) -> int:
     """Run the benchmark; ``measure(lengths) -> ms`` replaces the GPU timer (for tests)."""
+    started = time.perf_counter()
     from costmodel.model import load_cost_model, write_json_atomic
     from costmodel.scheduler.lengths import DISTRIBUTIONS, generate_lengths
     from costmodel.spec import ModelSpec
@@ -113,6 +121,9 @@ def run(args: argparse.Namespace, *, measure=None) -> int:
         raise ValueError(f"--cap must be a positive number of tokens, got {args.cap}")
     if args.repeats < 1:
         raise ValueError(f"--repeats must be at least 1, got {args.repeats}")
+    if args.time_limit_s is not None and not args.time_limit_s > 0:
+        raise ValueError(f"--time-limit-s must be > 0 seconds, got {args.time_limit_s}")
+    deadline = None if args.time_limit_s is None else started + args.time_limit_s
     spec = ModelSpec.from_any(args.model)
 
     # Lengths: a file is one batch; a distribution is drawn per DP size (samples per rank).
@@ -183,8 +194,21 @@ def run(args: argparse.Namespace, *, measure=None) -> int:
         lengths_for_dp(dp_sizes[0]),
         spec=spec, cap=args.cap, dp_sizes=dp_sizes, measure=measure, cost_model=cost_model,
         policies=policies, lengths_for_dp=lengths_for_dp, repeats=args.repeats,
-        warmup=args.warmup, progress=progress,
+        warmup=args.warmup, progress=progress, deadline=deadline,
     )
+    measured = {(r.dp_size, r.policy) for r in runs}
+    unmeasured = [[dp, p] for dp in dp_sizes for p in policies if (dp, p) not in measured]
+    if not runs:
+        raise RuntimeError(
+            "stopped before any schedule was measured in full: raise --time-limit-s, or "
+            "measure less (--dp, --samples-per-rank, --policies, --repeats 1)"
+        )
+    if unmeasured:
+        print(
+            "warning: stopped early; not measured: "
+            + ", ".join(f"dp {dp} {p}" for dp, p in unmeasured),
+            file=sys.stderr,
+        )
     print(bench.format_report(runs, per_rank=args.per_rank))
     checks = bench.target_checks(runs)
     for c in checks:
@@ -213,7 +237,10 @@ def run(args: argparse.Namespace, *, measure=None) -> int:
                 "samples": args.samples,
                 "samples_per_rank": None if fixed_batch else args.samples_per_rank,
                 "attention": args.attention, "dtype": args.dtype,
+                "time_limit_s": args.time_limit_s,
             },
+            "elapsed_s": round(time.perf_counter() - started, 1),
+            "unmeasured": unmeasured,
             "batches": {
                 str(dp): _summary(lengths_for_dp(dp)) for dp in dp_sizes
             },

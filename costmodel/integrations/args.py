@@ -86,6 +86,7 @@ _FLAGS: tuple[tuple[str, dict[str, Any]], ...] = (
 
 _GROUP_TITLE = "costmodel micro-batch balancing"
 _LOADED_ATTR = "_costmodel_cost_model"
+_DESTS_ATTR = "_costmodel_dests"  # our name -> the dest of the script's own option
 
 
 def _dest(option: str) -> str:
@@ -95,29 +96,59 @@ def _dest(option: str) -> str:
 def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """Add the balancing flags to ``parser``, skipping any it already has.
 
-    A flag is skipped when the parser already owns its option string (``--max-tokens-per-gpu``)
-    or its destination (``max_tokens_per_gpu``, say from ``--max_tokens_per_gpu``): the
-    script's own definition is reused, so nothing clashes. Returns ``parser``.
+    A flag is skipped when the parser already owns its option string (``--max-tokens-per-gpu``
+    or ``--max_tokens_per_gpu``) or its destination (``max_tokens_per_gpu``, say from
+    ``--token-cap``): the script's own definition is reused, so nothing clashes. When the
+    script's option stores under another destination (``--use-dynamic-batch-size`` with
+    ``dest="dynamic"``), `validate_args` and `scheduler_from_args` read that one.
+
+    ``parser`` may be an argument group (the flags go into it) or a sub-command's parser.
+    Call it on the parser that owns flags like ``--max-tokens-per-gpu``: argparse lets a
+    sub-command's defaults overwrite the values of the parent's flags of the same name.
+    Returns ``parser``.
     """
-    existing_options = set(parser._option_string_actions)  # argparse keeps no public view
+    if isinstance(parser, argparse._MutuallyExclusiveGroup):
+        raise TypeError(
+            "add_arguments needs a parser or an argument group, not a mutually exclusive "
+            "group (the balancing flags are used together)"
+        )
+    existing = parser._option_string_actions  # argparse keeps no public view
     existing_dests = {action.dest for action in parser._actions}
-    group = None
+    aliases: dict[str, str] = {}
+    group = None if isinstance(parser, argparse.ArgumentParser) else parser
     for option, kwargs in _FLAGS:
-        underscored = "--" + _dest(option)
-        if option in existing_options or underscored in existing_options:
-            logger.debug("reusing the parser's own %s", option)
+        dest = _dest(option)
+        theirs = existing.get(option) or existing.get("--" + dest)
+        if theirs is not None:
+            logger.debug("reusing the parser's own %s (dest %s)", option, theirs.dest)
+            if theirs.dest != dest and dest not in existing_dests:
+                aliases[dest] = theirs.dest
             continue
-        if _dest(option) in existing_dests:
-            logger.debug("reusing the parser's own destination %s", _dest(option))
+        if dest in existing_dests:
+            logger.debug("reusing the parser's own destination %s", dest)
             continue
         if group is None:
             group = parser.add_argument_group(_GROUP_TITLE)
         group.add_argument(option, **kwargs)
+    if aliases:
+        known = dict(parser._defaults.get(_DESTS_ATTR) or {})
+        parser.set_defaults(**{_DESTS_ATTR: {**known, **aliases}})
     return parser
 
 
 def _flag(args: argparse.Namespace, name: str, default: Any = None) -> Any:
+    name = (getattr(args, _DESTS_ATTR, None) or {}).get(name, name)
     return getattr(args, name, default)
+
+
+def _tokens(value: Any, flag: str) -> int:
+    """A token count from a flag's value, or ValueError (a switch, text, a float...)."""
+    if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
+        raise ValueError(f"{flag} must be a number of tokens, got {value!r}")
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{flag} must be a number of tokens, got {value!r}") from None
 
 
 def _cap(args: argparse.Namespace) -> int | None:
@@ -125,7 +156,7 @@ def _cap(args: argparse.Namespace) -> int | None:
     if cap is None:
         return None
     cp = _flag(args, "context_parallel_size", 1) or 1
-    return int(cap) * int(cp)
+    return _tokens(cap, "--max-tokens-per-gpu") * _tokens(cp, "--context-parallel-size")
 
 
 def _spec_from_args(args: argparse.Namespace):
@@ -157,7 +188,7 @@ def validate_args(args: argparse.Namespace, spec=None):
     by_flops = bool(_flag(args, "balance_by_flops", False))
     cost_model_arg = _flag(args, "cost_model")
     raw_cap = _flag(args, "max_tokens_per_gpu")
-    if raw_cap is not None and int(raw_cap) < 1:
+    if raw_cap is not None and _tokens(raw_cap, "--max-tokens-per-gpu") < 1:
         raise ValueError(
             f"--max-tokens-per-gpu must be a positive number of tokens, got {raw_cap}"
         )
@@ -193,12 +224,11 @@ def validate_args(args: argparse.Namespace, spec=None):
         model = load_cost_model(cost_model_arg, spec=spec, allow_other_shape=allow_other)
     except ValueError as err:
         message = str(err)
-        if not allow_other and "allow_other_shape=True" in message:
+        if not allow_other and "allow_other_shape" in message:
             # Say it in the training script's terms: a flag, not a keyword argument.
-            message = message.replace(
-                "pass allow_other_shape=True to use it anyway",
-                f"calibrate one for {spec.name} with `costmodel calibrate --model ...`, or "
-                "pass --cost-model-allow-other-shape to use it anyway",
+            message = (
+                f"{message.split(';')[0]}; calibrate one for {spec.name} with `costmodel "
+                "calibrate --model ...`, or pass --cost-model-allow-other-shape to use it anyway"
             )
         raise ValueError(f"--cost-model {cost_model_arg}: {message}") from None
     except FileNotFoundError as err:
@@ -275,6 +305,8 @@ def scheduler_from_args(
     (× context-parallel size); ``spec`` is passed through. ``dp_size`` is included when
     given. Call `validate_args` first (this calls it when it has not run yet).
     """
+    if spec is None and _flag(args, "balance_by_flops", False):
+        spec = _spec_from_args(args)  # Megatron-style shape fields, as validate_args does
     if not hasattr(args, _LOADED_ATTR):
         validate_args(args, spec=spec)
     cap = _cap(args)
@@ -288,8 +320,6 @@ def scheduler_from_args(
         if model is not None:
             cost: Any = model
         else:
-            if spec is None:
-                spec = _spec_from_args(args)
             if spec is None:
                 raise ValueError(
                     "--balance-by-flops needs the model shape: pass spec= to scheduler_from_args"

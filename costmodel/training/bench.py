@@ -126,6 +126,10 @@ def _key(lengths: Sequence[int]) -> tuple[int, ...]:
     return tuple(sorted(int(x) for x in lengths))
 
 
+class _TimeLimit(Exception):
+    """The deadline passed (raised and caught inside `measure_microbatches`)."""
+
+
 def measure_microbatches(
     keys: Sequence[tuple[int, ...]],
     measure: Measure,
@@ -133,30 +137,52 @@ def measure_microbatches(
     repeats: int = 2,
     warmup: int = 2,
     progress: Callable[[str], None] | None = None,
-) -> dict[tuple[int, ...], float]:
-    """Median over ``repeats`` interleaved rounds of ``measure`` for each distinct key."""
+    deadline: float | None = None,
+) -> tuple[dict[tuple[int, ...], float], str | None]:
+    """Median over ``repeats`` interleaved rounds of ``measure`` for each distinct key.
+
+    Keys are measured in the order they first appear, so a run stopped early (at
+    ``deadline``, a `time.perf_counter` value, or by Ctrl-C / SIGINT) has measured whole
+    schedules of the first DP sizes and policies. Keys never measured are absent from the
+    result; a key measured in fewer rounds keeps the median of those it has. Returns the
+    medians and why measuring stopped early (None when every round finished).
+    """
     if repeats < 1:
         raise ValueError(f"repeats must be at least 1, got {repeats}")
-    distinct = sorted(set(keys), key=lambda k: (-sum(k), k))
+    distinct = list(dict.fromkeys(keys))
     if not distinct:
-        return {}
-    # Warm-up on the largest and the smallest micro-batch: autotuning, allocator growth.
-    for k in (distinct[:warmup] + distinct[-warmup:]) if warmup > 0 else []:
-        measure(k)
+        return {}, None
+    stopped = None
     samples: dict[tuple[int, ...], list[float]] = {k: [] for k in distinct}
     start = time.perf_counter()
-    for r in range(repeats):
-        for k in distinct:
-            ms = float(measure(k))
-            if not np.isfinite(ms) or ms < 0:
-                raise RuntimeError(f"the measurer returned {ms} ms for a micro-batch of {len(k)} samples")
-            samples[k].append(ms)
-        if progress is not None:
-            progress(
-                f"round {r + 1}/{repeats}: {len(distinct)} micro-batches, "
-                f"{time.perf_counter() - start:.1f} s so far"
-            )
-    return {k: float(np.median(v)) for k, v in samples.items()}
+    try:
+        # Warm-up on the largest and the smallest micro-batch: autotuning, allocator growth.
+        by_size = sorted(distinct, key=lambda k: (-sum(k), k))
+        for k in (by_size[:warmup] + by_size[-warmup:]) if warmup > 0 else []:
+            measure(k)
+        for r in range(repeats):
+            for k in distinct:
+                if deadline is not None and time.perf_counter() > deadline:
+                    raise _TimeLimit
+                ms = float(measure(k))
+                if not np.isfinite(ms) or ms < 0:
+                    raise RuntimeError(
+                        f"the measurer returned {ms} ms for a micro-batch of {len(k)} samples"
+                    )
+                samples[k].append(ms)
+            if progress is not None:
+                progress(
+                    f"round {r + 1}/{repeats}: {len(distinct)} micro-batches, "
+                    f"{time.perf_counter() - start:.1f} s so far"
+                )
+    except (_TimeLimit, KeyboardInterrupt) as err:
+        done = sum(1 for v in samples.values() if v)
+        stopped = "interrupted" if isinstance(err, KeyboardInterrupt) else "time limit reached"
+        logger.warning(
+            "%s after %.1f s: keeping what was measured (%d of %d micro-batches at least once)",
+            stopped, time.perf_counter() - start, done, len(distinct),
+        )
+    return {k: float(np.median(v)) for k, v in samples.items() if v}, stopped
 
 
 class LayerTimer:
@@ -347,11 +373,14 @@ def run_benchmark(
     warmup: int = 2,
     moe_layer: bool | None = None,
     progress: Callable[[str], None] | None = None,
+    deadline: float | None = None,
 ) -> list[PolicyRun]:
     """Build every (dp, policy) schedule, measure every distinct micro-batch, sum per rank.
 
     ``lengths_for_dp(dp)`` gives the batch for a DP size (default: ``lengths`` for all).
-    All schedules are built and checked before the first measurement.
+    All schedules are built and checked before the first measurement. Measuring stops at
+    ``deadline`` (a `time.perf_counter` value) or on Ctrl-C; only the (dp, policy) runs whose
+    every micro-batch was measured are returned, in order.
     """
     if cap < 1:
         raise ValueError(f"the token cap must be at least 1, got {cap}")
@@ -382,9 +411,15 @@ def run_benchmark(
             f"{len(planned)} schedules, {len(keys)} micro-batches ({len(distinct)} distinct, "
             f"{sum(sum(k) for k in distinct)} tokens) x {repeats} rounds to measure"
         )
-    times = measure_microbatches(keys, measure, repeats=repeats, warmup=warmup, progress=progress)
+    times, stopped = measure_microbatches(
+        keys, measure, repeats=repeats, warmup=warmup, progress=progress, deadline=deadline
+    )
+    if stopped:
+        deadline = 0.0  # no end-to-end rank timings either: report what was measured
     runs = []
     for policy, dp, sched, mbs in planned:
+        if any(_key(mb) not in times for rank in mbs for mb in rank):
+            continue  # stopped before all of it was measured
         measured = [float(sum(times[_key(mb)] for mb in rank)) for rank in mbs]
         predicted = None
         if cost_model is not None:
@@ -394,9 +429,13 @@ def run_benchmark(
             ]
         direct = None
         measure_rank = getattr(measure, "measure_rank", None)
-        if measure_rank is not None:
+        if measure_rank is not None and (deadline is None or time.perf_counter() < deadline):
             slowest = int(np.argmax(measured))
-            direct = float(np.median([measure_rank(mbs[slowest]) for _ in range(repeats)]))
+            try:
+                direct = float(np.median([measure_rank(mbs[slowest]) for _ in range(repeats)]))
+            except KeyboardInterrupt:
+                deadline = 0.0  # no more end-to-end timings; report what was measured
+                logger.warning("interrupted: skipping the remaining end-to-end rank timings")
         runs.append(
             PolicyRun(
                 policy=policy, dp_size=dp, schedule=sched, microbatch_lengths=mbs,

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import logging
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -139,6 +140,15 @@ def _check_run_flags(args: argparse.Namespace, dp_size: int) -> None:
         )
     if not args.use_dynamic_batch_size:
         raise ValueError("the reference trainer packs by tokens: add --use-dynamic-batch-size")
+    if args.log_json:
+        # Rank 0 opens it after the process group exists: a bad path must fail every rank
+        # here, not rank 0 alone while the others wait in a collective.
+        log = Path(args.log_json)
+        if log.is_dir() or not log.parent.is_dir():
+            raise ValueError(
+                f"--log-json {args.log_json}: not a file in an existing folder; create the "
+                "folder or pick another path"
+            )
 
 
 def prepare(args: argparse.Namespace, dp_size: int, *, dtype: str = "fp32") -> Plan:

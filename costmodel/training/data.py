@@ -33,7 +33,10 @@ def read_lengths_file(path: str | Path) -> np.ndarray:
     if not path.is_file():
         raise FileNotFoundError(f"lengths file {path} does not exist")
     if path.suffix == ".npy":
-        values = np.load(path, allow_pickle=False)
+        try:
+            values = np.load(path, allow_pickle=False)
+        except (ValueError, OSError, EOFError) as err:  # not .npy, or an object array
+            raise ValueError(f"{path}: not a .npy array of lengths ({err})") from None
         if values.ndim != 1 or not np.issubdtype(values.dtype, np.integer):
             raise ValueError(
                 f"{path}: expected a 1-D integer array of lengths, got {values.dtype} "
@@ -50,14 +53,17 @@ def read_lengths_file(path: str | Path) -> np.ndarray:
         if not isinstance(data, list):
             raise ValueError(f'{path}: expected a JSON list of lengths or {{"lengths": [...]}}')
         for i, item in enumerate(data):
-            if isinstance(item, bool) or not isinstance(item, int) or item < 1:
+            if isinstance(item, bool) or not isinstance(item, int) or not 1 <= item < 2**62:
                 raise ValueError(
                     f"{path}: entry {i} is {item!r}; every length must be a positive integer"
                 )
         return _check_lengths(np.asarray(data, dtype=np.int64), path)
     from costmodel.scheduler.lengths import read_lengths
 
-    return read_lengths(path)
+    try:
+        return read_lengths(path)
+    except OverflowError:  # numpy's int64; the scheduler's reader does not check
+        raise ValueError(f"{path}: a length is too large to be a number of tokens") from None
 
 
 def _check_lengths(values: np.ndarray, path: Path) -> np.ndarray:

@@ -18,6 +18,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from costmodel.integrations.args import _LOADED_ATTR as LOADED_ATTR
 from costmodel.training.config import prepare
 
 __all__ = ["free_port", "launch"]
@@ -85,7 +86,8 @@ def launch(args: argparse.Namespace, nproc: int) -> list[dict[str, Any]]:
     args.device = device
     prepare(args, nproc, dtype="bf16" if device == "cuda" else "fp32")
     # Workers validate and load again on their own: pass the flags, not loaded objects.
-    clean = argparse.Namespace(**{k: v for k, v in vars(args).items() if not k.startswith("_")})
+    clean = argparse.Namespace(**vars(args))
+    vars(clean).pop(LOADED_ATTR, None)
     clean.func = None
     with tempfile.TemporaryDirectory(prefix="costmodel-train-") as tmp:
         out = str(Path(tmp) / "records.json")

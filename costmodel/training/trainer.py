@@ -64,6 +64,8 @@ class TrainResult:
     rank: int
     world_size: int
     records: list[StepRecord] = field(default_factory=list)
+    model: Any = field(default=None, repr=False)
+    """The trained `TinyGPT` (this rank's replica)."""
 
     @property
     def first_loss(self) -> float:
@@ -118,7 +120,8 @@ def train(args: argparse.Namespace) -> TrainResult:
     """Run this process's rank of the job described by ``args`` (torchrun's environment).
 
     RANK/WORLD_SIZE/LOCAL_RANK/MASTER_ADDR/MASTER_PORT come from the environment (a single
-    process when they are absent). Returns the per-step records (complete on rank 0).
+    process when they are absent). Returns the per-step records (complete on rank 0) and
+    this rank's trained model.
     """
     import torch.distributed as dist
 
@@ -132,16 +135,20 @@ def train(args: argparse.Namespace) -> TrainResult:
 
     get_attention(attention)  # an unavailable backend fails here, with how to get it
 
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    if "MASTER_PORT" not in os.environ:  # a lone process (no torchrun): any free port
-        from costmodel.training.launch import free_port
-
-        os.environ["MASTER_PORT"] = str(free_port())
-    os.environ.setdefault("RANK", str(rank))
-    os.environ.setdefault("WORLD_SIZE", str(world))
     own_group = not dist.is_initialized()
     if own_group:
-        dist.init_process_group(backend, rank=rank, world_size=world)
+        init_method = None  # torchrun's environment (env://)
+        if "MASTER_PORT" not in os.environ:  # a lone process (no torchrun): any free port
+            if world > 1:
+                raise RuntimeError(
+                    f"WORLD_SIZE={world} but MASTER_PORT is not set: launch the ranks with "
+                    "torchrun (or set MASTER_ADDR and MASTER_PORT on every rank)"
+                )
+            from costmodel.training.launch import free_port
+
+            addr = os.environ.get("MASTER_ADDR", "127.0.0.1")
+            init_method = f"tcp://{addr}:{free_port()}"
+        dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=world)
     try:
         return _train_loop(args, plan, device=device, dtype=dtype, attention=attention)
     finally:
@@ -165,7 +172,7 @@ def _train_loop(args, plan: Plan, *, device, dtype, attention: str) -> TrainResu
     optimizer = torch.optim.AdamW(params, lr=args.lr, weight_decay=0.0)
     cuda = device.type == "cuda"
     vocab = plan.spec.vocab_size
-    result = TrainResult(rank=rank, world_size=world)
+    result = TrainResult(rank=rank, world_size=world, model=model)
     log_file = open(args.log_json, "w") if (args.log_json and rank == 0) else None  # noqa: SIM115
     try:
         for step, (lengths, schedule) in enumerate(zip(plan.lengths, plan.schedules)):
