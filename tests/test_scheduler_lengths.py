@@ -64,3 +64,8 @@ def test_read_lengths_file(tmp_path):
     bad.write_text("10\nx\n")
     with pytest.raises(ValueError, match=r"bad.txt: line 2"):
         read_lengths(bad)
+
+
+def test_huge_length_is_a_clear_error():
+    with pytest.raises(ValueError, match="line 2: length .* beyond any context window"):
+        parse_lengths("12\n99999999999999999999999\n")

@@ -51,6 +51,10 @@ def generate_lengths(
 _TOKEN = re.compile(r"^[+]?\d+$")
 
 
+# A sequence longer than this is a typo, and would overflow int64 cost arithmetic.
+_MAX_LENGTH = 2**31 - 1
+
+
 def parse_lengths(text: str, source: str = "lengths") -> np.ndarray:
     """Lengths from text: one integer per line, or comma separated (or both).
 
@@ -75,6 +79,11 @@ def parse_lengths(text: str, source: str = "lengths") -> np.ndarray:
             value = int(token)
             if value < 1:
                 raise ValueError(f"{source}: line {lineno}: length {value} must be >= 1")
+            if value > _MAX_LENGTH:
+                raise ValueError(
+                    f"{source}: line {lineno}: length {value} is beyond any context window "
+                    f"(at most {_MAX_LENGTH:,} tokens)"
+                )
             values.append(value)
     if not values:
         raise ValueError(f"{source}: no lengths found")
