@@ -7,7 +7,7 @@ import logging
 
 import pytest
 
-from costmodel.gpus import estimate_cost_model
+from costmodel.estimate import estimate_cost_model
 from costmodel.integrations import args as cm_args
 from costmodel.integrations.args import add_arguments, scheduler_from_args, validate_args
 from costmodel.spec import ModelSpec

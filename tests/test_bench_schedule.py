@@ -9,7 +9,7 @@ import pytest
 
 from costmodel.cli import build_parser, main
 from costmodel.commands import bench_schedule
-from costmodel.gpus import estimate_cost_model
+from costmodel.estimate import estimate_cost_model
 from costmodel.spec import ModelSpec
 from costmodel.training import bench
 

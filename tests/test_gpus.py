@@ -3,7 +3,8 @@
 import numpy as np
 import pytest
 
-from costmodel.gpus import GPUS, estimate_cost_model, find_gpu_by_device_name, lookup_gpu
+from costmodel.estimate import estimate_cost_model
+from costmodel.gpus import GPUS, find_gpu_by_device_name, lookup_gpu
 from costmodel.model import load_cost_model
 from costmodel.spec import ModelSpec, preset_names
 

@@ -10,16 +10,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from costmodel.gpus import estimate_cost_model
-from costmodel.model import (
-    SCHEMA,
-    AttentionCurve,
-    CostModel,
-    ModeCurves,
-    TokenCurve,
-    load_cost_model,
-    write_json_atomic,
-)
+from costmodel.curves import AttentionCurve, ModeCurves, TokenCurve
+from costmodel.estimate import estimate_cost_model
+from costmodel.model import CostModel, load_cost_model
+from costmodel.model_file import SCHEMA, write_json_atomic
 from costmodel.spec import ModelSpec
 
 SPEC = ModelSpec.from_preset("qwen3-8b")

@@ -67,5 +67,5 @@ def test_read_lengths_file(tmp_path):
 
 
 def test_huge_length_is_a_clear_error():
-    with pytest.raises(ValueError, match="line 2: length .* beyond any context window"):
+    with pytest.raises(ValueError, match="line 2: length .* too large: beyond any context window"):
         parse_lengths("12\n99999999999999999999999\n")

@@ -14,7 +14,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from costmodel.cli import main  # noqa: E402
-from costmodel.gpus import estimate_cost_model  # noqa: E402
+from costmodel.estimate import estimate_cost_model  # noqa: E402
 from costmodel.spec import ModelSpec  # noqa: E402
 from costmodel.training.trainer import check_schedule_agreement, digest_to_int  # noqa: E402
 

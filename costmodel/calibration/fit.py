@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 from scipy.optimize import isotonic_regression, nnls
 
-from costmodel.model import AttentionCurve, ModeCurves, TokenCurve
+from costmodel.curves import AttentionCurve, ModeCurves, TokenCurve
 
 __all__ = ["Record", "fit_attention", "fit_mode", "fit_token_curve", "residuals"]
 

@@ -24,7 +24,8 @@ from costmodel.calibration.fit import Record, fit_mode, residuals
 from costmodel.calibration.plan import SweepPlan, SweepPoint
 from costmodel.calibration.timer import Timer
 from costmodel.gpus import GpuInfo, lookup_gpu
-from costmodel.model import CostModel, _now
+from costmodel.model import CostModel
+from costmodel.model_file import utc_timestamp
 from costmodel.spec import ModelSpec
 
 __all__ = ["DRIFT_WARNING", "PARTIAL_SCHEMA", "Progress", "calibrate", "fit_measurements", "refit"]
@@ -71,7 +72,7 @@ def calibrate(
         if save_partial is not None and records:
             save_partial({
                 "schema": PARTIAL_SCHEMA,
-                "created": _now(),
+                "created": utc_timestamp(),
                 "command": command,
                 "error": f"{type(err).__name__}: {err}",
                 "gpu": {"key": gpu_key, "name": fingerprint.get("name")},
@@ -183,7 +184,7 @@ def fit_measurements(
         is_estimate=False,
         provenance=provenance,
         extra={
-            "created": created or _now(),
+            "created": created or utc_timestamp(),
             "command": command,
             "device": dict(device),
             "kernels": dict(kernels),
@@ -221,6 +222,6 @@ def refit(doc: Mapping[str, Any], *, source: str, command: str | None = None) ->
         spec, records, device=device, sweep=sweep, gpu_key=gpu_key, gpu_info=info,
         kernels=doc.get("kernels") or {}, command=doc.get("command"), created=doc.get("created"),
     )
-    model.provenance["refit"] = {"from": source, "at": _now(), "command": command,
+    model.provenance["refit"] = {"from": source, "at": utc_timestamp(), "command": command,
                                  "partial_error": doc.get("error")}
     return model

@@ -1,7 +1,7 @@
 """Sweep plans: which micro-batches to time, how often, and how long that will take.
 
 A plan is budgeted by design: every point's time is estimated from the registry
-estimate for the GPU (`costmodel.gpus.estimate_cost_model`), multiplied by warm-up +
+estimate for the GPU (`costmodel.estimate.estimate_cost_model`), multiplied by warm-up +
 repeats, plus a fixed per-point cost (allocation, synchronisation, L2 flush). When the
 total exceeds the budget (default sweep 75 s so that it ends within 90 s on an H200
 with set-up; `--quick` 24 s for 30 s) the grids are thinned, coarsest-first, until it
@@ -281,7 +281,8 @@ def make_plan(
     seed: int = 0,
 ) -> SweepPlan:
     """A sweep for `spec` that fits the time budget on `gpu` (a registry key or name)."""
-    from costmodel.gpus import estimate_cost_model, lookup_gpu
+    from costmodel.estimate import estimate_cost_model
+    from costmodel.gpus import lookup_gpu
 
     if not modes or any(m not in ("train", "forward") for m in modes):
         raise ValueError(f"modes must be a non-empty subset of train, forward; got {modes}")

@@ -28,7 +28,8 @@ from scipy.stats import spearmanr
 from costmodel import flops
 from costmodel.calibration.plan import SweepPoint
 from costmodel.calibration.timer import Timer
-from costmodel.model import CostModel, _now
+from costmodel.model import CostModel
+from costmodel.model_file import utc_timestamp
 
 __all__ = ["best_scale", "error_metrics", "random_microbatches", "run_validation", "summarize"]
 
@@ -163,7 +164,7 @@ def run_validation(
         raise RuntimeError(f"validation measured only {len(batches)} micro-batches before its "
                            f"time limit of {time_limit_s} s; raise the limit or lower --count")
     result: dict[str, Any] = {
-        "created": _now(),
+        "created": utc_timestamp(),
         "device": timer.device_fingerprint(),
         "num_layers": num_layers,
         "moe_layers": moe,

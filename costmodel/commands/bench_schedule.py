@@ -106,7 +106,8 @@ def _detected_gpu_key() -> str | None:
 def run(args: argparse.Namespace, *, measure=None) -> int:
     """Run the benchmark; ``measure(lengths) -> ms`` replaces the GPU timer (for tests)."""
     started = time.perf_counter()
-    from costmodel.model import load_cost_model, write_json_atomic
+    from costmodel.model import load_cost_model
+    from costmodel.model_file import write_json_atomic
     from costmodel.scheduler.lengths import DISTRIBUTIONS, generate_lengths
     from costmodel.spec import ModelSpec
     from costmodel.training import bench

@@ -65,7 +65,7 @@ def run(args: argparse.Namespace) -> int:
     from costmodel.calibration.pipeline import calibrate
     from costmodel.calibration.plan import make_plan
     from costmodel.calibration.progress import ProgressLine
-    from costmodel.model import write_json_atomic
+    from costmodel.model_file import write_json_atomic
     from costmodel.spec import ModelSpec
 
     output = Path(args.output)
@@ -138,7 +138,7 @@ def _signals_interrupt() -> Iterator[None]:
 
 def _refit(source: str, output: Path, command: str) -> int:
     from costmodel.calibration.pipeline import refit
-    from costmodel.model import read_document
+    from costmodel.model_file import read_document
 
     path = Path(source)
     if not path.is_file():

@@ -50,7 +50,8 @@ def run(args: argparse.Namespace) -> int:
     from costmodel.calibration.progress import ProgressLine
     from costmodel.calibration.validate import format_validation, run_validation
     from costmodel.commands.calibrate import parse_modes, print_peak_memory
-    from costmodel.model import load_cost_model, read_document, write_json_atomic
+    from costmodel.model import load_cost_model
+    from costmodel.model_file import read_document, write_json_atomic
 
     path = Path(args.path)
     if not path.is_file():

@@ -81,7 +81,7 @@ def parse_lengths(text: str, source: str = "lengths") -> np.ndarray:
                 raise ValueError(f"{source}: line {lineno}: length {value} must be >= 1")
             if value > _MAX_LENGTH:
                 raise ValueError(
-                    f"{source}: line {lineno}: length {value} is beyond any context window "
+                    f"{source}: line {lineno}: length {value} is too large: beyond any context window "
                     f"(at most {_MAX_LENGTH:,} tokens)"
                 )
             values.append(value)

@@ -1,0 +1,145 @@
+"""The fitted cost curves of one model on one GPU, and their dict form.
+
+A cost model holds, per pass `mode` in {"train", "forward"} (`MODES`), one `ModeCurves`:
+
+- `attention` (`AttentionCurve`): attention core of one sequence in one layer (ms) against
+  its length L. Monotone PCHIP through the measured knots in log-log space; past the
+  longest knot it grows as L² (causal attention does L(L+1)/2 query-key pairs), below the
+  shortest as a power of L matching the curve's log-log slope there (clipped to [0, 2]).
+- `linear` (`TokenCurve`s, "dense" and/or "moe"): the token-linear part of one layer
+  (projections, norms, MLP or MoE) against the micro-batch's token count T. Piecewise-
+  linear through the measured knots on a fine grid, *not* a smooth fit: GEMM tile and wave
+  quantisation put steps in time per token (on an H200 a Qwen3-8B layer costs ~6% less per
+  token at 11.6k tokens than at 16k) and a smooth fit would average them away.
+  Interpolating time (not time per token) keeps the curve monotone between knots; on a
+  fine grid the two are the same. Below the first knot the curve is flat (launch- and
+  weight-read-bound), above the last it continues at the last knot's time per token.
+- `head` (`TokenCurve`): final norm + LM head + loss, same kind of curve as `linear`.
+- `layer_overhead_ms` / `microbatch_overhead_ms`: fixed costs per layer call and per
+  micro-batch.
+
+`to_dict` gives each curve's part of the file format (`costmodel.model_file` reads it back
+and validates it). Numpy/scipy only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from numpy.typing import ArrayLike
+from scipy.interpolate import PchipInterpolator
+
+__all__ = ["MODES", "AttentionCurve", "ModeCurves", "TokenCurve"]
+
+MODES = ("train", "forward")
+
+
+def _knots(x: ArrayLike, y: ArrayLike, xname: str, what: str) -> tuple[np.ndarray, np.ndarray]:
+    xs = np.asarray(x, dtype=np.float64)
+    ys = np.asarray(y, dtype=np.float64)
+    if xs.ndim != 1 or ys.shape != xs.shape or xs.size < 2:
+        raise ValueError(
+            f"{what}: needs matching 1-D lists of {xname} and ms with at least 2 knots, "
+            f"got {xs.size} {xname} and {ys.size} ms"
+        )
+    if not (np.all(np.isfinite(xs)) and np.all(np.isfinite(ys))):
+        raise ValueError(f"{what}: knots must be finite numbers")
+    if np.any(xs < 1) or np.any(np.diff(xs) <= 0):
+        raise ValueError(f"{what}: {xname} must be >= 1 and strictly increasing")
+    if np.any(ys <= 0):
+        raise ValueError(f"{what}: times must be positive, got min {ys.min():g} ms")
+    if np.any(np.diff(ys) < 0):
+        i = int(np.argmax(np.diff(ys) < 0))
+        raise ValueError(
+            f"{what}: curve is not monotone: {ys[i]:g} ms at {xname}={xs[i]:g} but "
+            f"{ys[i + 1]:g} ms at {xname}={xs[i + 1]:g} (cost must not fall as size grows)"
+        )
+    return xs, ys
+
+
+class AttentionCurve:
+    """Attention core time of one sequence in one layer (ms) as a function of its length."""
+
+    def __init__(self, lengths: ArrayLike, ms: ArrayLike, *, what: str = "attention curve"):
+        self.lengths, self.ms = _knots(lengths, ms, "lengths", what)
+        self._lx, self._ly = np.log(self.lengths), np.log(self.ms)
+        self._pchip = PchipInterpolator(self._lx, self._ly, extrapolate=False)
+        slope = float(self._pchip.derivative()(self._lx[0]))
+        self.low_exponent = float(np.clip(slope, 0.0, 2.0))
+        self.tail_exponent = 2.0
+
+    def __call__(self, lengths: ArrayLike) -> np.ndarray:
+        L = np.asarray(lengths, dtype=np.float64)
+        out = np.empty_like(L)
+        lo, hi = self.lengths[0], self.lengths[-1]
+        below, above = lo > L, hi < L
+        inside = ~(below | above)
+        out[inside] = np.exp(self._pchip(np.log(L[inside])))
+        out[below] = self.ms[0] * (L[below] / lo) ** self.low_exponent
+        out[above] = self.ms[-1] * (L[above] / hi) ** self.tail_exponent
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "lengths": [int(x) if float(x).is_integer() else float(x) for x in self.lengths],
+            "ms": [float(y) for y in self.ms],
+            "interpolation": "pchip-loglog",
+            "low_exponent": self.low_exponent,
+            "tail_exponent": self.tail_exponent,
+        }
+
+
+class TokenCurve:
+    """Time (ms) of a token-linear block as a function of the micro-batch's token count."""
+
+    def __init__(self, tokens: ArrayLike, ms: ArrayLike, *, what: str = "token curve"):
+        self.tokens, self.ms = _knots(tokens, ms, "tokens", what)
+
+    def __call__(self, tokens: ArrayLike) -> np.ndarray:
+        t = np.asarray(tokens, dtype=np.float64)
+        out = np.interp(t, self.tokens, self.ms)  # flat below the first knot
+        above = t > self.tokens[-1]
+        if np.any(above):
+            out = np.where(above, self.ms[-1] * t / self.tokens[-1], out)
+        return out
+
+    def marginal_per_token(self, reference_tokens: float) -> float:
+        """Secant slope over [T/2, 3T/2]: the cost of one more token near T tokens."""
+        t = float(reference_tokens)
+        lo, hi = self(np.array([0.5 * t, 1.5 * t]))
+        return float(max(hi - lo, 0.0) / t)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "tokens": [int(x) if float(x).is_integer() else float(x) for x in self.tokens],
+            "ms": [float(y) for y in self.ms],
+            "interpolation": "piecewise-linear",
+        }
+
+
+@dataclass(kw_only=True)
+class ModeCurves:
+    """Everything needed to predict one pass (train or forward) of one model on one GPU."""
+
+    attention: AttentionCurve
+    linear: dict[str, TokenCurve]
+    """"dense" and/or "moe": one layer's token-linear part."""
+    head: TokenCurve
+    layer_overhead_ms: float = 0.0
+    """Paid once per layer per micro-batch (attention call cost, glue)."""
+    microbatch_overhead_ms: float = 0.0
+    """Paid once per micro-batch."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "overhead": {
+                "per_layer_ms": float(self.layer_overhead_ms),
+                "per_microbatch_ms": float(self.microbatch_overhead_ms),
+            },
+            "attention": self.attention.to_dict(),
+            "linear": {k: c.to_dict() for k, c in self.linear.items()},
+            "head": self.head.to_dict(),
+        }
+

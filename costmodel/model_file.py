@@ -1,0 +1,237 @@
+"""The cost model file format (`"schema": "costmodel/1"`): read, validate, write atomically.
+
+`read_document` parses a file; `from_document` validates a parsed document and builds the
+model. Every problem is a ValueError naming the file, what is wrong and what to do.
+`write_json_atomic` writes so that a reader never sees half a file. Numpy/scipy only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as _dt
+import json
+import logging
+import math
+import os
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from costmodel.curves import MODES, AttentionCurve, ModeCurves, TokenCurve
+from costmodel.spec import ModelSpec
+
+if TYPE_CHECKING:
+    from costmodel.model import CostModel
+
+__all__ = ["SCHEMA", "from_document", "read_document", "utc_timestamp", "write_json_atomic"]
+
+logger = logging.getLogger(__name__)
+
+SCHEMA = "costmodel/1"
+_REQUIRED_FIELDS = ("schema", "created", "is_estimate", "gpu", "spec", "spec_fingerprint", "curves")
+_EXTRA_FIELDS = (
+    "created", "command", "device", "kernels", "measurements", "residuals", "flops_check",
+    "validation",
+)
+_REWRITE = "write a new file with `costmodel calibrate` (or restore this one)"
+
+
+def utc_timestamp() -> str:
+    """Now, in UTC, to the second (ISO 8601): the `created` field of a file."""
+    return _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat()
+
+
+# ---- reading and writing --------------------------------------------------------------------
+def _reject_constant(name: str) -> float:
+    raise ValueError(f"non-finite number {name}")
+
+
+def read_document(path: str | os.PathLike) -> dict[str, Any]:
+    """Parse a cost model file, with errors that say which file and where."""
+    p = Path(path)
+    text = p.read_text()
+    if not text.strip():
+        raise _fail(str(p), "file is empty (an interrupted write?)")
+    try:
+        return json.loads(text, parse_constant=_reject_constant)
+    except json.JSONDecodeError as err:
+        hint = " (truncated?)" if err.pos >= len(text.rstrip()) - 1 else ""
+        raise _fail(
+            str(p),
+            f"not valid JSON{hint}: {err.msg} at line {err.lineno} column {err.colno} "
+            f"(char {err.pos} of {len(text)})",
+        ) from None
+    except ValueError:  # NaN / Infinity literals: parse them to say where they are
+        _check_finite(json.loads(text), str(p))
+        raise
+
+
+def write_json_atomic(path: str | os.PathLike, doc: Mapping[str, Any]) -> Path:
+    """Write JSON so that readers see the old file or the whole new one, never a part.
+
+    The text goes to a temp file in the destination folder (same filesystem), is flushed
+    and fsynced, then `os.replace`d over `path`. Any failure removes the temp file.
+    """
+    target = Path(path)
+    text = json.dumps(doc, indent=1, allow_nan=False) + "\n"  # serialise before touching disk
+    folder = target.parent if str(target.parent) else Path(".")
+    folder.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=folder)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, target)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+    return target
+
+
+# ---- validation -------------------------------------------------------------------------------
+def _fail(source: str, message: str, *, fix: str | None = _REWRITE) -> ValueError:
+    """One line: which file, what is wrong with it, and what to do."""
+    return ValueError(f"cost model {source}: {message}" + (f"; {fix}" if fix else ""))
+
+
+def _check_finite(obj: Any, source: str, where: str = "") -> None:
+    if isinstance(obj, float) and not math.isfinite(obj):
+        raise _fail(source, f"non-finite number {obj!r} at {where or 'top level'} "
+                    "(cost model files hold finite numbers only)")
+    if isinstance(obj, Mapping):
+        for k, v in obj.items():
+            _check_finite(v, source, f"{where}.{k}" if where else str(k))
+    elif isinstance(obj, list):
+        for i, v in enumerate(obj):
+            _check_finite(v, source, f"{where}[{i}]")
+
+
+def _require(mapping: Any, key: str, kind: type | tuple[type, ...], source: str, where: str) -> Any:
+    if not isinstance(mapping, Mapping) or key not in mapping:
+        raise _fail(source, f"missing field {where}{key!r}")
+    value = mapping[key]
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds):
+        raise _fail(source, f"field {where}{key!r} has the wrong type {type(value).__name__} "
+                    f"(expected {' or '.join(k.__name__ for k in kinds)})")
+    return value
+
+
+def _mode_from_dict(d: Any, mode: str, source: str) -> ModeCurves:
+    where = f"curves.{mode}."
+    if not isinstance(d, Mapping):
+        raise _fail(source, f"{where[:-1]} must be an object")
+    overhead = _require(d, "overhead", Mapping, source, where)
+    per_layer = _require(overhead, "per_layer_ms", (int, float), source, where + "overhead.")
+    per_mb = _require(overhead, "per_microbatch_ms", (int, float), source, where + "overhead.")
+    if per_layer < 0 or per_mb < 0:
+        raise _fail(source, f"{where}overhead must be >= 0 ms")
+    attn = _require(d, "attention", Mapping, source, where)
+    linear = _require(d, "linear", Mapping, source, where)
+    head = _require(d, "head", Mapping, source, where)
+
+    def curve(cls, block: Mapping, xkey: str, name: str):
+        xs = _require(block, xkey, list, source, f"{where}{name}.")
+        ys = _require(block, "ms", list, source, f"{where}{name}.")
+        try:
+            return cls(xs, ys, what=f"{where}{name}")
+        except (ValueError, TypeError) as err:
+            raise _fail(source, str(err)) from None
+
+    if not linear:
+        raise _fail(source, f"{where}linear has no curves (need 'dense' and/or 'moe')")
+    unknown = sorted(set(linear) - {"dense", "moe"})
+    if unknown:
+        raise _fail(source, f"{where}linear has unknown kinds {unknown}; allowed: dense, moe")
+    return ModeCurves(
+        attention=curve(AttentionCurve, attn, "lengths", "attention"),
+        linear={k: curve(TokenCurve, v, "tokens", f"linear.{k}") for k, v in linear.items()},
+        head=curve(TokenCurve, head, "tokens", "head"),
+        layer_overhead_ms=float(per_layer),
+        microbatch_overhead_ms=float(per_mb),
+    )
+
+
+def from_document(
+    cls: type[CostModel], doc: Any, *, source: str, spec: ModelSpec | None, allow_other_shape: bool
+) -> CostModel:
+    """Validate a parsed document and build a `cls` (a CostModel) from it.
+
+    `cls` is passed in, not imported, so that this module sits below `costmodel.model`.
+    """
+    if not isinstance(doc, Mapping):
+        raise _fail(source, f"expected a JSON object at top level, got {type(doc).__name__}")
+    schema = doc.get("schema")
+    if schema is None:
+        raise _fail(source, f"missing field 'schema' (expected {SCHEMA!r}): not a cost model file?")
+    if schema != SCHEMA:
+        raise _fail(
+            source,
+            f"unsupported schema {schema!r}; this version of costmodel reads {SCHEMA!r} only "
+            "(re-run `costmodel calibrate` to write a current file, or upgrade costmodel)",
+            fix=None,
+        )
+    missing = [k for k in _REQUIRED_FIELDS if k not in doc]
+    if missing:
+        raise _fail(source, f"missing field(s) {missing} (file truncated or hand-edited?)")
+    _check_finite(doc, source)
+    try:
+        file_spec = ModelSpec.from_dict(_require(doc, "spec", Mapping, source, ""))
+    except ValueError as err:
+        raise _fail(source, f"invalid model spec: {err}") from None
+    fingerprint = _require(doc, "spec_fingerprint", str, source, "")
+    if fingerprint != file_spec.fingerprint():
+        raise _fail(
+            source,
+            f"spec_fingerprint {fingerprint} does not match its own spec "
+            f"({file_spec.fingerprint()}): the file was edited or is corrupt",
+        )
+    if spec is not None and spec.fingerprint() != file_spec.fingerprint():
+        if not allow_other_shape:
+            raise _fail(
+                source,
+                f"made for model {file_spec.name!r} (shape {file_spec.fingerprint()}), not for "
+                f"{spec.name!r} (shape {spec.fingerprint()}); calibrate for this model, or pass "
+                "allow_other_shape=True (--cost-model-allow-other-shape) to use it anyway",
+                fix=None,
+            )
+        logger.warning(
+            "%s: using a cost model made for %s (shape %s) for %s (shape %s); its curves are "
+            "those of %s", source, file_spec.name, file_spec.fingerprint(), spec.name,
+            spec.fingerprint(), file_spec.name,
+        )
+    gpu = _require(doc, "gpu", Mapping, source, "")
+    gpu_name = _require(gpu, "name", str, source, "gpu.")
+    is_estimate = _require(doc, "is_estimate", bool, source, "")
+    curves_doc = _require(doc, "curves", Mapping, source, "")
+    if not curves_doc:
+        raise _fail(source, "'curves' is empty")
+    unknown = sorted(set(curves_doc) - set(MODES))
+    if unknown:
+        raise _fail(source, f"unknown modes {unknown} in 'curves'; allowed: {list(MODES)}")
+    curves = {m: _mode_from_dict(curves_doc[m], m, source) for m in MODES if m in curves_doc}
+    optional: dict[str, Any] = {}  # absent: the CostModel default
+    if "reference_tokens" in doc:
+        reference = doc["reference_tokens"]
+        if isinstance(reference, bool) or not isinstance(reference, int) or reference < 1:
+            raise _fail(source, f"reference_tokens must be a positive integer, got {reference!r}")
+        optional["reference_tokens"] = reference
+    extra = {k: doc.get(k) for k in _EXTRA_FIELDS}
+    extra["source"] = source
+    try:
+        return cls(
+            spec=file_spec,
+            gpu=gpu_name,
+            gpu_key=gpu.get("key"),
+            curves=curves,
+            is_estimate=is_estimate,
+            provenance=doc.get("provenance") or {},
+            extra=extra,
+            **optional,
+        )
+    except ValueError as err:
+        raise _fail(source, str(err)) from None
+
