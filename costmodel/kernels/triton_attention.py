@@ -180,6 +180,20 @@ def _launch(
 
 
 # --------------------------------------------------------------------------- forward
+# Tile loads of the backward kernels. The forward keeps its loads inline: routed through
+# these helpers, triton 3.6 spills 24 B/thread more in the d=128 forward (sm_90 AOT build).
+@triton.jit
+def _load_tile(base, rows, stride, cols, mask):
+    """A rows × head_dim tile of one head (row r at base + r·stride); masked rows read 0."""
+    return tl.load(base + rows[:, None] * stride + cols[None, :], mask=mask[:, None], other=0.0)
+
+
+@triton.jit
+def _load_tile_t(base, rows, stride, cols, mask):
+    """The same tile transposed (head_dim × rows): the Kᵀ and Qᵀ operands of tl.dot."""
+    return tl.load(base + rows[None, :] * stride + cols[:, None], mask=mask[None, :], other=0.0)
+
+
 @triton.jit
 def _fwd_inner(
     acc,
@@ -378,21 +392,13 @@ def _bwd_dkdv_inner(
     for start_m in range(lo, hi, BLOCK_M):
         offs_m = start_m + tl.arange(0, BLOCK_M)
         row_mask = offs_m < seqlen
-        q_t = tl.load(
-            q_base + offs_m[None, :] * stride_qt + offs_d[:, None],
-            mask=row_mask[None, :],
-            other=0.0,
-        )
+        q_t = _load_tile_t(q_base, offs_m, stride_qt, offs_d, row_mask)
         # rows past the end get lse = +inf, hence p = 0: they contribute nothing
         lse = tl.load(lse_base + offs_m, mask=row_mask, other=float("inf"))
         p_t = tl.math.exp2(tl.dot(k, q_t) * qk_scale - lse[None, :])
         if MASK:
             p_t = tl.where(offs_m[None, :] >= offs_n[:, None], p_t, 0.0)
-        do = tl.load(
-            do_base + offs_m[:, None] * stride_ot + offs_d[None, :],
-            mask=row_mask[:, None],
-            other=0.0,
-        )
+        do = _load_tile(do_base, offs_m, stride_ot, offs_d, row_mask)
         dv += tl.dot(p_t.to(do.dtype), do)
         delta = tl.load(delta_base + offs_m, mask=row_mask, other=0.0)
         dp_t = tl.dot(v, tl.trans(do))
@@ -443,23 +449,11 @@ def _attn_bwd_dkdv(
     offs_n = start_n + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, HEAD_DIM)
     col_mask = offs_n < seqlen
-    k = tl.load(
-        K
-        + seq_start * stride_kt
-        + kv_head * stride_kh
-        + offs_n[:, None] * stride_kt
-        + offs_d[None, :],
-        mask=col_mask[:, None],
-        other=0.0,
+    k = _load_tile(
+        K + seq_start * stride_kt + kv_head * stride_kh, offs_n, stride_kt, offs_d, col_mask
     )
-    v = tl.load(
-        V
-        + seq_start * stride_vt
-        + kv_head * stride_vh
-        + offs_n[:, None] * stride_vt
-        + offs_d[None, :],
-        mask=col_mask[:, None],
-        other=0.0,
+    v = _load_tile(
+        V + seq_start * stride_vt + kv_head * stride_vh, offs_n, stride_vt, offs_d, col_mask
     )
     dk = tl.zeros([BLOCK_N, HEAD_DIM], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, HEAD_DIM], dtype=tl.float32)
@@ -548,16 +542,8 @@ def _bwd_dq_inner(
         offs_n = start_n + tl.arange(0, BLOCK_N)
         if MASK:
             col_mask = offs_n < seqlen
-            k_t = tl.load(
-                k_base + offs_n[None, :] * stride_kt + offs_d[:, None],
-                mask=col_mask[None, :],
-                other=0.0,
-            )
-            v_t = tl.load(
-                v_base + offs_n[None, :] * stride_vt + offs_d[:, None],
-                mask=col_mask[None, :],
-                other=0.0,
-            )
+            k_t = _load_tile_t(k_base, offs_n, stride_kt, offs_d, col_mask)
+            v_t = _load_tile_t(v_base, offs_n, stride_vt, offs_d, col_mask)
         else:  # keys left of the diagonal lie inside the sequence
             k_t = tl.load(k_base + offs_n[None, :] * stride_kt + offs_d[:, None])
             v_t = tl.load(v_base + offs_n[None, :] * stride_vt + offs_d[:, None])
@@ -610,23 +596,11 @@ def _attn_bwd_dq(
     offs_m = start_m + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, HEAD_DIM)
     row_mask = offs_m < seqlen
-    q = tl.load(
-        Q
-        + seq_start * stride_qt
-        + head * stride_qh
-        + offs_m[:, None] * stride_qt
-        + offs_d[None, :],
-        mask=row_mask[:, None],
-        other=0.0,
+    q = _load_tile(
+        Q + seq_start * stride_qt + head * stride_qh, offs_m, stride_qt, offs_d, row_mask
     )
-    do = tl.load(
-        DO
-        + seq_start * stride_ot
-        + head * stride_oh
-        + offs_m[:, None] * stride_ot
-        + offs_d[None, :],
-        mask=row_mask[:, None],
-        other=0.0,
+    do = _load_tile(
+        DO + seq_start * stride_ot + head * stride_oh, offs_m, stride_ot, offs_d, row_mask
     )
     lse = tl.load(LSE + head * total + seq_start + offs_m, mask=row_mask, other=float("inf"))
     delta = tl.load(Delta + head * total + seq_start + offs_m, mask=row_mask, other=0.0)
