@@ -72,12 +72,10 @@ def launch(args: argparse.Namespace, nproc: int) -> list[dict[str, Any]]:
     import torch
     import torch.multiprocessing as mp
 
-    device = args.device
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
+    from costmodel.training.trainer import device_kind
+
+    device = device_kind(args.device)
     if device == "cuda":
-        if not torch.cuda.is_available():
-            raise RuntimeError("--device cuda but no CUDA GPU is visible; use --device cpu")
         if nproc > torch.cuda.device_count():
             raise ValueError(
                 f"--nproc {nproc} but only {torch.cuda.device_count()} GPUs are visible; "

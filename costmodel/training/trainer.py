@@ -96,15 +96,21 @@ def _max_over_mean(values: list[float]) -> float:
     return float(np.max(values) / mean) if mean > 0 else 1.0
 
 
+def device_kind(requested: str) -> str:
+    """'cuda' or 'cpu' for --device auto|cuda|cpu; RuntimeError when CUDA is asked for but absent."""
+    import torch
+
+    if requested == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if requested == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("--device cuda but no CUDA GPU is visible; use --device cpu")
+    return requested
+
+
 def _resolve_device(args: argparse.Namespace, local_rank: int):
     import torch
 
-    want = args.device
-    if want == "auto":
-        want = "cuda" if torch.cuda.is_available() else "cpu"
-    if want == "cuda":
-        if not torch.cuda.is_available():
-            raise RuntimeError("--device cuda but no CUDA GPU is visible; use --device cpu")
+    if device_kind(args.device) == "cuda":
         torch.cuda.set_device(local_rank % torch.cuda.device_count())
         device = torch.device("cuda", torch.cuda.current_device())
         return device, "nccl", torch.bfloat16, "bf16", args.attention or "torch-varlen"
