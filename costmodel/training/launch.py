@@ -75,12 +75,11 @@ def launch(args: argparse.Namespace, nproc: int) -> list[dict[str, Any]]:
     from costmodel.training.trainer import device_kind
 
     device = device_kind(args.device)
-    if device == "cuda":
-        if nproc > torch.cuda.device_count():
-            raise ValueError(
-                f"--nproc {nproc} but only {torch.cuda.device_count()} GPUs are visible; "
-                "lower --nproc or use --device cpu"
-            )
+    if device == "cuda" and nproc > torch.cuda.device_count():
+        raise ValueError(
+            f"--nproc {nproc} but only {torch.cuda.device_count()} GPUs are visible; "
+            "lower --nproc or use --device cpu"
+        )
     args.device = device
     prepare(args, nproc, dtype="bf16" if device == "cuda" else "fp32")
     # Workers validate and load again on their own: pass the flags, not loaded objects.
