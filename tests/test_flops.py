@@ -203,15 +203,13 @@ def test_bad_lengths_rejected(bad):
         calculate_fwd_flops(bad, ModelSpec.from_preset("qwen3-0.6b"))
 
 
-def test_million_lengths_fast():
-    import time
-
+def test_million_lengths_vectorised():
+    # Speed is measured in benchmarks/bench_flops.py; here, that the per-sequence and the
+    # exact totals agree at a million lengths.
     lengths = np.random.default_rng(0).integers(1, 32768, 1_000_000)
     spec = ModelSpec.from_preset("deepseek-v3")
-    start = time.perf_counter()
     total = calculate_fwd_flops(lengths, spec)
     per_seq = sequence_fwd_flops(lengths, spec)
-    assert time.perf_counter() - start < 1.0
     assert np.isclose(per_seq.sum(), total, rtol=1e-9)
 
 
