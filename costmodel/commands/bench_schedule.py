@@ -21,6 +21,8 @@ from typing import Any
 
 import numpy as np
 
+from costmodel.commands.common import comma_ints
+
 logger = logging.getLogger(__name__)
 
 
@@ -80,16 +82,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def _int_list(text: str, what: str) -> list[int]:
-    try:
-        values = [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise ValueError(f"--{what} must be comma-separated integers, got {text!r}") from None
-    if not values or min(values) < 1:
-        raise ValueError(f"--{what} must list positive integers, got {text!r}")
-    return values
-
-
 def _detected_gpu_key() -> str | None:
     try:
         import torch
@@ -117,7 +109,7 @@ def run(args: argparse.Namespace, *, measure=None) -> int:
     bad = [p for p in policies if p not in bench.POLICIES]
     if bad or not policies:
         raise ValueError(f"--policies: unknown {bad or policies}; allowed: {', '.join(bench.POLICIES)}")
-    dp_sizes = _int_list(args.dp, "dp")
+    dp_sizes = comma_ints(args.dp, "--dp")
     if args.cap < 1:
         raise ValueError(f"--cap must be a positive number of tokens, got {args.cap}")
     if args.repeats < 1:

@@ -4,19 +4,9 @@ from __future__ import annotations
 
 import argparse
 
+from costmodel.commands.common import comma_ints
 from costmodel.flops import BREAKDOWN_KEYS, flops_breakdown
 from costmodel.spec import ModelSpec
-
-
-def parse_lengths(text: str) -> list[int]:
-    """'512,4096' or '512 4096' -> [512, 4096], with a clear error on junk."""
-    items = [t for t in text.replace(",", " ").split() if t]
-    if not items:
-        raise ValueError("--lengths is empty; give comma-separated token counts like 512,4096")
-    try:
-        return [int(t) for t in items]
-    except ValueError:
-        raise ValueError(f"--lengths must be comma-separated integers, got {text!r}") from None
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -32,7 +22,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     spec = ModelSpec.from_any(args.model)
-    lengths = parse_lengths(args.lengths)
+    lengths = comma_ints(args.lengths, "--lengths")
     columns = [(str(n), flops_breakdown([n], spec)) for n in lengths]
     if len(lengths) > 1:
         columns.append(("all", flops_breakdown(lengths, spec)))

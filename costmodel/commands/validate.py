@@ -6,15 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-
-def _ints(text: str, what: str) -> list[int]:
-    try:
-        vals = [int(t) for t in text.replace(",", " ").split()]
-    except ValueError:
-        raise ValueError(f"{what} must be comma-separated integers, got {text!r}") from None
-    if not vals or min(vals) < 1:
-        raise ValueError(f"{what} must be positive integers, got {text!r}")
-    return vals
+from costmodel.commands.common import comma_ints
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -60,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
     if model.is_estimate:
         raise ValueError(f"{path} is an estimate; validate a measured file from `costmodel calibrate`")
     modes = parse_modes(args.modes) if args.modes else tuple(model.modes)
-    caps = _ints(args.caps, "--caps")
+    caps = comma_ints(args.caps, "--caps")
     if args.count < 4 or args.layers < 1:
         raise ValueError("--count must be >= 4 and --layers >= 1")
     if args.time_limit_s is not None and not args.time_limit_s > 0:

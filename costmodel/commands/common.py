@@ -1,0 +1,14 @@
+"""Argument parsing shared by several commands."""
+
+from __future__ import annotations
+
+
+def comma_ints(text: str, flag: str) -> list[int]:
+    """'512,4096' (or '512 4096') -> [512, 4096]; a clear error for junk, empty or < 1."""
+    try:
+        values = [int(t) for t in text.replace(",", " ").split()]
+    except ValueError:
+        values = []
+    if not values or min(values) < 1:
+        raise ValueError(f"{flag} must be comma-separated positive integers, got {text!r}")
+    return values
