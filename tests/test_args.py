@@ -145,7 +145,7 @@ def test_no_cap_for_the_scheduler():
 
 def test_warns_when_the_cost_model_is_from_another_gpu(cost_model_file, monkeypatch, caplog):
     args = parse([*FLOPS_ARGV, "--cost-model", cost_model_file])
-    monkeypatch.setattr(cm_args, "_current_gpu_name", lambda: "NVIDIA H100 80GB HBM3")
+    monkeypatch.setattr(cm_args, "current_gpu_name", lambda: "NVIDIA H100 80GB HBM3")
     with caplog.at_level(logging.WARNING, logger="costmodel.integrations.args"):
         validate_args(args, spec=SPEC)
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
@@ -156,7 +156,7 @@ def test_warns_when_the_cost_model_is_from_another_gpu(cost_model_file, monkeypa
 @pytest.mark.parametrize("device", ["NVIDIA H200", None])
 def test_no_warning_on_the_same_gpu_or_without_one(cost_model_file, monkeypatch, caplog, device):
     args = parse([*FLOPS_ARGV, "--cost-model", cost_model_file])
-    monkeypatch.setattr(cm_args, "_current_gpu_name", lambda: device)
+    monkeypatch.setattr(cm_args, "current_gpu_name", lambda: device)
     with caplog.at_level(logging.INFO, logger="costmodel.integrations.args"):
         validate_args(args, spec=SPEC)
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING]

@@ -25,6 +25,17 @@ __all__ = ["device_fingerprint", "require_cuda", "resolve_gpu"]
 logger = logging.getLogger(__name__)
 
 
+def current_gpu_name() -> str | None:
+    """The name of the CUDA device in use, or None without torch or a GPU (never raises)."""
+    try:
+        torch = importlib.import_module("torch")
+    except ImportError:
+        return None
+    if not torch.cuda.is_available():
+        return None
+    return torch.cuda.get_device_name(torch.cuda.current_device())
+
+
 def require_cuda():
     """Import torch and check that a CUDA GPU is usable; return the torch module."""
     try:

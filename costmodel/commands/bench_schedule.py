@@ -83,15 +83,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _detected_gpu_key() -> str | None:
-    try:
-        import torch
-    except ImportError:
-        return None
-    if not torch.cuda.is_available():
-        return None
+    from costmodel.calibration.device import current_gpu_name
     from costmodel.gpus import find_gpu_by_device_name
 
-    info = find_gpu_by_device_name(torch.cuda.get_device_name())
+    name = current_gpu_name()
+    info = find_gpu_by_device_name(name) if name else None
     return info.key if info else None
 
 

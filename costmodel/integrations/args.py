@@ -24,6 +24,8 @@ import argparse
 import logging
 from typing import Any
 
+from costmodel.calibration.device import current_gpu_name
+
 __all__ = ["add_arguments", "scheduler_from_args", "validate_args"]
 
 logger = logging.getLogger(__name__)
@@ -238,17 +240,6 @@ def validate_args(args: argparse.Namespace, spec=None):
     return model
 
 
-def _current_gpu_name() -> str | None:
-    """The name of the CUDA device in use, or None without torch or a GPU."""
-    try:
-        import torch
-    except ImportError:
-        return None
-    if not torch.cuda.is_available():
-        return None
-    return torch.cuda.get_device_name(torch.cuda.current_device())
-
-
 def _same_gpu(model_gpu: str, device_name: str) -> bool:
     """Whether a cost model's GPU label names the device in use.
 
@@ -281,7 +272,7 @@ def _check_gpu(model, label: str) -> None:
             label,
             model_gpu or "unknown GPU",
         )
-    device = _current_gpu_name()
+    device = current_gpu_name()
     if device is None:
         logger.info("no CUDA GPU visible: not checking --cost-model %s's GPU (%s)", label, model_gpu)
         return
