@@ -12,9 +12,9 @@ import argparse
 import datetime as dt
 import json
 import platform
-import time
 
 import numpy as np
+from bench_scheduler import best_time  # benchmarks/ is on sys.path when run as a script
 
 from costmodel.flops import (
     attention_flops_per_pair,
@@ -42,15 +42,6 @@ def python_loop_flops(lengths: list[int], spec: ModelSpec) -> int:
     return total
 
 
-def best_of(fn, repeats: int = 3) -> tuple[float, object]:
-    best, out = float("inf"), None
-    for _ in range(repeats):
-        start = time.perf_counter()
-        out = fn()
-        best = min(best, time.perf_counter() - start)
-    return best * 1e3, out
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--n", type=int, default=1_000_000, help="sequence lengths per preset")
@@ -61,9 +52,9 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     print(f"{'preset':<16} {'exact ms':>9} {'per-seq ms':>10} {'python ms':>10} {'speed-up':>9}")
     for name, spec in PRESETS.items():
-        exact_ms, total = best_of(lambda spec=spec: calculate_fwd_flops(lengths, spec))
-        vec_ms, _ = best_of(lambda spec=spec: sequence_fwd_flops(lengths, spec))
-        loop_ms, loop_total = best_of(lambda spec=spec: python_loop_flops(as_list, spec), 1)
+        exact_ms, total = best_time(lambda spec=spec: calculate_fwd_flops(lengths, spec), 3)
+        vec_ms, _ = best_time(lambda spec=spec: sequence_fwd_flops(lengths, spec), 3)
+        loop_ms, loop_total = best_time(lambda spec=spec: python_loop_flops(as_list, spec), 1)
         if loop_total != total:
             raise SystemExit(f"{name}: the Python loop disagrees with calculate_fwd_flops")
         rows.append(
