@@ -6,7 +6,11 @@ on before *any* module imports triton. Setting it here, before test collection, 
 CPU run independent of which test module happens to import triton first.
 """
 
+import importlib.util
 import os
+from pathlib import Path
+
+import pytest
 
 try:
     import torch
@@ -15,3 +19,17 @@ except ImportError:  # numpy-only install: the torch/triton tests skip themselve
 
 if torch is not None and not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+
+
+@pytest.fixture
+def load_benchmark():
+    """Import a script of benchmarks/ (not a package) by name, e.g. "bench_mlp"."""
+
+    def load(name: str):
+        path = Path(__file__).resolve().parents[1] / "benchmarks" / f"{name}.py"
+        spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+
+    return load

@@ -11,18 +11,15 @@ from __future__ import annotations
 import importlib.util
 import math
 import os
-import sys
 
 import pytest
 
 torch = pytest.importorskip("torch")
 
 CUDA = torch.cuda.is_available()
-if not CUDA:
-    # Triton reads this when it is first imported (tests/conftest.py sets it earlier too).
-    os.environ.setdefault("TRITON_INTERPRET", "1")
-    if "triton" in sys.modules and os.environ["TRITON_INTERPRET"] != "1":
-        raise RuntimeError("triton was imported without TRITON_INTERPRET=1 and there is no GPU")
+if not CUDA and os.environ.get("TRITON_INTERPRET") != "1":
+    # tests/conftest.py sets it before triton is first imported; Triton reads it only then.
+    raise RuntimeError("no GPU, and TRITON_INTERPRET=1 is not set (run under pytest's conftest)")
 
 pytest.importorskip("triton")
 from costmodel.kernels import attention as attn  # noqa: E402
@@ -347,16 +344,8 @@ def test_gpu_every_adapter_bf16(backend):
 
 
 # --------------------------------------------------------------------------- benchmark
-def _bench_module():
-    path = os.path.join(os.path.dirname(__file__), "..", "benchmarks", "bench_attention.py")
-    spec = importlib.util.spec_from_file_location("bench_attention", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def test_bench_flops_convention():
-    bench = _bench_module()
+def test_bench_flops_convention(load_benchmark):
+    bench = load_benchmark("bench_attention")
     lengths = [4096] * 8
     fwd = 8 * (4096 * 4097 // 2) * 4 * 128 * 32  # pairs × 4·d FLOPs × heads
     assert bench.attention_flops(lengths, 32, 8, 128, "fwd") == fwd
@@ -364,13 +353,13 @@ def test_bench_flops_convention():
 
 
 @pytest.mark.skipif(CUDA, reason="checks the no-GPU exit")
-def test_bench_without_gpu_exits_2(capsys):
-    assert _bench_module().main(["--quick"]) == 2
+def test_bench_without_gpu_exits_2(capsys, load_benchmark):
+    assert load_benchmark("bench_attention").main(["--quick"]) == 2
     assert "needs a CUDA GPU" in capsys.readouterr().err
 
 
-def test_bench_table_shows_speedup_and_missing_baselines():
-    bench = _bench_module()
+def test_bench_table_shows_speedup_and_missing_baselines(load_benchmark):
+    bench = load_benchmark("bench_attention")
     rows = [
         {"L": 4096, "num_seqs": 8, "backend": b, "mode": "fwd", "ms": ms, "tflops": 1.0}
         for b, ms in (("torch-varlen", 2.0), ("triton", 1.6))

@@ -215,19 +215,8 @@ def test_gpu_mlp_triton_matches_torch_at_qwen3_8b_shapes():
 
 
 # ------------------------------------------------------------------------------ benchmark
-def _load_bench():
-    import importlib.util
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_mlp.py"
-    spec = importlib.util.spec_from_file_location("bench_mlp", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def test_bench_mlp_plumbing_with_a_fake_timer():
-    bench = _load_bench()
+def test_bench_mlp_plumbing_with_a_fake_timer(load_benchmark):
+    bench = load_benchmark("bench_mlp")
     calls = []
 
     def timer(fn, grad_to_none=None):
@@ -245,6 +234,6 @@ def test_bench_mlp_plumbing_with_a_fake_timer():
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU message")
-def test_bench_mlp_without_gpu_says_so(capsys):
-    assert _load_bench().main(["--quick", "--no-json"]) == 2
+def test_bench_mlp_without_gpu_says_so(capsys, load_benchmark):
+    assert load_benchmark("bench_mlp").main(["--quick", "--no-json"]) == 2
     assert "needs a CUDA GPU" in capsys.readouterr().err
