@@ -29,7 +29,6 @@ from typing import Any
 
 import numpy as np
 from numpy.typing import ArrayLike
-from scipy.interpolate import PchipInterpolator
 
 __all__ = ["MODES", "AttentionCurve", "ModeCurves", "TokenCurve"]
 
@@ -65,6 +64,10 @@ class AttentionCurve:
     def __init__(self, lengths: ArrayLike, ms: ArrayLike, *, what: str = "attention curve"):
         self.lengths, self.ms = _knots(lengths, ms, "lengths", what)
         self._lx, self._ly = np.log(self.lengths), np.log(self.ms)
+        # scipy.interpolate costs ~0.4 s to import: only when a curve is built, not at
+        # `import costmodel` (every training process, `costmodel --help`).
+        from scipy.interpolate import PchipInterpolator
+
         self._pchip = PchipInterpolator(self._lx, self._ly, extrapolate=False)
         slope = float(self._pchip.derivative()(self._lx[0]))
         self.low_exponent = float(np.clip(slope, 0.0, 2.0))
