@@ -38,7 +38,7 @@ from numpy.typing import ArrayLike
 
 from costmodel import gpus
 from costmodel.curves import MODES, ModeCurves, TokenCurve
-from costmodel.flops import as_lengths
+from costmodel.flops import as_lengths, causal_pairs
 from costmodel.model_file import (
     SCHEMA,
     from_document,
@@ -138,11 +138,11 @@ class CostModel:
         n_full = spec.num_layers - n_sw
         out = n_full * c.attention(lengths) if n_full else np.zeros(lengths.shape)
         if n_sw:
-            w = float(spec.sliding_window)
+            # Past the window, attention grows with the windowed pair count (flops.causal_pairs).
+            w = spec.sliding_window
             L = np.asarray(lengths, dtype=np.float64)
-            pairs_w = w * (w + 1) / 2
-            capped = np.minimum(L, w)
-            windowed = c.attention(capped) * np.where(w < L, (pairs_w + (L - w) * w) / pairs_w, 1.0)
+            scale = causal_pairs(L, window=w) / causal_pairs([w])[0]
+            windowed = c.attention(np.minimum(L, w)) * np.where(w < L, scale, 1.0)
             out = out + n_sw * windowed
         return out
 
