@@ -2,7 +2,8 @@
 
 For Qwen3-8B shapes (hidden 4096, ffn 12288) over token counts, in bf16:
 - the whole MLP (gate/up GEMM, activation, down GEMM) forward and forward+backward, with the
-  Triton and with the torch activation: time and TFLOP/s (FLOPs: `mlp_fwd_flops`);
+  Triton and with the torch activation: time and TFLOP/s (FLOPs:
+  `costmodel.kernels.mlp.mlp_flops`, 6·T·H·F forward, 3× with backward);
 - the activation alone, fused Triton ``swiglu_fused`` vs torch ``F.silu(g) * u`` on the
   halves of one (T, 2F) tensor: time, the speed-up (target >= 1.5x) and the fused kernel's
   effective bandwidth (minimum traffic / time).
@@ -39,15 +40,6 @@ DEFAULT_JSON = _ROOT / "benchmarks" / "results" / "bench_mlp.json"
 SPEEDUP_TARGET = 1.5
 
 Timer = Callable[..., float]  # timer(fn, grad_to_none=[...]) -> milliseconds
-
-
-def mlp_fwd_flops(tokens: int, hidden: int, ffn: int) -> int:
-    """Forward FLOPs of a SwiGLU MLP: 2·T·H·2F (gate+up) + 2·T·F·H (down) = 6·T·H·F.
-
-    Forward+backward is 3× (each GEMM has two backward GEMMs of its size). The elementwise
-    activation is not counted.
-    """
-    return 6 * tokens * hidden * ffn
 
 
 def activation_bytes(tokens: int, ffn: int, elem: int, *, backward: bool) -> int:
@@ -89,7 +81,7 @@ def measure(tokens: int, hidden: int, ffn: int, *, device, dtype, timer: Timer) 
     """Time every case at one token count; returns one result row (times in ms)."""
     import torch
 
-    from costmodel.kernels.mlp import swiglu_activation, swiglu_mlp
+    from costmodel.kernels.mlp import mlp_flops, swiglu_activation, swiglu_mlp
 
     gen = torch.Generator(device=device).manual_seed(tokens)
     kw = {"device": device, "dtype": dtype}
@@ -137,9 +129,10 @@ def measure(tokens: int, hidden: int, ffn: int, *, device, dtype, timer: Timer) 
         row[f"act_fwd_ms[{act}]"] = timer(act_fwd(act))
         row[f"act_fwdbwd_ms[{act}]"] = timer(act_fwdbwd(act), grad_to_none=[h])
 
-    flops = mlp_fwd_flops(tokens, hidden, ffn)
-    row["mlp_fwd_tflops"] = flops / row["mlp_fwd_ms[triton]"] / 1e9
-    row["mlp_fwdbwd_tflops"] = 3 * flops / row["mlp_fwdbwd_ms[triton]"] / 1e9
+    row["mlp_fwd_tflops"] = mlp_flops(tokens, hidden, ffn) / row["mlp_fwd_ms[triton]"] / 1e9
+    row["mlp_fwdbwd_tflops"] = (
+        mlp_flops(tokens, hidden, ffn, backward=True) / row["mlp_fwdbwd_ms[triton]"] / 1e9
+    )
     row["act_fwd_speedup"] = row["act_fwd_ms[torch]"] / row["act_fwd_ms[triton]"]
     row["act_fwdbwd_speedup"] = row["act_fwdbwd_ms[torch]"] / row["act_fwdbwd_ms[triton]"]
     elem = torch.empty((), dtype=dtype).element_size()
