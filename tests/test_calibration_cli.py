@@ -180,6 +180,26 @@ def test_workloads_build_and_run_on_cpu(one_thread):
 
 
 @pytest.mark.skipif(torch is None, reason="needs torch")
+def test_kernel_timer_refuses_a_backend_that_computes_something_else(monkeypatch):
+    """A backend that ignores causality (a misread torch signature) must not be calibrated."""
+    import costmodel.kernels.attention as attention
+    from costmodel.calibration.workloads import KernelTimer
+
+    def full_attention(q, k, v, cu, max_seqlen, **_):  # right shapes, no causal mask
+        group = q.shape[1] // k.shape[1]
+        out = []
+        for a, b in zip(cu.tolist()[:-1], cu.tolist()[1:]):
+            qs, ks, vs = (t[a:b].transpose(0, 1) for t in (q, k.repeat_interleave(group, 1),
+                                                             v.repeat_interleave(group, 1)))
+            out.append(torch.nn.functional.scaled_dot_product_attention(qs, ks, vs).transpose(0, 1))
+        return torch.cat(out)
+
+    monkeypatch.setattr(attention, "get_attention", lambda name: full_attention)
+    with pytest.raises(RuntimeError, match=r"attention backend 'sdpa' is wrong on this machine \(relative error"):
+        KernelTimer(_tiny("qwen3-8b"), attention="sdpa", dtype="fp32", device="cpu")
+
+
+@pytest.mark.skipif(torch is None, reason="needs torch")
 @pytest.mark.parametrize("preset", ["qwen3-8b", "qwen3-30b-a3b"])
 def test_cpu_dry_run_of_calibrate_validate_report(tmp_path, preset, one_thread):
     """The real workloads through the same pipeline as on the GPU: plan -> sweep -> fit ->

@@ -68,6 +68,7 @@ class KernelTimer:
         self.attention = attention
         self.attn_fn = get_attention(attention)  # RuntimeError if unavailable here
         self.dtype = getattr(torch, _DTYPES[dtype])
+        self._check_attention()
         self.l2_bytes = int(self._fingerprint.get("l2_cache_bytes") or 0)
         self._modules: dict[tuple, Any] = {}
         torch.manual_seed(seed)
@@ -93,6 +94,36 @@ class KernelTimer:
 
             self._modules["head"] = LMHead(self.spec, device=self.device, dtype=self.dtype)
         return self._modules["head"]
+
+    def _check_attention(self) -> None:
+        """Raise RuntimeError unless the backend computes causal GQA attention on a tiny pack.
+
+        Timing a backend that silently does something else (a torch release whose causal
+        switch the adapter misreads computes full attention: twice the work) would ship a
+        wrong cost model; this costs one tiny call against the float64 reference.
+        """
+        from costmodel.kernels.attention import attention_reference
+
+        torch, spec = self.torch, self.spec
+        lengths = [1, 37, 130]
+        cu = torch.tensor([0, 1, 38, 168], dtype=torch.int32, device=self.device)
+        gen = torch.Generator(device="cpu").manual_seed(1)
+        q, k, v = (
+            torch.randn(sum(lengths), h, spec.qk_head_dim, generator=gen).to(self.device, self.dtype)
+            for h in (spec.num_heads, spec.num_kv_heads, spec.num_kv_heads)
+        )
+        with torch.no_grad():
+            got = self.attn_fn(q, k, v, cu, max(lengths)).double()
+        want = attention_reference(q, k, v, cu)
+        err = float((got - want).norm() / want.norm())
+        tol = 1e-4 if self.dtype == torch.float32 else 2e-2
+        if not err <= tol:  # also catches NaN
+            raise RuntimeError(
+                f"attention backend {self.attention!r} is wrong on this machine (relative error "
+                f"{err:.2e} against the float64 causal reference, tolerance {tol:.0e}); timing "
+                "it would calibrate something else. Use another --attention backend and report "
+                "this torch/triton version"
+            )
 
     @staticmethod
     def _param_bytes(*modules) -> int:
