@@ -174,9 +174,12 @@ def test_layer_timer_on_the_gpu():
     torch = pytest.importorskip("torch")
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
-    timer = bench.LayerTimer(ModelSpec.from_preset("qwen3-0.6b"))
-    small, large = timer([256] * 2), timer([4096] * 4)
-    assert 0 < small < large
+    for timing in ("graph", "eager"):  # eager: the first call must not pay CUDA's start-up
+        timer = bench.LayerTimer(ModelSpec.from_preset("qwen3-0.6b"), timing=timing)
+        small, large = timer([256] * 2), timer([4096] * 4)
+        assert 0 < small < large, (timing, small, large)
+        rank = timer.measure_rank([[256] * 2, [4096] * 4])
+        assert 0.8 < rank / (small + large) < 1.2, (timing, rank, small, large)
 
 
 class Clock:

@@ -122,6 +122,25 @@ def test_cuda_timer_measures_and_passes_flops_check():
 
 @needs_gpu
 @pytest.mark.gpu
+def test_graph_and_eager_timing_agree_where_the_gpu_is_busy():
+    """Graph replays drop the launch overhead: equal (within noise) on a GPU-bound point,
+    lower on a launch-bound one."""
+    from costmodel.calibration.plan import SweepPoint
+    from costmodel.calibration.workloads import KernelTimer
+    from costmodel.spec import ModelSpec
+
+    spec = ModelSpec.from_preset("qwen3-8b")
+    graph = KernelTimer(spec, attention="torch-varlen", timing="graph")
+    eager = KernelTimer(spec, attention="torch-varlen", timing="eager")
+    big, tiny = SweepPoint("layer", "train", (4096, 4096)), SweepPoint("linear", "train", (64,))
+    g_big, e_big = (t.measure(big, repeats=5, warmup=2).median_ms for t in (graph, eager))
+    assert abs(g_big / e_big - 1) < 0.1, (g_big, e_big)
+    g_tiny, e_tiny = (t.measure(tiny, repeats=5, warmup=2).median_ms for t in (graph, eager))
+    assert g_tiny <= e_tiny * 1.05, (g_tiny, e_tiny)
+
+
+@needs_gpu
+@pytest.mark.gpu
 def test_calibrate_quick_end_to_end_on_gpu(tmp_path, capsys):
     out = tmp_path / "small.json"
     rc = main(["calibrate", "--gpu", "auto", "--model", "qwen3-0.6b", "--quick", "--max-len", "4096",
@@ -177,6 +196,14 @@ def test_workloads_build_and_run_on_cpu(one_thread):
     layer = timer._modules[("layer", "none", False, 0)]
     # parameter gradients accumulate (k_norm gets none: with attention="none" k is unused)
     assert layer.w_qkv.grad is not None and layer.mlp.w_down.grad is not None
+
+
+@pytest.mark.skipif(torch is None, reason="needs torch")
+def test_kernel_timer_rejects_an_unknown_timing():
+    from costmodel.calibration.workloads import KernelTimer
+
+    with pytest.raises(ValueError, match="timing 'wall'; allowed: graph, eager"):
+        KernelTimer(_tiny("qwen3-8b"), attention="sdpa", dtype="fp32", device="cpu", timing="wall")
 
 
 @pytest.mark.skipif(torch is None, reason="needs torch")
@@ -236,7 +263,10 @@ def test_calibrate_and_validate_commands_with_a_synthetic_device(tmp_path, monke
     from costmodel.calibration.timer import SyntheticTimer
 
     monkeypatch.setattr(device, "require_cuda", lambda: None)
-    monkeypatch.setattr(workloads, "KernelTimer", lambda spec, **kw: SyntheticTimer(spec, noise=0.003))
+    monkeypatch.setattr(device, "settle_gpu", lambda seconds: None)
+    timer_kwargs = []
+    monkeypatch.setattr(workloads, "KernelTimer",
+                        lambda spec, **kw: timer_kwargs.append(kw) or SyntheticTimer(spec, noise=0.003))
     out = tmp_path / "cal.json"
     args = ["calibrate", "--gpu", "h200", "--model", "qwen3-0.6b", "--quick", "--max-len", "4096", "-o", str(out)]
     assert main(args) == 0, capsys.readouterr().err
@@ -252,6 +282,9 @@ def test_calibrate_and_validate_commands_with_a_synthetic_device(tmp_path, monke
     assert "cost_model" in text and "stored the validation" in text
     val = json.loads(out.read_text())["validation"]
     assert val["modes"]["train"]["summary"]["all"]["cost_model"]["mape"] < 0.03
+    # validate times micro-batches the way the calibration timed its points
+    assert doc["kernels"]["timing"] == "graph" and val["timing"] == "graph"
+    assert timer_kwargs[0]["timing"] == timer_kwargs[-1]["timing"] == "graph"
     assert main(["report", str(out)]) == 0
     assert "validation: 20 random micro-batches" in capsys.readouterr().out
 
@@ -278,6 +311,7 @@ def test_sigterm_during_calibrate_saves_a_partial_file_that_refits(tmp_path, mon
             return super().measure(point, **kw)
 
     monkeypatch.setattr(device, "require_cuda", lambda: None)
+    monkeypatch.setattr(device, "settle_gpu", lambda seconds: None)
     monkeypatch.setattr(workloads, "KernelTimer", lambda spec, **kw: Killed(spec, noise=0.003))
     out = tmp_path / "cal.json"
     args = ["calibrate", "--gpu", "h200", "--model", "qwen3-0.6b", "--quick", "--max-len", "4096", "-o", str(out)]

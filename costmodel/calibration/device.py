@@ -20,7 +20,7 @@ from typing import Any
 
 from costmodel.gpus import GpuInfo, find_gpu_by_device_name, gpu_keys, lookup_gpu
 
-__all__ = ["device_fingerprint", "require_cuda", "resolve_gpu"]
+__all__ = ["device_fingerprint", "require_cuda", "resolve_gpu", "settle_gpu"]
 
 logger = logging.getLogger(__name__)
 
@@ -148,3 +148,33 @@ def resolve_gpu(requested: str, fingerprint: Mapping[str, Any]) -> tuple[str, Gp
             f"machine's GPU is {what}; pass {suggestion}. Known GPUs: {', '.join(gpu_keys())}"
         )
     return info.key, info
+
+
+def settle_gpu(seconds: float) -> float | None:
+    """Run large bf16 matrix products for `seconds` on the current GPU; return their TFLOP/s.
+
+    A GPU that was idle runs its first seconds of heavy work at boost clocks and then
+    settles lower as power and temperature rise (on an H200 a sweep's drift probe read
+    +11% slower at the end than at the start). Training runs at the settled clocks, so
+    measurements start there. Returns None (and does nothing) for seconds <= 0.
+    """
+    if seconds <= 0:
+        return None
+    import time
+
+    torch = require_cuda()
+    n = 8192
+    a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    done, t0 = 0, time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        for _ in range(10):
+            torch.mm(a, b)
+        torch.cuda.synchronize()
+        done += 10
+    elapsed = time.perf_counter() - t0
+    del a, b
+    torch.cuda.empty_cache()
+    tflops = done * 2 * n**3 / elapsed / 1e12
+    logger.info("settled the GPU: %.1f s of bf16 matrix products at %.0f TFLOP/s", elapsed, tflops)
+    return tflops

@@ -1,8 +1,10 @@
 """The GPU workloads behind each sweep point, and the `Timer` that times them.
 
-`KernelTimer(spec, attention=..., dtype=...)` implements the `Timer` protocol on a CUDA
-device: for each `SweepPoint` it builds the workload from `costmodel.kernels` and times
-one call with `costmodel.calibration.timer.time_cuda`. With `device="cpu"` the same
+`KernelTimer(spec, attention=..., dtype=..., timing=...)` implements the `Timer` protocol on
+a CUDA device: for each `SweepPoint` it builds the workload from `costmodel.kernels` and
+times one call with `costmodel.calibration.timer.time_cuda`, replaying a CUDA graph of it
+(timing="graph", the GPU's own time) or calling it eagerly (timing="eager", with this
+Python stack's launch overhead). With `device="cpu"` the same
 workloads run on the CPU, timed by `time_cpu`: a dry run of the GPU code path (shapes,
 dtypes, arguments) for tests and for checking a change before a GPU session.
 
@@ -32,11 +34,13 @@ from costmodel.calibration.plan import SweepPoint
 from costmodel.calibration.timer import Measurement, time_cpu, time_cuda
 from costmodel.spec import ModelSpec
 
-__all__ = ["KernelTimer"]
+__all__ = ["TIMINGS", "KernelTimer"]
 
 logger = logging.getLogger(__name__)
 
 _DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+#: How a workload is timed on the GPU: replays of a captured CUDA graph, or eager calls.
+TIMINGS = ("graph", "eager")
 
 
 class KernelTimer:
@@ -44,9 +48,12 @@ class KernelTimer:
     device (CUDA events), or with `device="cpu"` on the CPU (a dry run, wall clock)."""
 
     def __init__(self, spec: ModelSpec, *, attention: str = "torch-varlen", dtype: str = "bf16",
-                 device: str = "cuda", seed: int = 0):
+                 device: str = "cuda", seed: int = 0, timing: str = "graph"):
         if dtype not in _DTYPES:
             raise ValueError(f"dtype {dtype!r}; allowed: {', '.join(_DTYPES)}")
+        if timing not in TIMINGS:
+            raise ValueError(f"timing {timing!r}; allowed: {', '.join(TIMINGS)}")
+        self.timing = timing
         if device not in ("cuda", "cpu"):
             raise ValueError(f"device {device!r}; allowed: cuda, cpu (a dry run)")
         if device == "cuda":
@@ -212,7 +219,7 @@ class KernelTimer:
             if self.device.type == "cpu":
                 return time_cpu(fn, repeats=repeats, warmup=warmup)
             return time_cuda(fn, repeats=repeats, warmup=warmup, working_set_bytes=ws,
-                             l2_bytes=self.l2_bytes)
+                             l2_bytes=self.l2_bytes, graph=self.timing == "graph")
         except self.torch.cuda.OutOfMemoryError:
             free, total = self.torch.cuda.mem_get_info(self.device)
             raise RuntimeError(

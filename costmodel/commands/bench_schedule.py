@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from costmodel.commands.common import comma_ints
+from costmodel.commands.common import add_settle_argument, comma_ints
 
 logger = logging.getLogger(__name__)
 
@@ -68,7 +68,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--attention", default="torch-varlen", help="attention backend of the layer")
     p.add_argument("--dtype", default="bf16", choices=("bf16", "fp16"), help="layer dtype")
-    p.add_argument("--repeats", type=int, default=2, help="timing rounds per micro-batch (median)")
+    p.add_argument(
+        "--timing", default="graph", choices=("graph", "eager"),
+        help="graph (default, as calibrate): replays of a CUDA graph of each micro-batch, the "
+        "GPU's own time; eager: plain calls, with Python's launch overhead",
+    )
+    p.add_argument(
+        "--repeats", type=int, default=None,
+        help="timing rounds per micro-batch, median (default 1 with graph timing, whose rounds "
+        "already take the median of 3 replays; 2 with eager)",
+    )
     p.add_argument("--warmup", type=int, default=2, help="warm-up micro-batches at each end of the size range")
     p.add_argument("--seed", type=int, default=0, help="seed of the synthetic lengths")
     p.add_argument(
@@ -77,6 +86,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "(dp, policy) schedules measured in full so far; Ctrl-C / SIGINT does the same "
         "(default: no limit)",
     )
+    add_settle_argument(p)
     p.add_argument("--per-rank", action="store_true", help="also print predicted vs measured per rank")
     p.add_argument("-o", "--output", default=None, metavar="JSON", help="write the results here")
     p.set_defaults(func=run)
@@ -108,6 +118,8 @@ def run(args: argparse.Namespace, *, measure=None) -> int:
     dp_sizes = comma_ints(args.dp, "--dp")
     if args.cap < 1:
         raise ValueError(f"--cap must be a positive number of tokens, got {args.cap}")
+    if args.repeats is None:
+        args.repeats = 1 if args.timing == "graph" else 2
     if args.repeats < 1:
         raise ValueError(f"--repeats must be at least 1, got {args.repeats}")
     if args.time_limit_s is not None and not args.time_limit_s > 0:
@@ -163,9 +175,13 @@ def run(args: argparse.Namespace, *, measure=None) -> int:
             )
     device: dict[str, Any]
     if measure is None:
-        timer = bench.LayerTimer(spec, attention=args.attention, dtype=args.dtype)  # RuntimeError without a GPU
+        timer = bench.LayerTimer(spec, attention=args.attention, dtype=args.dtype,
+                                 timing=args.timing)  # RuntimeError without a GPU
         measure = timer
         device = timer.describe()
+        from costmodel.calibration.device import settle_gpu
+
+        settle_gpu(args.settle_s)
         if cost_model is not None:
             from costmodel.integrations.args import _same_gpu
 

@@ -13,6 +13,8 @@ import threading
 from collections.abc import Iterator
 from pathlib import Path
 
+from costmodel.commands.common import add_settle_argument
+
 _MODES = ("train", "forward")
 
 
@@ -49,8 +51,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--max-tokens", type=int, default=None,
                    help="largest micro-batch measured (default max(max-len, 16384))")
     p.add_argument("--quick", action="store_true", help="a coarser sweep (~30 s on an H200)")
+    p.add_argument("--timing", default="graph", choices=("graph", "eager"),
+                   help="graph (default): time replays of a CUDA graph of each workload, the "
+                   "GPU's own time without Python launch overhead; eager: time plain calls, "
+                   "with this process's launch overhead (for stacks that cannot be captured)")
     p.add_argument("--budget-s", type=float, default=None,
                    help="time budget of the sweep in seconds (default 75, --quick 24)")
+    add_settle_argument(p)
     p.add_argument("-o", "--output", required=True,
                    help="where to write the cost model (JSON). If the run fails or is interrupted "
                    "after measuring, what was measured goes to OUTPUT-stem.partial.json")
@@ -83,14 +90,17 @@ def run(args: argparse.Namespace) -> int:
     require_cuda()  # RuntimeError saying what is missing, before any work
     from costmodel.calibration.workloads import KernelTimer
 
-    timer = KernelTimer(spec, attention=args.attention, dtype=args.dtype)
+    timer = KernelTimer(spec, attention=args.attention, dtype=args.dtype, timing=args.timing)
     fingerprint = timer.device_fingerprint()
     gpu_key, info = resolve_gpu(args.gpu, fingerprint)
     plan = make_plan(spec, modes=modes, max_len=args.max_len, max_tokens=args.max_tokens,
                      quick=args.quick, gpu=gpu_key if info else "h200", budget_s=args.budget_s)
     print(f"calibrating {spec.name} on {fingerprint['name']} ({gpu_key}), attention "
-          f"{args.attention}, {args.dtype}: {plan.summary()}", file=sys.stderr)
+          f"{args.attention}, {args.dtype}, {args.timing} timing: {plan.summary()}", file=sys.stderr)
     partial = output.with_name(output.stem + ".partial.json")
+    from costmodel.calibration.device import settle_gpu
+
+    settle_gpu(args.settle_s)
 
     def save_partial(doc: dict) -> None:
         write_json_atomic(partial, doc)
@@ -101,7 +111,7 @@ def run(args: argparse.Namespace) -> int:
     with _signals_interrupt():
         model = calibrate(
             spec, timer=timer, plan=plan, gpu_key=gpu_key, gpu_info=info, attention=args.attention,
-            dtype=args.dtype, command=command, save_partial=save_partial,
+            dtype=args.dtype, timing=args.timing, command=command, save_partial=save_partial,
             progress=ProgressLine(sys.stderr, "calibrate"),
         )
     model.save(output)

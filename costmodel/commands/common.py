@@ -12,3 +12,12 @@ def comma_ints(text: str, flag: str) -> list[int]:
     if not values or min(values) < 1:
         raise ValueError(f"{flag} must be comma-separated positive integers, got {text!r}")
     return values
+
+
+def add_settle_argument(parser) -> None:
+    """--settle-s: seconds of heavy GPU work before measuring (costmodel.calibration.device.settle_gpu)."""
+    parser.add_argument(
+        "--settle-s", type=float, default=10.0,
+        help="seconds of large matrix products before measuring, so that clocks are at the "
+        "level a training run settles to (default 10; 0: none)",
+    )

@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from costmodel.commands.common import comma_ints
+from costmodel.commands.common import add_settle_argument, comma_ints
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -28,6 +28,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--modes", default=None, help="passes to validate (default: all in the file)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--repeats", type=int, default=3)
+    add_settle_argument(p)
     p.add_argument("--time-limit-s", type=float, default=None,
                    help="stop starting new micro-batches after this many seconds and report "
                    "those measured (default: no limit)")
@@ -38,7 +39,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from costmodel.calibration.device import require_cuda
+    from costmodel.calibration.device import require_cuda, settle_gpu
     from costmodel.calibration.progress import ProgressLine
     from costmodel.calibration.validate import format_validation, run_validation
     from costmodel.commands.calibrate import parse_modes, print_peak_memory
@@ -62,15 +63,20 @@ def run(args: argparse.Namespace) -> int:
 
     kernels = model.extra.get("kernels") or {}
     attention = kernels.get("attention", "torch-varlen")
-    timer = KernelTimer(model.spec, attention=attention, dtype=kernels.get("dtype", "bf16"))
+    # Time micro-batches as the calibration timed its points (files from before the
+    # option were timed eagerly).
+    timing = kernels.get("timing", "eager")
+    timer = KernelTimer(model.spec, attention=attention, dtype=kernels.get("dtype", "bf16"),
+                        timing=timing)
     found = timer.device_fingerprint()["name"]
+    settle_gpu(args.settle_s)
     if found != model.gpu and not args.allow_other_gpu:
         raise ValueError(
             f"{path} was calibrated on {model.gpu!r} but this GPU is {found!r}; validate on the "
             "same GPU, or pass --allow-other-gpu"
         )
     print(f"validating {model.label} with {args.count} micro-batches per mode through "
-          f"{args.layers} layers + head ({attention})", file=sys.stderr)
+          f"{args.layers} layers + head ({attention}, {timing} timing)", file=sys.stderr)
     result = run_validation(
         model, timer, count=args.count, caps=caps, modes=modes, num_layers=args.layers,
         repeats=args.repeats, seed=args.seed, time_limit_s=args.time_limit_s,
@@ -80,7 +86,7 @@ def run(args: argparse.Namespace) -> int:
     print_peak_memory()
     if not args.no_save:
         doc = read_document(path)
-        doc["validation"] = result
+        doc["validation"] = {**result, "timing": timing}
         write_json_atomic(path, doc)
         print(f"stored the validation in {path}")
     return 0

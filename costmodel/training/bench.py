@@ -188,15 +188,18 @@ def measure_microbatches(
 class LayerTimer:
     """Times micro-batches, forward + backward, through one `TransformerLayer` on a GPU.
 
-    ``__call__(lengths) -> ms`` times one micro-batch between two CUDA events;
-    `measure_rank` times a rank's micro-batches back to back. Without a CUDA GPU it raises
-    RuntimeError, unless ``device="cpu"`` is asked for explicitly (tests: wall-clock time,
-    the same code path otherwise).
+    ``__call__(lengths) -> ms`` times one micro-batch; `measure_rank` times a rank's
+    micro-batches back to back. ``timing="graph"`` (default, as `costmodel calibrate`)
+    captures each micro-batch into a CUDA graph and times replays: the GPU's own time,
+    the median of ``replays``. ``timing="eager"`` times plain calls, with Python's launch
+    overhead; the first call also runs once untimed (CUDA context, cuBLAS handles).
+    Without a CUDA GPU it raises RuntimeError, unless ``device="cpu"`` is asked for
+    explicitly (tests: wall-clock time, the same code path otherwise).
     """
 
     def __init__(
         self, spec, *, attention: str = "torch-varlen", dtype: str = "bf16", seed: int = 0,
-        device: str | None = None,
+        device: str | None = None, timing: str = "graph", replays: int = 3,
     ):
         try:
             import torch
@@ -210,6 +213,10 @@ class LayerTimer:
                 "bench-schedule times micro-batches on a CUDA GPU and none is visible "
                 f"(torch {torch.__version__}, CUDA {torch.version.cuda}); run it on a GPU machine"
             )
+        if timing not in ("graph", "eager"):
+            raise ValueError(f"timing {timing!r}; allowed: graph, eager")
+        if replays < 1:
+            raise ValueError(f"replays must be at least 1, got {replays}")
         from costmodel.kernels.layer import TransformerLayer
 
         self._torch = torch
@@ -220,49 +227,68 @@ class LayerTimer:
         else:
             self.device = torch.device(device)
         self.cuda = self.device.type == "cuda"
+        self.timing = timing if self.cuda else "eager"
+        self.replays = replays
+        self._warm = False
         self.dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[dtype]
         self.layer = TransformerLayer(spec, attention=attention, device=self.device, dtype=self.dtype)
         self.layer.check_values = False  # inputs come from packed_inputs: no host syncs
         self.is_moe = self.layer.is_moe
         self.attention = attention
 
-    def _inputs(self, lengths: Sequence[int]):
+    def _step(self, lengths: Sequence[int]) -> Callable[[], None]:
+        """fwd+bwd of one micro-batch of fresh random inputs, as a callable."""
         from costmodel.kernels.layer import packed_inputs
 
         x, cu, max_len = packed_inputs(
             [int(n) for n in lengths], self.spec, device=self.device, dtype=self.dtype,
             requires_grad=True,
         )
-        return x, cu, max_len, self._torch.randn_like(x)
+        grad = self._torch.randn_like(x)
+        return lambda: self.layer(x, cu, max_len).backward(grad)
 
-    def _time(self, inputs) -> float:
-        """fwd+bwd of each input in turn, timed as one span (ms)."""
+    def _span(self, steps: Sequence[Callable[[], None]]) -> float:
+        """One timed span (ms) running each step in turn."""
         torch = self._torch
-        if self.cuda:
-            start = torch.cuda.Event(enable_timing=True)
-            end = torch.cuda.Event(enable_timing=True)
-            start.record()
-        else:
+        if not self.cuda:
             t0 = time.perf_counter()
-        for x, cu, max_len, grad in inputs:
-            self.layer(x, cu, max_len).backward(grad)
-        if self.cuda:
-            end.record()
-            end.synchronize()
-            return float(start.elapsed_time(end))
-        return (time.perf_counter() - t0) * 1e3
+            for step in steps:
+                step()
+            return (time.perf_counter() - t0) * 1e3
+        start = torch.cuda.Event(enable_timing=True)
+        end = torch.cuda.Event(enable_timing=True)
+        start.record()
+        for step in steps:
+            step()
+        end.record()
+        end.synchronize()
+        return float(start.elapsed_time(end))
+
+    def _time(self, microbatches: Sequence[Sequence[int]]) -> float:
+        steps = [self._step(mb) for mb in microbatches]
+        if self.timing == "graph":
+            from costmodel.calibration.timer import capture_cuda_graph
+
+            graphs = [capture_cuda_graph(step, warmup=1) for step in steps]
+            replays = [g.replay for g in graphs]
+            return float(np.median([self._span(replays) for _ in range(self.replays)]))
+        if not self._warm:
+            for step in steps:
+                step()
+            self._warm = True
+        return self._span(steps)
 
     def __call__(self, lengths: Sequence[int]) -> float:
-        return self._time([self._inputs(lengths)])
+        return self._time([lengths])
 
     def measure_rank(self, microbatches: Sequence[Sequence[int]]) -> float:
         """One rank end to end: its micro-batches back to back in one timed span.
 
         A check on the per-micro-batch sums (`run_benchmark` records both for the slowest
-        rank of each schedule): back to back, one micro-batch's launch tail overlaps the
-        next one's start, so the direct time can be slightly lower than the sum.
+        rank of each schedule): eagerly, one micro-batch's launch tail overlaps the next
+        one's start, so the direct time can be slightly lower than the sum.
         """
-        return self._time([self._inputs(mb) for mb in microbatches])
+        return self._time(microbatches)
 
     def describe(self) -> dict[str, Any]:
         torch = self._torch
@@ -272,6 +298,8 @@ class LayerTimer:
         props = torch.cuda.get_device_properties(self.device)
         return {
             "measurer": "one TransformerLayer, forward+backward, CUDA events",
+            "timing": self.timing,
+            "replays": self.replays if self.timing == "graph" else None,
             "gpu": torch.cuda.get_device_name(self.device),
             "sm_count": props.multi_processor_count,
             "compute_capability": f"{props.major}.{props.minor}",
