@@ -8,6 +8,8 @@ included). Prints a table, optionally writes JSON with provenance.
     python benchmarks/bench_attention.py --json benchmarks/results/attention_h200.json
     python benchmarks/bench_attention.py --quick          # 3 lengths, shorter reps
     python benchmarks/bench_attention.py --tune           # time candidate kernel configs
+    python benchmarks/bench_attention.py --tune-first     # tune the backward at L=8k, then
+                                                          # benchmark with the fastest configs
     python benchmarks/bench_attention.py --aot            # no GPU: compile for sm_90a,
                                                           # report smem and spills
 
@@ -39,11 +41,12 @@ TUNE_CANDIDATES: dict[str, dict[int, list[tuple[int, int, int, int]]]] = {
     },
     "dkdv": {
         64: [(32, 128, 8, 2), (64, 128, 8, 2), (32, 64, 4, 2), (64, 64, 4, 2), (32, 128, 4, 3)],
-        128: [(32, 64, 8, 2), (16, 128, 8, 2), (32, 128, 8, 2), (64, 64, 8, 2), (32, 128, 4, 3)],
+        # d=128: those an sm_90 AOT build (triton 3.6, --aot) shows spilling under 256 B
+        128: [(32, 64, 8, 2), (32, 64, 8, 3), (16, 128, 8, 2), (32, 128, 8, 2), (32, 128, 8, 3)],
     },
     "dq": {
         64: [(128, 32, 8, 3), (128, 64, 8, 2), (64, 64, 4, 2), (64, 32, 4, 3)],
-        128: [(64, 64, 4, 2), (128, 64, 8, 2), (64, 32, 4, 3), (128, 32, 8, 3)],
+        128: [(64, 64, 4, 2), (64, 64, 8, 3), (128, 64, 8, 2), (128, 64, 8, 3), (128, 32, 8, 3)],
     },
 }
 
@@ -137,6 +140,12 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
         help="instead: time TUNE_CANDIDATES per kernel at L=4k and 16k, print the fastest",
     )
     p.add_argument(
+        "--tune-first",
+        action="store_true",
+        help="time the backward kernels' TUNE_CANDIDATES at L=8k first, then benchmark the "
+        "triton backend with the fastest (recorded as tuned_configs in the JSON)",
+    )
+    p.add_argument(
         "--aot",
         action="store_true",
         help="instead (no GPU needed): compile every config for sm_90a and report shared "
@@ -150,7 +159,10 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def run(args: argparse.Namespace, argv: list[str]) -> dict:
+def run(
+    args: argparse.Namespace, argv: list[str], triton_configs: dict | None = None
+) -> dict:
+    """The benchmark table; `triton_configs` overrides the Triton kernels' configs."""
     import torch
     from triton.testing import do_bench
 
@@ -166,6 +178,14 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict:
             backends[name] = attn.get_attention(name)
         except RuntimeError as exc:  # say so in the table and JSON; never a silent NaN
             unavailable[name] = str(exc)
+    if triton_configs and "triton" in backends:
+        from costmodel.kernels.triton_attention import flash_attn_varlen
+
+        def tuned(q, k, v, cu, max_seqlen, *, check_values=True):
+            attn.validate_attention_inputs(q, k, v, cu, max_seqlen, check_values=check_values)
+            return flash_attn_varlen(q, k, v, cu, max_seqlen, configs=triton_configs)
+
+        backends["triton"] = tuned
     rows = []
     errors = []  # a backend failing at one L is recorded and skipped, never fatal
     h, hkv, d = args.num_heads, args.num_kv_heads, args.head_dim
@@ -237,6 +257,8 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict:
         from costmodel.kernels.triton_attention import chosen_configs
 
         result["triton_configs"] = chosen_configs()
+        if triton_configs:
+            result["tuned_configs"] = triton_configs
     return result
 
 
@@ -253,8 +275,10 @@ def _packed(L: int, total_tokens: int, h: int, hkv: int, d: int, device):
     return [L] * n, cu, q.requires_grad_(), k.requires_grad_(), v.requires_grad_(), do
 
 
-def tune(args: argparse.Namespace, argv: list[str]) -> dict:
-    """Time each candidate config of each kernel (others at their defaults)."""
+def tune(
+    args: argparse.Namespace, argv: list[str], kernels: tuple[str, ...] = ("fwd", "dkdv", "dq")
+) -> dict:
+    """Time each candidate config of each of `kernels` (the others at their defaults)."""
     import torch
     from triton.testing import do_bench
 
@@ -266,7 +290,8 @@ def tune(args: argparse.Namespace, argv: list[str]) -> dict:
     rows = []
     for L in [8192] if args.quick else [4096, 16384]:
         lengths, cu, q, k, v, do = _packed(L, args.total_tokens, h, hkv, d, "cuda")
-        for kernel, by_dim in TUNE_CANDIDATES.items():
+        for kernel in kernels:
+            by_dim = TUNE_CANDIDATES[kernel]
             mode = "fwd" if kernel == "fwd" else "fwd+bwd"
             for cand in by_dim[d]:
                 configs = {kernel: _config(kernel, cand)}
@@ -404,6 +429,13 @@ def _table(result: dict) -> str:
     return "\n".join(lines)
 
 
+def _print_tuning(result: dict) -> None:
+    for r in sorted(result["tune_rows"], key=lambda r: (r["L"], r["kernel"], r.get("ms", 1e30))):
+        timing = f"{r['ms']:9.3f} ms {r['tflops']:7.1f} TFLOP/s" if "ms" in r else r["error"]
+        print(f"L={r['L']:>6} {r['kernel']:<5} {str(tuple(r['config'])):<20} {timing}")
+    print("fastest (summed over L):", json.dumps(result["best"]))
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = _parse(argv)
@@ -418,19 +450,22 @@ def main(argv: list[str] | None = None) -> int:
                 )
             print("* = first choice in triton_attention._CONFIGS")
             return 0
-        result = tune(args, argv) if args.tune else run(args, argv)
+        if args.tune:
+            result = tune(args, argv)
+        elif args.tune_first:
+            tuning = tune(argparse.Namespace(**{**vars(args), "quick": True}), argv, ("dkdv", "dq"))
+            _print_tuning(tuning)
+            result = run(args, argv, triton_configs=tuning["best"])
+            result["tune_rows"] = tuning["tune_rows"]
+        else:
+            result = run(args, argv)
     except RuntimeError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     prov = result["provenance"]
     print(f"# {prov['gpu']}  torch {prov['torch']}  triton {prov['triton']}  {prov['date']}")
     if args.tune:
-        for r in sorted(
-            result["tune_rows"], key=lambda r: (r["L"], r["kernel"], r.get("ms", 1e30))
-        ):
-            timing = f"{r['ms']:9.3f} ms {r['tflops']:7.1f} TFLOP/s" if "ms" in r else r["error"]
-            print(f"L={r['L']:>6} {r['kernel']:<5} {str(tuple(r['config'])):<20} {timing}")
-        print("fastest (summed over L):", json.dumps(result["best"]))
+        _print_tuning(result)
     else:
         print(_table(result))
     if args.json is not None:

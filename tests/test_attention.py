@@ -353,8 +353,9 @@ def test_bench_flops_convention(load_benchmark):
 
 
 @pytest.mark.skipif(CUDA, reason="checks the no-GPU exit")
-def test_bench_without_gpu_exits_2(capsys, load_benchmark):
-    assert load_benchmark("bench_attention").main(["--quick"]) == 2
+@pytest.mark.parametrize("flags", [["--quick"], ["--tune-first", "--quick"], ["--tune"]])
+def test_bench_without_gpu_exits_2(capsys, load_benchmark, flags):
+    assert load_benchmark("bench_attention").main(flags) == 2
     assert "needs a CUDA GPU" in capsys.readouterr().err
 
 

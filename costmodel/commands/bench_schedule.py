@@ -69,14 +69,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--attention", default="torch-varlen", help="attention backend of the layer")
     p.add_argument("--dtype", default="bf16", choices=("bf16", "fp16"), help="layer dtype")
     p.add_argument(
-        "--timing", default="graph", choices=("graph", "eager"),
-        help="graph (default, as calibrate): replays of a CUDA graph of each micro-batch, the "
-        "GPU's own time; eager: plain calls, with Python's launch overhead",
+        "--timing", default="eager", choices=("eager", "graph"),
+        help="eager (default): plain calls, as a training step runs them (at the sizes a token "
+        "cap packs, the GPU is the bottleneck and launch overhead hides behind it); graph: "
+        "replays of a CUDA graph of each micro-batch, the GPU's own time (3 GPU passes per "
+        "micro-batch instead of 1)",
     )
     p.add_argument(
         "--repeats", type=int, default=None,
-        help="timing rounds per micro-batch, median (default 1 with graph timing, whose rounds "
-        "already take the median of 3 replays; 2 with eager)",
+        help="timing rounds per micro-batch, median (default 2 eager; 1 with graph timing, "
+        "whose rounds already take the median of 3 replays)",
     )
     p.add_argument("--warmup", type=int, default=2, help="warm-up micro-batches at each end of the size range")
     p.add_argument("--seed", type=int, default=0, help="seed of the synthetic lengths")

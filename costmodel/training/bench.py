@@ -189,17 +189,17 @@ class LayerTimer:
     """Times micro-batches, forward + backward, through one `TransformerLayer` on a GPU.
 
     ``__call__(lengths) -> ms`` times one micro-batch; `measure_rank` times a rank's
-    micro-batches back to back. ``timing="graph"`` (default, as `costmodel calibrate`)
-    captures each micro-batch into a CUDA graph and times replays: the GPU's own time,
-    the median of ``replays``. ``timing="eager"`` times plain calls, with Python's launch
-    overhead; the first call also runs once untimed (CUDA context, cuBLAS handles).
+    micro-batches back to back. ``timing="eager"`` (default) times plain calls, as a
+    training step runs them; the first call also runs once untimed (CUDA context, cuBLAS
+    handles). ``timing="graph"`` captures each micro-batch into a CUDA graph and times
+    replays: the GPU's own time, the median of ``replays``.
     Without a CUDA GPU it raises RuntimeError, unless ``device="cpu"`` is asked for
     explicitly (tests: wall-clock time, the same code path otherwise).
     """
 
     def __init__(
         self, spec, *, attention: str = "torch-varlen", dtype: str = "bf16", seed: int = 0,
-        device: str | None = None, timing: str = "graph", replays: int = 3,
+        device: str | None = None, timing: str = "eager", replays: int = 3,
     ):
         try:
             import torch
