@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import functools
 import json
+import tempfile
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -22,13 +25,26 @@ def fake_measure(lengths) -> float:
     return 1.03 * TRUTH.stack_cost(list(lengths), num_layers=1, head=False)
 
 
+@functools.cache
+def _truth_file() -> str:
+    """TRUTH as a cost model file (the shipped h200/qwen3-8b is a measured profile, not
+    the shape the fake measurer follows)."""
+    path = Path(tempfile.mkdtemp(prefix="costmodel-truth-")) / "truth.json"
+    TRUTH.save(path)
+    return str(path)
+
+
+def _with_truth(argv: list[str]) -> list[str]:
+    return [_truth_file() if a == "TRUTH" else a for a in argv]
+
+
 def _run(argv: list[str], measure=fake_measure) -> int:
-    args = build_parser().parse_args(["bench-schedule", *argv])
+    args = build_parser().parse_args(["bench-schedule", *_with_truth(argv)])
     return bench_schedule.run(args, measure=measure)
 
 
 ALL = ",".join(bench.POLICIES)
-SMALL = ["--samples-per-rank", "8", "--dp", "4,8", "--cost-model", "h200/qwen3-8b", "--repeats", "1"]
+SMALL = ["--samples-per-rank", "8", "--dp", "4,8", "--cost-model", "TRUTH", "--repeats", "1"]
 
 
 def test_whole_command_with_a_fake_measurer(tmp_path, capsys):
@@ -239,8 +255,8 @@ def test_a_time_limit_too_short_for_any_schedule(clock, capsys, monkeypatch):
     clock, _ = clock
     real = bench_schedule.run
     monkeypatch.setattr(bench_schedule, "run", lambda args: real(args, measure=clock.measure))
-    assert main(["bench-schedule", *LIMITED, "--time-limit-s", "2"]) == 2
+    assert main(["bench-schedule", *_with_truth(LIMITED), "--time-limit-s", "2"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert "raise --time-limit-s" in err[-1]
-    assert main(["bench-schedule", *LIMITED, "--time-limit-s", "0"]) == 2
+    assert main(["bench-schedule", *_with_truth(LIMITED), "--time-limit-s", "0"]) == 2
     assert "--time-limit-s must be > 0" in capsys.readouterr().err

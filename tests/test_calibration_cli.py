@@ -78,9 +78,9 @@ def test_calibrate_bad_arguments(tmp_path, capsys):
 
 def test_report_estimate_by_name(tmp_path, capsys):
     png = tmp_path / "est.png"
-    assert main(["report", "h200/qwen3-8b", "--png", str(png)]) == 0
+    assert main(["report", "h100/qwen3-8b", "--png", str(png)]) == 0
     out = capsys.readouterr().out
-    assert "ESTIMATE (not measured): qwen3-8b on NVIDIA H200" in out
+    assert "ESTIMATE (not measured): qwen3-8b on NVIDIA H100" in out
     assert "validation: none" in out and png.stat().st_size > 10_000
 
 

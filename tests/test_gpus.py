@@ -68,8 +68,8 @@ def test_estimate_every_preset_is_finite_and_monotone(gpu, preset):
 
 
 def test_load_by_name_falls_back_to_estimate():
-    m = load_cost_model("h200/qwen3-8b")
-    assert m.is_estimate and m.gpu == "NVIDIA H200" and m.spec.name == "qwen3-8b"
+    m = load_cost_model("h100/qwen3-8b")  # no shipped H100 profile
+    assert m.is_estimate and m.gpu.startswith("NVIDIA H100") and m.spec.name == "qwen3-8b"
     spec = ModelSpec.from_preset("llama-3.1-8b")
     assert load_cost_model("h100", spec=spec).spec is spec
     with pytest.raises(ValueError, match="unknown GPU"):
@@ -78,3 +78,11 @@ def test_load_by_name_falls_back_to_estimate():
         load_cost_model("h200/gpt-9")
     with pytest.raises(ValueError, match="allow_other_shape"):
         load_cost_model("h200/qwen3-8b", spec=spec)
+
+
+def test_shipped_h200_profile_is_measured_and_validated():
+    m = load_cost_model("h200/qwen3-8b")
+    assert not m.is_estimate and m.gpu == "NVIDIA H200" and m.spec.name == "qwen3-8b"
+    assert m.provenance["kind"] == "measured"
+    assert m.extra["flops_check"]["checked"] and m.extra["validation"]["count"] >= 100
+    assert m.extra["device"]["torch"].startswith("2.11") and m.extra["device"]["sm_count"] == 132

@@ -13,8 +13,10 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
+from costmodel.estimate import estimate_cost_model
 from costmodel.scheduler import Schedule, build_schedule, generate_lengths
 from costmodel.scheduler.costs import AdditiveCost
+from costmodel.spec import ModelSpec
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -226,10 +228,8 @@ def test_order_options():
 @pytest.mark.parametrize("cost", ["tokens", "flops", "cost-model"])
 def test_balance_targets(dist, cost):
     lengths = generate_lengths(2048, dist, seed=11)
-    if cost == "cost-model":
-        from costmodel.model import load_cost_model
-
-        cost = load_cost_model("h200/qwen3-8b")
+    if cost == "cost-model":  # the model the targets were set with: smooth, additive-ish
+        cost = estimate_cost_model(ModelSpec.from_preset("qwen3-8b"), "h200")
     for dp, cap in ((8, 16384), (16, 32768), (64, 16384)):
         s = build_schedule(
             lengths, dp_size=dp, max_tokens_per_microbatch=cap, cost=cost, spec="qwen3-8b"
@@ -243,6 +243,24 @@ def test_balance_targets(dist, cost):
             cap,
             s.makespan_over_lower_bound,
         )
+
+
+@pytest.mark.parametrize("dist", ["rl", "bimodal"])
+def test_balance_under_the_measured_h200_profile(dist):
+    """The shipped profile (eager H200 timings: a large fixed cost per micro-batch, and a
+    per-token cost that rises with the micro-batch) still balances to 0.5%. Its "lower
+    bound" assumes micro-batches filled exactly to the cap, which these lengths cannot
+    reach and which this model does not always prefer, so it is a reference, not a bound:
+    within 2% of it (worst seen: 1.3% above, bimodal, dp 8)."""
+    from costmodel.model import load_cost_model
+
+    cost = load_cost_model("h200/qwen3-8b")
+    lengths = generate_lengths(2048, dist, seed=11)
+    for dp, cap in ((8, 16384), (16, 32768), (64, 16384)):
+        s = build_schedule(lengths, dp_size=dp, max_tokens_per_microbatch=cap, cost=cost)
+        check_schedule(s, lengths, dp=dp, cap=cap)
+        assert s.imbalance <= 1.005, (dist, dp, cap, s.imbalance)
+        assert s.makespan_over_lower_bound <= 1.02, (dist, dp, cap, s.makespan_over_lower_bound)
 
 
 def test_balance_with_a_non_additive_callable():
