@@ -389,3 +389,26 @@ def test_cost_error_names_the_microbatch():
 
     with pytest.raises(ValueError, match=r"cost 'picky' returned -5.0 .*77"):
         build_schedule([10] * 7 + [77], dp_size=2, max_tokens_per_microbatch=100, cost=picky)
+
+
+def test_fewest_micro_batches_when_they_cost_less():
+    """The packer's first guess leaves room for a level fill; when fewer micro-batches
+    pack too, the cost decides: kept with a fixed cost per micro-batch, not when fuller
+    micro-batches cost more per token."""
+    from costmodel.scheduler.pack import pack_tokens
+
+    lengths = generate_lengths(2048, "bimodal", seed=11)
+    order = np.lexsort((np.arange(lengths.size), -lengths))
+    assert pack_tokens(lengths, 8 * 43, 16384, order)[0] is None  # 44 per rank is the fewest
+    fixed = build_schedule(lengths, dp_size=8, max_tokens_per_microbatch=16384,
+                           cost=AdditiveCost("tokens+fixed", lambda n: n.astype(float), fixed=5000.0))
+    assert fixed.stats["microbatches_per_rank"] == 44
+
+    def convex(n: np.ndarray) -> float:  # no fixed cost; per-token cost grows with the fill
+        t = float(n.sum())
+        return t * (1.0 + t / 16384.0)
+
+    more = build_schedule(lengths, dp_size=8, max_tokens_per_microbatch=16384, cost=convex)
+    assert more.stats["microbatches_per_rank"] > 44
+    for s in (fixed, more):
+        check_schedule(s, lengths, dp=8, cap=16384)

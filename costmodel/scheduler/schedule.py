@@ -376,7 +376,7 @@ def build_schedule(
 
     if groups is None:
         rank_of, bin_of, m, bin_q = _pack_and_assign(
-            lens, by_length, q, dp, m_start, m_max, align, cap, cost_obj, scale
+            lens, by_length, q, dp, m_lb, m_start, m_max, align, cap, cost_obj, scale
         )
     else:
         rank_of, bin_of, m = _place_groups(
@@ -441,12 +441,16 @@ def _next_m(m: int, left_tokens: int, dp: int, align: int, cap: int) -> int:
     return m + _round_up(grow, align)
 
 
+_FEWER_MAX_M = 64
+
+
 def _pack_and_assign(
     lens: np.ndarray,
     by_length: np.ndarray,
     q: np.ndarray,
     dp: int,
-    m_lb: int,
+    m_floor: int,
+    m_start: int,
     m_max: int,
     align: int,
     cap: int,
@@ -454,8 +458,29 @@ def _pack_and_assign(
     scale: float,
 ) -> tuple[np.ndarray, np.ndarray, int, np.ndarray]:
     """Pack by tokens into dp × m micro-batches (fewest m that works), then give each
-    rank m of them balancing their true costs. Returns (rank_of, bin_of, m, bin costs)."""
-    m = m_lb
+    rank m of them balancing their true costs. Returns (rank_of, bin_of, m, bin costs).
+
+    The search starts at ``m_start`` (a guess that leaves room for a level fill) and grows
+    on failure. When the guess packs at once, fewer micro-batches are tried down to
+    ``m_floor``, kept while their total cost is lower: a micro-batch saved is a fixed cost
+    saved, but fuller micro-batches can cost more per token (a measured H200 profile of
+    Qwen3-8B has both), so the cost decides, not the count.
+    """
+
+    def bin_costs(bins: np.ndarray, k: int) -> np.ndarray:
+        if cost.additive:
+            return np.bincount(bins, weights=q, minlength=k).astype(np.int64)
+        order = np.argsort(bins, kind="stable")
+        offsets = np.concatenate([[0], np.cumsum(np.bincount(bins, minlength=k))])
+        return np.rint(cost.evaluate(lens[order], offsets.astype(np.int64)) * scale).astype(
+            np.int64
+        )
+
+    def total(bin_q: np.ndarray) -> float:
+        return float(bin_q.sum()) + (getattr(cost, "fixed", 0.0) * scale * bin_q.size
+                                     if cost.additive else 0.0)
+
+    m = m_start
     tried: list[int] = []
     while True:
         tried.append(m)
@@ -469,15 +494,21 @@ def _pack_and_assign(
                 f"lower dp_size or align"
             )
         m = min(_next_m(m, left, dp, align, cap), m_max)
+    bin_q = bin_costs(bins, dp * m)
+    # At most two steps down, and only while one micro-batch per rank is worth it (past
+    # _FEWER_MAX_M per rank, one fewer saves under 1/64 of the fixed costs, and each try
+    # is another pass over every sample).
+    for _ in range(2 if len(tried) == 1 and m <= _FEWER_MAX_M else 0):
+        if m - align < m_floor:
+            break
+        fewer, _ = pack_tokens(lens, dp * (m - align), cap, by_length)
+        if fewer is None:
+            break
+        fewer_q = bin_costs(fewer, dp * (m - align))
+        if total(fewer_q) >= total(bin_q):
+            break
+        bins, bin_q, m = fewer, fewer_q, m - align
     k = dp * m
-    if cost.additive:
-        bin_q = np.bincount(bins, weights=q, minlength=k).astype(np.int64)
-    else:
-        order = np.argsort(bins, kind="stable")
-        offsets = np.concatenate([[0], np.cumsum(np.bincount(bins, minlength=k))])
-        bin_q = np.rint(cost.evaluate(lens[order], offsets.astype(np.int64)) * scale).astype(
-            np.int64
-        )
     rank_of_bin = assign_bins(bin_q, dp, m)
     # Renumber micro-batches rank by rank: id = rank * m + slot.
     by_rank = np.lexsort((np.arange(k), rank_of_bin))
