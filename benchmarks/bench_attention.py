@@ -41,8 +41,10 @@ TUNE_CANDIDATES: dict[str, dict[int, list[tuple[int, int, int, int]]]] = {
     },
     "dkdv": {
         64: [(32, 128, 8, 2), (64, 128, 8, 2), (32, 64, 4, 2), (64, 64, 4, 2), (32, 128, 4, 3)],
-        # d=128: those an sm_90 AOT build (triton 3.6, --aot) shows spilling under 256 B
-        128: [(32, 64, 8, 2), (32, 64, 8, 3), (16, 128, 8, 2), (32, 128, 8, 2), (32, 128, 8, 3)],
+        # d=128: those an sm_90 AOT build (triton 3.6, --aot) shows spilling under 256 B;
+        # a 5th entry 1 = FUSE_DQ (dq by atomics inside this kernel, no dq kernel)
+        128: [(32, 64, 8, 2), (32, 64, 8, 3), (16, 128, 8, 2), (32, 128, 8, 2), (32, 128, 8, 3),
+              (32, 64, 8, 2, 1), (32, 128, 8, 2, 1), (64, 64, 8, 2, 1)],
     },
     "dq": {
         64: [(128, 32, 8, 3), (128, 64, 8, 2), (64, 64, 4, 2), (64, 32, 4, 3)],
@@ -51,11 +53,13 @@ TUNE_CANDIDATES: dict[str, dict[int, list[tuple[int, int, int, int]]]] = {
 }
 
 
-def _config(kernel: str, cand: tuple[int, int, int, int]) -> dict[str, int]:
-    block_m, block_n, warps, stages = cand
+def _config(kernel: str, cand: tuple[int, ...]) -> dict[str, int]:
+    block_m, block_n, warps, stages = cand[:4]
     cfg = dict(BLOCK_M=block_m, BLOCK_N=block_n, num_warps=warps, num_stages=stages)
     if kernel == "dkdv":
         cfg["MASK_BLOCK_M"] = 16
+        if len(cand) > 4 and cand[4]:
+            cfg["FUSE_DQ"] = 1
     elif kernel == "dq":
         cfg["MASK_BLOCK_N"] = 16
     return cfg
@@ -372,10 +376,13 @@ def aot_report(head_dims: list[int]) -> list[dict]:
                 seen.add(key)
                 consts = {k: v for k, v in cfg.items() if k.isupper()}
                 consts["HEAD_DIM"] = d
+                if name == "dkdv":
+                    consts.setdefault("FUSE_DQ", 0)
+                types = dict(ptr_types, DQ="*fp32") if consts.get("FUSE_DQ") else ptr_types
                 sig = {
                     p: "constexpr"
                     if p in consts
-                    else ptr_types.get(p, "fp32" if p.endswith("scale") else "i32")
+                    else types.get(p, "fp32" if p.endswith("scale") else "i32")
                     for p in inspect.signature(kernel.fn).parameters
                 }
                 compiled = triton.compile(

@@ -35,6 +35,8 @@ SMALL_BLOCKS = {
     "dkdv": dict(BLOCK_M=16, BLOCK_N=32, MASK_BLOCK_M=16, num_warps=4, num_stages=1),
     "dq": dict(BLOCK_M=32, BLOCK_N=16, MASK_BLOCK_N=16, num_warps=4, num_stages=1),
 }
+# The backward variant whose dk/dv kernel also accumulates dq (fp32 atomics, no dq kernel).
+FUSED_DQ = {**SMALL_BLOCKS, "dkdv": {**SMALL_BLOCKS["dkdv"], "FUSE_DQ": 1}}
 # One pack: a length-1 sequence, lengths that are not multiples of any block, an exact
 # multiple (16, 64) and one spanning several 32-blocks; 99 tokens in all.
 LENGTHS = [1, 37, 16, 45]
@@ -101,10 +103,10 @@ def _check(got, want, tol):
 # ------------------------------------------------------------------ Triton, small shapes
 @pytest.mark.parametrize("head_dim", [64, 128])
 @pytest.mark.parametrize(("num_heads", "num_kv_heads"), [(2, 2), (4, 1), (8, 1)])
-@pytest.mark.parametrize("blocks", ["small", "default"])
+@pytest.mark.parametrize("blocks", ["small", "default", "fused-dq"])
 def test_triton_matches_reference_fp32(poisoned, head_dim, num_heads, num_kv_heads, blocks):
-    configs = SMALL_BLOCKS if blocks == "small" else None
-    seed = head_dim * 100 + num_heads * 10 + (blocks == "small")
+    configs = {"small": SMALL_BLOCKS, "default": None, "fused-dq": FUSED_DQ}[blocks]
+    seed = head_dim * 100 + num_heads * 10 + ["small", "default", "fused-dq"].index(blocks)
     q, k, v, do = _inputs(LENGTHS, num_heads, num_kv_heads, head_dim, torch.float32, seed)
     cu = _cu(LENGTHS)
     got = _run_triton(q, k, v, do, cu, max(LENGTHS), configs)
@@ -113,11 +115,12 @@ def test_triton_matches_reference_fp32(poisoned, head_dim, num_heads, num_kv_hea
 
 
 @pytest.mark.parametrize("head_dim", [64, 128])
-def test_triton_fp16_small(poisoned, head_dim):
+@pytest.mark.parametrize("configs", [SMALL_BLOCKS, FUSED_DQ], ids=["split", "fused-dq"])
+def test_triton_fp16_small(poisoned, head_dim, configs):
     lengths = [5, 1, 50, 33]
     q, k, v, do = _inputs(lengths, 8, 2, head_dim, torch.float16, seed=7 + head_dim)
     cu = _cu(lengths)
-    got = _run_triton(q, k, v, do, cu, max(lengths), SMALL_BLOCKS)
+    got = _run_triton(q, k, v, do, cu, max(lengths), configs)
     _check(got, _reference(q, k, v, do, cu), 5e-3)
 
 
@@ -326,8 +329,10 @@ GPU_LENGTHS = [1, 127, 1000, 2048, 4133, 63]
 def test_gpu_triton_bf16_training_shapes(poisoned, num_heads, num_kv_heads, head_dim):
     q, k, v, do = _inputs(GPU_LENGTHS, num_heads, num_kv_heads, head_dim, torch.bfloat16, seed=1)
     cu = _cu(GPU_LENGTHS)
-    got = _run_triton(q, k, v, do, cu, max(GPU_LENGTHS))
-    _check(got, _reference(q, k, v, do, cu), 1e-2)
+    want = _reference(q, k, v, do, cu)
+    _check(_run_triton(q, k, v, do, cu, max(GPU_LENGTHS)), want, 1e-2)
+    fused = {"dkdv": {**ta.kernel_configs(head_dim)["dkdv"][0], "FUSE_DQ": 1}}
+    _check(_run_triton(q, k, v, do, cu, max(GPU_LENGTHS), fused), want, 1e-2)
 
 
 @needs_cuda

@@ -16,6 +16,9 @@ adapted to packed sequences (``cu_seqlens``) and grouped-query attention:
   GQA over the query heads of the group inside the kernel: no atomics, no repeated KV) and
   one kernel per query block computing dq (loops over the key blocks at and left of the
   diagonal). Scores and probabilities are recomputed from q, k and the saved logsumexp.
+  A dk/dv config with ``FUSE_DQ=1`` instead adds each block's dS·K to an fp32 dq buffer
+  with atomics inside the dk/dv kernel (no dq kernel: 5 matmuls per block pair instead of
+  7, as flash-attention 2); `bench_attention.py --tune-first` measures both.
 - layouts: q/o/do (total, H, D), k/v (total, H_kv, D), any token/head strides with a unit
   stride on the head dim; logsumexp and delta are float32 (H, total). Accumulation is fp32;
   P and dS are cast to the input dtype before their ``tl.dot`` (bf16/fp16 tensor cores;
@@ -386,8 +389,11 @@ def _bwd_dkdv_inner(
     qk_scale,
     offs_n,
     offs_d,
+    dq_base,
+    stride_dqt,
     MASK: tl.constexpr,
     BLOCK_M: tl.constexpr,
+    FUSE_DQ: tl.constexpr,
 ):
     for start_m in range(lo, hi, BLOCK_M):
         offs_m = start_m + tl.arange(0, BLOCK_M)
@@ -402,8 +408,12 @@ def _bwd_dkdv_inner(
         dv += tl.dot(p_t.to(do.dtype), do)
         delta = tl.load(delta_base + offs_m, mask=row_mask, other=0.0)
         dp_t = tl.dot(v, tl.trans(do))
-        ds_t = p_t * (dp_t - delta[None, :])
-        dk += tl.dot(ds_t.to(q_t.dtype), tl.trans(q_t))
+        ds_t = (p_t * (dp_t - delta[None, :])).to(q_t.dtype)
+        dk += tl.dot(ds_t, tl.trans(q_t))
+        if FUSE_DQ:  # this block's share of dq = dS·K, summed over key blocks by atomics
+            dq = tl.dot(tl.trans(ds_t), k)
+            ptrs = dq_base + offs_m[:, None] * stride_dqt + offs_d[None, :]
+            tl.atomic_add(ptrs, dq, mask=row_mask[:, None], sem="relaxed")
     return dk, dv
 
 
@@ -428,10 +438,14 @@ def _attn_bwd_dkdv(
     stride_oh,
     stride_dkt,
     stride_dkh,
+    DQ,
+    stride_dqt,
+    stride_dqh,
     total,
     group,
     sm_scale,
     qk_scale,
+    FUSE_DQ: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -465,6 +479,7 @@ def _attn_bwd_dkdv(
         do_base = DO + seq_start * stride_ot + head * stride_oh
         lse_base = LSE + head * total + seq_start
         delta_base = Delta + head * total + seq_start
+        dq_base = DQ + seq_start * stride_dqt + head * stride_dqh
         # queries crossing the diagonal block: masked, finer steps
         dk, dv = _bwd_dkdv_inner(
             dk,
@@ -483,8 +498,11 @@ def _attn_bwd_dkdv(
             qk_scale,
             offs_n,
             offs_d,
+            dq_base,
+            stride_dqt,
             True,
             MASK_BLOCK_M,
+            FUSE_DQ,
         )
         # queries entirely below the diagonal: no causal mask
         dk, dv = _bwd_dkdv_inner(
@@ -504,8 +522,11 @@ def _attn_bwd_dkdv(
             qk_scale,
             offs_n,
             offs_d,
+            dq_base,
+            stride_dqt,
             False,
             BLOCK_M,
+            FUSE_DQ,
         )
     dk *= sm_scale
     out = (
@@ -744,7 +765,17 @@ def _backward(do, q, k, v, o, lse, cu_seqlens, max_seqlen, sm_scale, configs):
         HEAD_DIM=head_dim,
         BLOCK_M=_PREPROCESS_BLOCK,
     )
-    dq = _empty((total, num_heads, head_dim), q.dtype, q.device)
+    # FUSE_DQ (a dkdv config key, 0 by default): the dk/dv kernel also accumulates dq with
+    # fp32 atomics (5 matmuls per block pair, as flash-attention 2) instead of a separate
+    # dq kernel recomputing P and dP (7).
+    dkdv_cfg = configs.get("dkdv")
+    fuse_dq = bool(dkdv_cfg.get("FUSE_DQ", 0)) if dkdv_cfg else False
+    if dkdv_cfg is not None:
+        dkdv_cfg = {k: v for k, v in dkdv_cfg.items() if k != "FUSE_DQ"}
+    if fuse_dq:
+        dq = torch.zeros((total, num_heads, head_dim), dtype=torch.float32, device=q.device)
+    else:
+        dq = _empty((total, num_heads, head_dim), q.dtype, q.device)
     dk = _empty((total, num_kv_heads, head_dim), k.dtype, k.device)
     dv = _empty((total, num_kv_heads, head_dim), k.dtype, k.device)
     strides = (
@@ -775,16 +806,22 @@ def _backward(do, q, k, v, o, lse, cu_seqlens, max_seqlen, sm_scale, configs):
             *strides,
             dk.stride(0),
             dk.stride(1),
+            dq,
+            dq.stride(0),
+            dq.stride(1),
             total,
             group,
             sm_scale,
             qk_scale,
+            fuse_dq,
         ),
         head_dim,
         q.dtype,
         q.device,
-        configs.get("dkdv"),
+        dkdv_cfg,
     )
+    if fuse_dq:
+        return (dq * sm_scale).to(q.dtype), dk, dv
     _launch(
         "dq",
         _attn_bwd_dq,
