@@ -282,7 +282,12 @@ def _packed(L: int, total_tokens: int, h: int, hkv: int, d: int, device):
 def tune(
     args: argparse.Namespace, argv: list[str], kernels: tuple[str, ...] = ("fwd", "dkdv", "dq")
 ) -> dict:
-    """Time each candidate config of each of `kernels` (the others at their defaults)."""
+    """Time each candidate config of each of `kernels` (the others at their defaults).
+
+    With both backward kernels: the fastest split dk/dv candidate together with the
+    fastest dq candidate is timed too, and the backward keeps whichever is faster: that
+    pair or the fastest dk/dv candidate on its own (a FUSE_DQ one needs no dq kernel).
+    """
     import torch
     from triton.testing import do_bench
 
@@ -291,53 +296,80 @@ def tune(
     if not torch.cuda.is_available():
         raise RuntimeError("bench_attention --tune needs a CUDA GPU; none is visible here")
     h, hkv, d = args.num_heads, args.num_kv_heads, args.head_dim
-    rows = []
+    rows: list[dict] = []
+
+    def time_configs(L, lengths, ins, do, kernel, cand, configs):
+        mode = "fwd" if kernel == "fwd" else "fwd+bwd"
+        if mode == "fwd":
+
+            def step():
+                with torch.no_grad():
+                    flash_attn_varlen(*ins, configs=configs)
+        else:
+
+            def step():
+                out = flash_attn_varlen(*ins, configs=configs)
+                torch.autograd.grad(out, ins[:3], do)
+
+        try:
+            ms = do_bench(step, warmup=args.warmup, rep=args.rep, return_mode="median")
+        except Exception as exc:  # OutOfResources & co: recorded, not hidden
+            rows.append({"L": L, "kernel": kernel, "config": cand, "error": str(exc)})
+            return
+        flops = attention_flops(lengths, h, hkv, d, mode)
+        rows.append({"L": L, "kernel": kernel, "config": cand, "mode": mode, "ms": ms,
+                     "tflops": flops / ms / 1e9})
+
     for L in [8192] if args.quick else [4096, 16384]:
         lengths, cu, q, k, v, do = _packed(L, args.total_tokens, h, hkv, d, "cuda")
+        ins = (q, k, v, cu, L)
         for kernel in kernels:
-            by_dim = TUNE_CANDIDATES[kernel]
-            mode = "fwd" if kernel == "fwd" else "fwd+bwd"
-            for cand in by_dim[d]:
-                configs = {kernel: _config(kernel, cand)}
-                ins = (q, k, v, cu, L)
-                if mode == "fwd":
-
-                    def step(configs=configs, ins=ins):
-                        with torch.no_grad():
-                            flash_attn_varlen(*ins, configs=configs)
-                else:
-
-                    def step(configs=configs, ins=ins, do=do):
-                        out = flash_attn_varlen(*ins, configs=configs)
-                        torch.autograd.grad(out, ins[:3], do)
-
-                try:
-                    ms = do_bench(step, warmup=args.warmup, rep=args.rep, return_mode="median")
-                except Exception as exc:  # OutOfResources & co: recorded, not hidden
-                    rows.append({"L": L, "kernel": kernel, "config": cand, "error": str(exc)})
-                    continue
-                flops = attention_flops(lengths, h, hkv, d, mode)
-                rows.append(
-                    {
-                        "L": L,
-                        "kernel": kernel,
-                        "config": cand,
-                        "mode": mode,
-                        "ms": ms,
-                        "tflops": flops / ms / 1e9,
-                    }
-                )
-        del q, k, v, do
+            for cand in TUNE_CANDIDATES[kernel][d]:
+                time_configs(L, lengths, ins, do, kernel, cand, {kernel: _config(kernel, cand)})
+        if "dkdv" in kernels and "dq" in kernels:
+            split = _fastest(rows, "dkdv", L, lambda c: len(c) < 5 or not c[4])
+            dq = _fastest(rows, "dq", L)
+            if split is not None and dq is not None:
+                pair = {"dkdv": _config("dkdv", split), "dq": _config("dq", dq)}
+                time_configs(L, lengths, ins, do, "dkdv+dq", [list(split), list(dq)], pair)
+        del q, k, v, do, ins
         torch.cuda.empty_cache()
+    return {"provenance": _provenance(argv), "tune_rows": rows, "best": choose_best(rows)}
+
+
+def choose_best(rows: list[dict]) -> dict[str, dict[str, int]]:
+    """The fastest config per kernel (ms summed over lengths); for the backward, the timed
+    split pair when it beats every dk/dv candidate alone."""
     best = {}
     for kernel in TUNE_CANDIDATES:
-        ok = [r for r in rows if r["kernel"] == kernel and "ms" in r]
-        totals: dict[tuple, float] = {}
-        for r in ok:
-            totals[tuple(r["config"])] = totals.get(tuple(r["config"]), 0.0) + r["ms"]
+        totals = _totals(rows, kernel)
         if totals:
             best[kernel] = _config(kernel, min(totals, key=totals.get))
-    return {"provenance": _provenance(argv), "tune_rows": rows, "best": best}
+    pairs = _totals(rows, "dkdv+dq")
+    if pairs and "dkdv" in best:
+        pair = min(pairs, key=pairs.get)
+        if pairs[pair] < min(_totals(rows, "dkdv").values()):
+            best["dkdv"], best["dq"] = _config("dkdv", pair[0]), _config("dq", pair[1])
+    return best
+
+
+def _totals(rows: list[dict], kernel: str) -> dict[tuple, float]:
+    """ms summed over lengths per candidate of `kernel` (candidates timed at every L)."""
+    ok = [r for r in rows if r["kernel"] == kernel and "ms" in r]
+    n_lengths = len({r["L"] for r in ok})
+    totals: dict[tuple, float] = {}
+    counts: dict[tuple, int] = {}
+    for r in ok:
+        key = tuple(tuple(c) if isinstance(c, list) else c for c in r["config"])
+        totals[key] = totals.get(key, 0.0) + r["ms"]
+        counts[key] = counts.get(key, 0) + 1
+    return {key: t for key, t in totals.items() if counts[key] == n_lengths}
+
+
+def _fastest(rows: list[dict], kernel: str, L: int, keep=lambda cand: True) -> tuple | None:
+    ok = [r for r in rows if r["kernel"] == kernel and r["L"] == L and "ms" in r
+          and keep(tuple(r["config"]))]
+    return tuple(min(ok, key=lambda r: r["ms"])["config"]) if ok else None
 
 
 def aot_report(head_dims: list[int]) -> list[dict]:

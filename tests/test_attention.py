@@ -373,3 +373,19 @@ def test_bench_table_shows_speedup_and_missing_baselines(load_benchmark):
     table = bench._table({"rows": rows, "unavailable": {"flash-attn": "not installed"}})
     assert "1.25x" in table
     assert "flash-attn: not measured: not installed" in table
+
+
+def test_tuning_keeps_the_fastest_backward(load_benchmark):
+    bench = load_benchmark("bench_attention")
+    split, fused, dq = (32, 64, 8, 2), (32, 64, 8, 2, 1), (64, 64, 4, 2)
+    rows = [
+        {"L": 8192, "kernel": "dkdv", "config": split, "ms": 10.0},
+        {"L": 8192, "kernel": "dkdv", "config": fused, "ms": 8.0},
+        {"L": 8192, "kernel": "dkdv", "config": (16, 128, 8, 2), "error": "OutOfResources"},
+        {"L": 8192, "kernel": "dq", "config": dq, "ms": 9.0},
+    ]
+    best = bench.choose_best(rows)
+    assert best["dkdv"]["FUSE_DQ"] == 1  # the fused dk/dv alone beats the others
+    rows.append({"L": 8192, "kernel": "dkdv+dq", "config": [list(split), list(dq)], "ms": 7.5})
+    best = bench.choose_best(rows)
+    assert "FUSE_DQ" not in best["dkdv"] and best["dq"]["BLOCK_M"] == 64  # the tuned pair wins
