@@ -141,6 +141,22 @@ def test_graph_and_eager_timing_agree_where_the_gpu_is_busy():
 
 @needs_gpu
 @pytest.mark.gpu
+def test_moe_layer_is_captured_into_a_cuda_graph():
+    """Routing and grouped GEMM without host syncs: the MoE workloads time as graphs."""
+    from costmodel.calibration.plan import SweepPoint
+    from costmodel.calibration.workloads import KernelTimer
+    from costmodel.kernels.moe import grouped_gemm_available
+
+    if not grouped_gemm_available("cuda", torch.bfloat16):
+        pytest.skip("no torch grouped GEMM here: MoE needs --timing eager")
+    timer = KernelTimer(_tiny("qwen3-30b-a3b"), attention="torch-varlen", timing="graph")
+    for point in (SweepPoint("linear", "train", (512,), moe=True),
+                  SweepPoint("layer", "forward", (300, 700), moe=True)):
+        assert timer.measure(point, repeats=3, warmup=1).median_ms > 0
+
+
+@needs_gpu
+@pytest.mark.gpu
 def test_calibrate_quick_end_to_end_on_gpu(tmp_path, capsys):
     out = tmp_path / "small.json"
     rc = main(["calibrate", "--gpu", "auto", "--model", "qwen3-0.6b", "--quick", "--max-len", "4096",

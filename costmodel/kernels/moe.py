@@ -133,7 +133,10 @@ def group_by_expert(
     """
     flat = expert_ids.reshape(-1)
     order = torch.argsort(flat, stable=True)
-    counts = torch.bincount(flat, minlength=num_experts)
+    # scatter_add_, not bincount: bincount reads the largest id on the host (a device sync,
+    # which a CUDA-graph capture of the layer cannot hold).
+    counts = torch.zeros(num_experts, dtype=torch.int64, device=flat.device)
+    counts.scatter_add_(0, flat, torch.ones_like(flat))
     offsets = torch.cumsum(counts, dim=0).to(torch.int32)
     return order, counts, offsets
 
