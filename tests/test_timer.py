@@ -1,0 +1,127 @@
+"""`time_cuda` and `capture_cuda_graph` control flow, on a fake `torch.cuda` (no GPU here).
+
+What a real GPU checks (tests marked gpu): the timings themselves. What this checks: that
+graph timing warms up on a side stream, captures exactly one call, keeps the graph's first
+(upload) replay out of the timings, times one replay per repeat, and turns a failed capture
+into a GraphCaptureError that names the eager fallback.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import types
+
+import pytest
+
+from costmodel.calibration.timer import GraphCaptureError, capture_cuda_graph, time_cuda
+
+
+class FakeCuda:
+    """Just enough of torch.cuda for the timer: streams, events, graphs, a log of calls."""
+
+    def __init__(self, capture_fails: bool = False):
+        self.log: list[str] = []
+        self.stream_stack = ["default"]
+        self.capturing = False
+        self.capture_fails = capture_fails
+        self.clock = 0.0
+        cuda = self
+
+        class Stream:
+            def __init__(self):
+                self.name = "side"
+
+            def wait_stream(self, other):
+                cuda.log.append(f"{self.name} waits")
+
+        class Current:
+            name = "default"
+
+            def wait_stream(self, other):
+                cuda.log.append("default waits")
+
+        class Event:
+            def __init__(self, enable_timing=False):
+                self.t = None
+
+            def record(self):
+                self.t = cuda.clock
+
+            def elapsed_time(self, other):
+                return other.t - self.t
+
+        class CUDAGraph:
+            def replay(self):
+                cuda.log.append("replay")
+                cuda.clock += 2.0
+
+        self.Stream, self.Event, self.CUDAGraph = Stream, Event, CUDAGraph
+        self._current = Current()
+
+    def current_stream(self):
+        return self._current
+
+    @contextlib.contextmanager
+    def stream(self, s):
+        self.stream_stack.append(s.name)
+        try:
+            yield
+        finally:
+            self.stream_stack.pop()
+
+    @contextlib.contextmanager
+    def graph(self, g):
+        self.capturing = True
+        try:
+            yield
+            if self.capture_fails:
+                raise RuntimeError("operation not permitted when stream is capturing\nmore")
+        finally:
+            self.capturing = False
+
+    def synchronize(self):
+        self.log.append("sync")
+
+
+@pytest.fixture
+def fake_cuda(monkeypatch):
+    def install(**kw):
+        cuda = FakeCuda(**kw)
+        fake = types.SimpleNamespace(cuda=cuda)
+        monkeypatch.setitem(sys.modules, "torch", fake)
+        return cuda
+
+    return install
+
+
+def workload(cuda: FakeCuda):
+    def fn():
+        where = "capture" if cuda.capturing else cuda.stream_stack[-1]
+        cuda.log.append(f"call on {where}")
+        cuda.clock += 5.0  # an eager call: launch overhead + kernels
+
+    return fn
+
+
+def test_graph_timing_times_replays_only(fake_cuda):
+    cuda = fake_cuda()
+    m = time_cuda(workload(cuda), repeats=4, warmup=2, l2_bytes=0, graph=True)
+    calls = [e for e in cuda.log if e.startswith("call")]
+    assert calls == ["call on side", "call on side", "call on capture"]
+    assert cuda.log.count("replay") == 1 + 4  # the upload replay, then one per repeat
+    assert m.median_ms == 2.0 and m.repeats == 4  # replays only: no eager call was timed
+
+
+def test_eager_timing_times_calls(fake_cuda):
+    cuda = fake_cuda()
+    m = time_cuda(workload(cuda), repeats=3, warmup=1, l2_bytes=0, graph=False)
+    assert [e for e in cuda.log if e.startswith("call")] == ["call on default"] * 4
+    assert "replay" not in cuda.log and m.median_ms == 5.0
+
+
+def test_failed_capture_names_the_eager_fallback(fake_cuda):
+    cuda = fake_cuda(capture_fails=True)
+    with pytest.raises(GraphCaptureError, match=r"cannot be captured.*\(operation not permitted "
+                       r"when stream is capturing\); time it eagerly instead \(--timing eager\)"):
+        capture_cuda_graph(workload(cuda), warmup=1)
