@@ -22,6 +22,10 @@
 # --gpu auto: the registry key is the device's (h200, or h200-nvl on an NVL that says so);
 # ship the result afterwards (on the dev machine) under that key:
 #   cp "$OUT/qwen3-8b.json" costmodel/profiles/<gpu.key in the file>/qwen3-8b.json
+# and make bench_attention.json's "tuned_configs" the first choices of
+# costmodel/kernels/triton_attention._CONFIGS (d=128) when they beat the current ones.
+# Run it as: PYTHON=python3 LIMIT_S=460 OUT=$OUT bash scripts/gpu_session.sh
+# (the device's timeout_s about 20 s above LIMIT_S).
 set -u -o pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-out}"
