@@ -86,11 +86,24 @@ def test_each_distinct_microbatch_is_measured_once_per_round():
         return float(sum(lengths))
 
     keys = [(1, 2), (2, 1), (5,), (5,), (3, 3)]
-    times, stopped = bench.measure_microbatches(
+    times, stopped, noise = bench.measure_microbatches(
         [bench._key(k) for k in keys], counting, repeats=3, warmup=0
     )
     assert len(calls) == 3 * 3 and times[(1, 2)] == 3.0 and times[(5,)] == 5.0
-    assert stopped is None
+    assert stopped is None and noise == 0.0  # the same time every round
+
+
+def test_timing_noise_and_the_noise_floor():
+    rng = np.random.default_rng(1)
+    sigma = 0.02  # per sample; the reported time is the median (= mean) of 2
+    samples = {(i,): (100.0 * (1 + sigma * rng.standard_normal(2))).tolist() for i in range(4000)}
+    noise = bench.timing_noise(samples)
+    assert noise == pytest.approx(sigma / np.sqrt(2), rel=0.1)
+    assert bench.timing_noise({(1,): [5.0]}) is None
+    # 64 ranks of 4 equal micro-batches, 1% noise each: rank noise 0.5%, E[max of 64] ~ 2.4 sd
+    floor = bench.noise_floor([[10.0] * 4] * 64, 0.01)
+    assert 1.009 < floor < 1.016
+    assert bench.noise_floor([[10.0] * 4] * 64, 0.0) == pytest.approx(1.0)
 
 
 class FakeTimer:

@@ -221,7 +221,8 @@ def run(args: argparse.Namespace, *, measure=None) -> int:
     for c in checks:
         parts = [f"dp {c['dp_size']}: calibrated max/mean {c['calibrated_max_over_mean']:.3f}"]
         if "makespan_cut_vs_tokens" in c:
-            parts.append(f"makespan {c['makespan_cut_vs_tokens'] * 100:+.1f}% below tokens")
+            cut = c["makespan_cut_vs_tokens"] * 100
+            parts.append(f"makespan {abs(cut):.1f}% {'below' if cut >= 0 else 'ABOVE'} tokens")
         if "no_worse_than_flops" in c:
             parts.append("no worse than flops" if c["no_worse_than_flops"] else "WORSE than flops")
         print("; ".join(parts))

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import logging
+import math
 import os
 import platform
 import subprocess
@@ -138,14 +139,15 @@ def measure_microbatches(
     warmup: int = 2,
     progress: Callable[[str], None] | None = None,
     deadline: float | None = None,
-) -> tuple[dict[tuple[int, ...], float], str | None]:
+) -> tuple[dict[tuple[int, ...], float], str | None, float | None]:
     """Median over ``repeats`` interleaved rounds of ``measure`` for each distinct key.
 
     Keys are measured in the order they first appear, so a run stopped early (at
     ``deadline``, a `time.perf_counter` value, or by Ctrl-C / SIGINT) has measured whole
     schedules of the first DP sizes and policies. Keys never measured are absent from the
     result; a key measured in fewer rounds keeps the median of those it has. Returns the
-    medians and why measuring stopped early (None when every round finished).
+    medians, why measuring stopped early (None when every round finished), and the timing
+    noise (`timing_noise`; None with fewer than 2 rounds).
     """
     if repeats < 1:
         raise ValueError(f"repeats must be at least 1, got {repeats}")
@@ -182,7 +184,41 @@ def measure_microbatches(
             "%s after %.1f s: keeping what was measured (%d of %d micro-batches at least once)",
             stopped, time.perf_counter() - start, done, len(distinct),
         )
-    return {k: float(np.median(v)) for k, v in samples.items() if v}, stopped
+    medians = {k: float(np.median(v)) for k, v in samples.items() if v}
+    return medians, stopped, timing_noise(samples)
+
+
+def timing_noise(samples: dict[tuple[int, ...], list[float]]) -> float | None:
+    """Relative standard deviation of one reported (median) micro-batch time, estimated
+    from the rounds: the MAD of each key's samples about their median, pooled over keys,
+    scaled to a standard deviation (× 1.4826, × √(r/(r−1)) for a centre estimated from r
+    samples), then divided by √r for a median of r. An estimate; None without 2 rounds."""
+    devs, rounds = [], []
+    for v in samples.values():
+        if len(v) >= 2:
+            arr = np.asarray(v, dtype=np.float64)
+            med = float(np.median(arr))
+            devs.extend(np.abs(arr / med - 1).tolist())
+            rounds.append(len(v))
+    if not devs:
+        return None
+    r = float(np.median(rounds))
+    sigma = 1.4826 * float(np.median(devs)) * math.sqrt(r / (r - 1))
+    return sigma / math.sqrt(r)
+
+
+def noise_floor(microbatch_ms: Sequence[Sequence[float]], noise: float, *,
+                draws: int = 400, seed: int = 0) -> float:
+    """Expected measured max/mean of a *perfectly* balanced schedule with these ranks'
+    micro-batch structure, when each micro-batch's time carries relative noise `noise`:
+    each rank's micro-batches are rescaled to the mean rank time, then noised."""
+    ranks = [np.asarray(r, dtype=np.float64) for r in microbatch_ms]
+    mean = float(np.mean([r.sum() for r in ranks]))
+    scaled = [r * (mean / r.sum()) if r.sum() > 0 else r for r in ranks]
+    rng = np.random.default_rng(seed)
+    sums = np.stack([(r[None, :] * (1 + noise * rng.standard_normal((draws, r.size)))).sum(1)
+                     for r in scaled], axis=1)
+    return float(np.mean(sums.max(axis=1) / sums.mean(axis=1)))
 
 
 class LayerTimer:
@@ -329,6 +365,11 @@ class PolicyRun:
     slowest_rank_direct_ms: float | None = None
     """The slowest rank timed end to end (micro-batches back to back), when the measurer
     can (`LayerTimer.measure_rank`); compare with `makespan`, the sum of its parts."""
+    timing_noise: float | None = None
+    """Estimated relative noise of one micro-batch's measured time (`timing_noise`)."""
+    noise_floor: float | None = None
+    """The measured max/mean that noise alone would give a perfectly balanced schedule with
+    these micro-batches (`noise_floor`): how far below it no schedule can be shown to be."""
 
     @property
     def makespan(self) -> float:
@@ -354,6 +395,8 @@ class PolicyRun:
             "own_cost_max_over_mean": self.predicted_imbalance,
             "speedup_over_tokens": (token_makespan / self.makespan) if token_makespan else None,
             "slowest_rank_direct_ms": self.slowest_rank_direct_ms,
+            "timing_noise": self.timing_noise,
+            "noise_floor_max_over_mean": self.noise_floor,
             "microbatch_lengths": self.microbatch_lengths,
         }
         if self.predicted_ms is not None:
@@ -439,7 +482,7 @@ def run_benchmark(
             f"{len(planned)} schedules, {len(keys)} micro-batches ({len(distinct)} distinct, "
             f"{sum(sum(k) for k in distinct)} tokens) x {repeats} rounds to measure"
         )
-    times, stopped = measure_microbatches(
+    times, stopped, noise = measure_microbatches(
         keys, measure, repeats=repeats, warmup=warmup, progress=progress, deadline=deadline
     )
     if stopped:
@@ -449,6 +492,9 @@ def run_benchmark(
         if any(_key(mb) not in times for rank in mbs for mb in rank):
             continue  # stopped before all of it was measured
         measured = [float(sum(times[_key(mb)] for mb in rank)) for rank in mbs]
+        floor = None
+        if noise is not None:
+            floor = noise_floor([[times[_key(mb)] for mb in rank] for rank in mbs], noise)
         predicted = None
         if cost_model is not None:
             predicted = [
@@ -469,7 +515,7 @@ def run_benchmark(
                 policy=policy, dp_size=dp, schedule=sched, microbatch_lengths=mbs,
                 measured_ms=measured, predicted_ms=predicted,
                 predicted_own=_own_costs(policy, mbs, spec, cost_model),
-                slowest_rank_direct_ms=direct,
+                slowest_rank_direct_ms=direct, timing_noise=noise, noise_floor=floor,
             )
         )
     return runs
@@ -503,6 +549,13 @@ def format_report(runs: Sequence[PolicyRun], *, per_rank: bool = False) -> str:
         "speed-up: token balance's makespan / this one's; pred max/mean: by the policy's own "
         "cost; rank err %: |cost-model prediction / measured - 1| per rank, mean/worst"
     )
+    floors = {r.dp_size: r for r in runs if r.policy == "calibrated" and r.noise_floor}
+    for dp, r in sorted(floors.items()):
+        lines.append(
+            f"dp {dp}: timing noise ~{100 * r.timing_noise:.1f}% per micro-batch; a perfectly "
+            f"balanced schedule of the calibrated policy's micro-batches would measure max/mean "
+            f"~{r.noise_floor:.3f}"
+        )
     ratios = [r.slowest_rank_direct_ms / r.makespan for r in runs if r.slowest_rank_direct_ms]
     if ratios:
         lines.append(
@@ -530,7 +583,8 @@ def target_checks(runs: Sequence[PolicyRun]) -> list[dict[str, Any]]:
         if cal is None:
             continue
         row: dict[str, Any] = {"dp_size": dp, "calibrated_max_over_mean": cal.imbalance,
-                               "max_over_mean_below_1.03": cal.imbalance < 1.03}
+                               "max_over_mean_below_1.03": cal.imbalance < 1.03,
+                               "noise_floor_max_over_mean": cal.noise_floor}
         if tok is not None:
             cut = 1 - cal.makespan / tok.makespan
             row["makespan_cut_vs_tokens"] = cut
