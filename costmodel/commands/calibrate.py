@@ -57,7 +57,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    "with this process's launch overhead (for stacks that cannot be captured)")
     p.add_argument("--budget-s", type=float, default=None,
                    help="time budget of the sweep in seconds (default 75, --quick 24)")
-    add_settle_argument(p)
+    add_settle_argument(p, default="10, --quick 3")
     p.add_argument("-o", "--output", required=True,
                    help="where to write the cost model (JSON). If the run fails or is interrupted "
                    "after measuring, what was measured goes to OUTPUT-stem.partial.json")
@@ -100,7 +100,7 @@ def run(args: argparse.Namespace) -> int:
     partial = output.with_name(output.stem + ".partial.json")
     from costmodel.calibration.device import settle_gpu
 
-    settle_gpu(args.settle_s)
+    settle_gpu(args.settle_s if args.settle_s is not None else (3.0 if args.quick else 10.0))
 
     def save_partial(doc: dict) -> None:
         write_json_atomic(partial, doc)

@@ -14,10 +14,10 @@ def comma_ints(text: str, flag: str) -> list[int]:
     return values
 
 
-def add_settle_argument(parser) -> None:
+def add_settle_argument(parser, default: float | str = 10.0) -> None:
     """--settle-s: seconds of heavy GPU work before measuring (costmodel.calibration.device.settle_gpu)."""
     parser.add_argument(
-        "--settle-s", type=float, default=10.0,
+        "--settle-s", type=float, default=default if isinstance(default, float) else None,
         help="seconds of large matrix products before measuring, so that clocks are at the "
-        "level a training run settles to (default 10; 0: none)",
+        f"level a training run settles to (default {default}; 0: none)",
     )
