@@ -11,6 +11,7 @@
 #   5. attention benchmark, backward configs tuned first            <= 120 s
 #   6. GPU pytest tests (-m gpu)                                   <= 90 s
 #   7. MLP benchmark, if time is left (STEPS without bench_mlp skips it)
+#   8. a quick MoE calibration (qwen3-30b-a3b), if time is left
 # STEPS picks and orders a subset, e.g. STEPS="bench_schedule pytest" with CAL=<a shipped
 # profile> for a session that only needs those. At most 8 files come back from $OUT, so
 # only these are written there: session.log, $MODEL.json (+ .partial.json on failure),
@@ -37,7 +38,7 @@ PY="${PYTHON:-$(command -v python3 || command -v python)}"  # the H200 image has
 LIMIT_S="${LIMIT_S:-560}"   # total wall budget; later steps are skipped past it
 MODEL="${MODEL:-qwen3-8b}"
 CAL="${CAL:-$OUT/$MODEL.json}"
-STEPS="${STEPS:-calibrate validate report bench_schedule bench_attention pytest bench_mlp}"
+STEPS="${STEPS:-calibrate validate report bench_schedule bench_attention pytest bench_mlp calibrate_moe}"
 STATUS=0
 want() { [[ " $STEPS " == *" $1 "* ]]; }
 
@@ -107,6 +108,10 @@ want pytest && step "pytest -m gpu" 90 "$PY" -m pytest -q -m gpu -p no:cacheprov
   --junitxml="$OUT/pytest-gpu.xml"
 want bench_mlp && step "bench_mlp" 45 "$PY" benchmarks/bench_mlp.py --quick \
   --tokens 512 1024 2048 4096 8192 16384 32768 --json "$OUT/bench_mlp.json"
+# A MoE profile, if time is left: --quick, no separate validation.
+want calibrate_moe && step "calibrate qwen3-30b-a3b --quick" 70 "$PY" -m costmodel -v calibrate \
+  --gpu auto --model qwen3-30b-a3b --attention torch-varlen --dtype bf16 --quick --settle-s 0 \
+  -o "$OUT/qwen3-30b-a3b.json"
 echo "== session end after ${SECONDS}s, status $STATUS; files:"
 ls -la "$OUT"
 # At most 8 files come back: past that, everything but the log and the cost model goes
