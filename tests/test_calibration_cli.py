@@ -302,7 +302,9 @@ def test_calibrate_and_validate_commands_with_a_synthetic_device(tmp_path, monke
     assert doc["kernels"]["timing"] == "graph" and val["timing"] == "graph"
     assert timer_kwargs[0]["timing"] == timer_kwargs[-1]["timing"] == "graph"
     assert main(["report", str(out)]) == 0
-    assert "validation: 20 random micro-batches" in capsys.readouterr().out
+    text = capsys.readouterr().out
+    assert "validation: 20 random micro-batches" in text
+    assert "timing: CUDA-graph replays" in text
 
 
 def test_sigterm_during_calibrate_saves_a_partial_file_that_refits(tmp_path, monkeypatch, capsys):

@@ -86,3 +86,6 @@ def test_shipped_h200_profile_is_measured_and_validated():
     assert m.provenance["kind"] == "measured"
     assert m.extra["flops_check"]["checked"] and m.extra["validation"]["count"] >= 100
     assert m.extra["device"]["torch"].startswith("2.11") and m.extra["device"]["sm_count"] == 132
+    from costmodel.calibration.report import format_report
+
+    assert "timing: eager calls" in format_report(m)  # measured before --timing graph existed

@@ -59,7 +59,11 @@ def format_report(model: CostModel) -> str:
                                      if dev.get(k) is not None)
         )
     if model.extra.get("kernels"):
-        out.append(f"  kernels: {model.extra['kernels']}")
+        kernels = model.extra["kernels"]
+        out.append(f"  kernels: {kernels}")
+        timing = kernels.get("timing", "eager")  # files from before --timing were eager
+        out.append("  timing: " + ("CUDA-graph replays (the GPU's own time)" if timing == "graph"
+                                   else "eager calls (this process's launch overhead included)"))
     out.append(
         f"  model: {spec.name} (shape {spec.fingerprint()}): {spec.num_layers} layers "
         f"({spec.num_dense_layers} dense, {spec.num_moe_layers} MoE, {spec.sliding_window_layers} "
