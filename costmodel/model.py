@@ -123,6 +123,21 @@ class CostModel:
     def __repr__(self) -> str:
         return f"CostModel({self.label}, modes={self.modes})"
 
+    def validation_summary(self, mode: str = "train") -> str | None:
+        """One line of what `costmodel validate` measured for `mode` (None if never run):
+        the mean absolute error on micro-batches of >= 1k tokens and on all of them."""
+        block = (self.extra.get("validation") or {}).get("modes", {}).get(mode)
+        if not block:
+            return None
+        summary = block.get("summary", {})
+        parts = [f"{summary[split]['cost_model']['mape']:.1%} on {name}"
+                 for split, name in ((">=1024", ">= 1k tokens"), ("all", "all sizes"))
+                 if split in summary and "cost_model" in summary[split]]
+        if not parts:
+            return None
+        count = (self.extra.get("validation") or {}).get("count", "?")
+        return f"validated ({mode}, {count} micro-batches): mean error " + ", ".join(parts)
+
     def _mode(self, mode: str) -> ModeCurves:
         if mode not in self.curves:
             raise ValueError(

@@ -89,3 +89,7 @@ def test_shipped_h200_profile_is_measured_and_validated():
     from costmodel.calibration.report import format_report
 
     assert "timing: eager calls" in format_report(m)  # measured before --timing graph existed
+    assert m.validation_summary("train") == (
+        "validated (train, 120 micro-batches): mean error 3.8% on >= 1k tokens, 13.2% on all sizes"
+    )
+    assert load_cost_model("h100/qwen3-8b").validation_summary() is None  # an estimate

@@ -109,6 +109,9 @@ def run(args: argparse.Namespace) -> int:
     base = next(r["makespan_ms"] for r in rows if r["policy"] == "tokens")
     print(f"{source}; {int(lengths.sum()):,} tokens; dp={args.dp}, cap={args.max_tokens}")
     print(f"judged by: {cost_label(model)} ({args.mode})")
+    summary = model.validation_summary(args.mode) if hasattr(model, "validation_summary") else None
+    if summary:
+        print(summary)
     head = (
         f"{'policy':<20} {'makespan ms':>13} {'vs tokens':>10} {'max/mean':>9} "
         f"{'/ lower bd':>10} {'mb/rank':>8} {'over cap':>8} {'sched ms':>9}"
