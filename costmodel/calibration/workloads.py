@@ -79,6 +79,8 @@ class KernelTimer:
         self.l2_bytes = int(self._fingerprint.get("l2_cache_bytes") or 0)
         self._modules: dict[tuple, Any] = {}
         torch.manual_seed(seed)
+        if self.device.type == "cuda" and timing == "graph":
+            self._check_capture()
 
     def device_fingerprint(self) -> dict[str, Any]:
         return dict(self._fingerprint)
@@ -131,6 +133,19 @@ class KernelTimer:
                 "it would calibrate something else. Use another --attention backend and report "
                 "this torch/triton version"
             )
+
+    def _check_capture(self) -> None:
+        """Capture every kind of workload once at a tiny size (a second or two), so that one a
+        CUDA graph cannot hold (an MoE expert loop reading counts on the host, say) fails
+        here, with the fix, instead of minutes into a sweep."""
+        lengths = (64, 64)
+        points = [SweepPoint("attention", "train", lengths), SweepPoint("head", "train", (128,)),
+                  SweepPoint("stack", "train", lengths, num_layers=1)]
+        if self.spec.is_moe:
+            points.append(SweepPoint("stack", "train", lengths, moe=True, num_layers=1))
+        for point in points:
+            fn, _ = self._build(point)
+            time_cuda(fn, repeats=1, warmup=1, l2_bytes=0, graph=True)
 
     @staticmethod
     def _param_bytes(*modules) -> int:
