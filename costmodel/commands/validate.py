@@ -69,12 +69,12 @@ def run(args: argparse.Namespace) -> int:
     timer = KernelTimer(model.spec, attention=attention, dtype=kernels.get("dtype", "bf16"),
                         timing=timing)
     found = timer.device_fingerprint()["name"]
-    settle_gpu(args.settle_s)
     if found != model.gpu and not args.allow_other_gpu:
         raise ValueError(
             f"{path} was calibrated on {model.gpu!r} but this GPU is {found!r}; validate on the "
             "same GPU, or pass --allow-other-gpu"
         )
+    settle_gpu(args.settle_s)
     print(f"validating {model.label} with {args.count} micro-batches per mode through "
           f"{args.layers} layers + head ({attention}, {timing} timing)", file=sys.stderr)
     result = run_validation(
