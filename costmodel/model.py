@@ -126,7 +126,8 @@ class CostModel:
     def validation_summary(self, mode: str = "train") -> str | None:
         """One line of what `costmodel validate` measured for `mode` (None if never run):
         the mean absolute error on micro-batches of >= 1k tokens and on all of them."""
-        block = (self.extra.get("validation") or {}).get("modes", {}).get(mode)
+        validation = self.extra.get("validation") or {}
+        block = validation.get("modes", {}).get(mode)
         if not block:
             return None
         summary = block.get("summary", {})
@@ -135,7 +136,7 @@ class CostModel:
                  if split in summary and "cost_model" in summary[split]]
         if not parts:
             return None
-        count = (self.extra.get("validation") or {}).get("count", "?")
+        count = validation.get("count", "?")
         return f"validated ({mode}, {count} micro-batches): mean error " + ", ".join(parts)
 
     def _mode(self, mode: str) -> ModeCurves:

@@ -35,9 +35,17 @@ import numpy as np
 from costmodel.calibration.plan import SweepPoint
 
 __all__ = [
-    "GraphCaptureError", "Measurement", "SyntheticShape", "SyntheticTimer", "Timer",
-    "capture_cuda_graph", "time_cpu", "time_cuda",
+    "TIMINGS", "GraphCaptureError", "Measurement", "SyntheticShape", "SyntheticTimer", "Timer",
+    "capture_cuda_graph", "check_timing", "time_cpu", "time_cuda",
 ]
+
+#: How a workload is timed on the GPU: replays of a captured CUDA graph, or eager calls.
+TIMINGS = ("graph", "eager")
+
+
+def check_timing(timing: str) -> None:
+    if timing not in TIMINGS:
+        raise ValueError(f"timing {timing!r}; allowed: {', '.join(TIMINGS)}")
 
 
 @dataclass(frozen=True)

@@ -31,16 +31,20 @@ from typing import Any
 
 from costmodel.calibration.device import device_fingerprint, require_cuda
 from costmodel.calibration.plan import SweepPoint
-from costmodel.calibration.timer import Measurement, time_cpu, time_cuda
+from costmodel.calibration.timer import (
+    Measurement,
+    capture_cuda_graph,
+    check_timing,
+    time_cpu,
+    time_cuda,
+)
 from costmodel.spec import ModelSpec
 
-__all__ = ["TIMINGS", "KernelTimer"]
+__all__ = ["KernelTimer"]
 
 logger = logging.getLogger(__name__)
 
 _DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
-#: How a workload is timed on the GPU: replays of a captured CUDA graph, or eager calls.
-TIMINGS = ("graph", "eager")
 
 
 class KernelTimer:
@@ -51,8 +55,7 @@ class KernelTimer:
                  device: str = "cuda", seed: int = 0, timing: str = "graph"):
         if dtype not in _DTYPES:
             raise ValueError(f"dtype {dtype!r}; allowed: {', '.join(_DTYPES)}")
-        if timing not in TIMINGS:
-            raise ValueError(f"timing {timing!r}; allowed: {', '.join(TIMINGS)}")
+        check_timing(timing)
         self.timing = timing
         if device not in ("cuda", "cpu"):
             raise ValueError(f"device {device!r}; allowed: cuda, cpu (a dry run)")
@@ -145,7 +148,7 @@ class KernelTimer:
             points.append(SweepPoint("stack", "train", lengths, moe=True, num_layers=1))
         for point in points:
             fn, _ = self._build(point)
-            time_cuda(fn, repeats=1, warmup=1, l2_bytes=0, graph=True)
+            capture_cuda_graph(fn, warmup=1)
 
     @staticmethod
     def _param_bytes(*modules) -> int:

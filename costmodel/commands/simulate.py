@@ -109,7 +109,7 @@ def run(args: argparse.Namespace) -> int:
     base = next(r["makespan_ms"] for r in rows if r["policy"] == "tokens")
     print(f"{source}; {int(lengths.sum()):,} tokens; dp={args.dp}, cap={args.max_tokens}")
     print(f"judged by: {cost_label(model)} ({args.mode})")
-    summary = model.validation_summary(args.mode) if hasattr(model, "validation_summary") else None
+    summary = model.validation_summary(args.mode)
     if summary:
         print(summary)
     head = (

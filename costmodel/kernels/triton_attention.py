@@ -771,7 +771,7 @@ def _backward(do, q, k, v, o, lse, cu_seqlens, max_seqlen, sm_scale, configs):
     dkdv_cfg = configs.get("dkdv")
     fuse_dq = bool(dkdv_cfg.get("FUSE_DQ", 0)) if dkdv_cfg else False
     if dkdv_cfg is not None:
-        dkdv_cfg = {k: v for k, v in dkdv_cfg.items() if k != "FUSE_DQ"}
+        dkdv_cfg = {key: value for key, value in dkdv_cfg.items() if key != "FUSE_DQ"}
     if fuse_dq:
         dq = torch.zeros((total, num_heads, head_dim), dtype=torch.float32, device=q.device)
     else:

@@ -249,8 +249,9 @@ class LayerTimer:
                 "bench-schedule times micro-batches on a CUDA GPU and none is visible "
                 f"(torch {torch.__version__}, CUDA {torch.version.cuda}); run it on a GPU machine"
             )
-        if timing not in ("graph", "eager"):
-            raise ValueError(f"timing {timing!r}; allowed: graph, eager")
+        from costmodel.calibration.timer import check_timing
+
+        check_timing(timing)
         if replays < 1:
             raise ValueError(f"replays must be at least 1, got {replays}")
         from costmodel.kernels.layer import TransformerLayer
