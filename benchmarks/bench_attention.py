@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime
+import functools
 import json
 import os
 import platform
@@ -33,8 +34,9 @@ DEFAULT_LENGTHS = [512, 1024, 2048, 4096, 8192, 16384, 32768]
 QUICK_LENGTHS = [1024, 4096, 16384]
 
 # Configs `--tune` times against each other (per kernel, the others at their defaults).
-# Tuples are (BLOCK_M, BLOCK_N, num_warps, num_stages); see triton_attention._CONFIGS.
-TUNE_CANDIDATES: dict[str, dict[int, list[tuple[int, int, int, int]]]] = {
+# Tuples are (BLOCK_M, BLOCK_N, num_warps, num_stages[, FUSE_DQ]); see
+# triton_attention._CONFIGS.
+TUNE_CANDIDATES: dict[str, dict[int, list[tuple[int, ...]]]] = {
     "fwd": {
         64: [(128, 64, 4, 3), (128, 128, 8, 3), (128, 64, 8, 3), (64, 64, 4, 3), (128, 32, 4, 3)],
         128: [(128, 64, 8, 3), (128, 64, 8, 2), (128, 32, 8, 3), (128, 128, 8, 2), (64, 64, 4, 3)],
@@ -183,13 +185,7 @@ def run(
         except RuntimeError as exc:  # say so in the table and JSON; never a silent NaN
             unavailable[name] = str(exc)
     if triton_configs and "triton" in backends:
-        from costmodel.kernels.triton_attention import flash_attn_varlen
-
-        def tuned(q, k, v, cu, max_seqlen, *, check_values=True):
-            attn.validate_attention_inputs(q, k, v, cu, max_seqlen, check_values=check_values)
-            return flash_attn_varlen(q, k, v, cu, max_seqlen, configs=triton_configs)
-
-        backends["triton"] = tuned
+        backends["triton"] = functools.partial(backends["triton"], configs=triton_configs)
     rows = []
     errors = []  # a backend failing at one L is recorded and skipped, never fatal
     h, hkv, d = args.num_heads, args.num_kv_heads, args.head_dim

@@ -178,13 +178,15 @@ def attention_reference(
 
 
 # ----------------------------------------------------------------------------- adapters
-def _triton_attention(q, k, v, cu_seqlens, max_seqlen, *, check_values: bool = True):
+def _triton_attention(q, k, v, cu_seqlens, max_seqlen, *, check_values: bool = True,
+                      configs: dict | None = None):
+    """``configs``: per-kernel config overrides (see triton_attention.flash_attn_varlen)."""
     validate_attention_inputs(
         q, k, v, cu_seqlens, max_seqlen, head_dims=TRITON_HEAD_DIMS, check_values=check_values
     )
     from costmodel.kernels.triton_attention import flash_attn_varlen
 
-    return flash_attn_varlen(q, k, v, cu_seqlens, int(max_seqlen))
+    return flash_attn_varlen(q, k, v, cu_seqlens, int(max_seqlen), configs=configs)
 
 
 def _varlen_attn_fn():
