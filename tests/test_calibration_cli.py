@@ -280,6 +280,7 @@ def test_calibrate_and_validate_commands_with_a_synthetic_device(tmp_path, monke
 
     monkeypatch.setattr(device, "require_cuda", lambda: None)
     monkeypatch.setattr(device, "settle_gpu", lambda seconds: None)
+    monkeypatch.setattr(device, "device_fingerprint", lambda: {"name": "NVIDIA H200"})
     timer_kwargs = []
     monkeypatch.setattr(workloads, "KernelTimer",
                         lambda spec, **kw: timer_kwargs.append(kw) or SyntheticTimer(spec, noise=0.003))
@@ -290,9 +291,16 @@ def test_calibrate_and_validate_commands_with_a_synthetic_device(tmp_path, monke
     assert "FLOPs check passed" in captured.out and "calibrate [" in captured.err
     doc = json.loads(out.read_text())
     assert doc["command"].startswith("costmodel ") and doc["gpu"] == {"key": "h200", "name": "NVIDIA H200"}
+    timers_built = len(timer_kwargs)
     assert main(["calibrate", "--gpu", "h100", "--model", "qwen3-0.6b", "--quick", "-o", str(tmp_path / "x.json")]) == 2
     assert "this machine's GPU is 'NVIDIA H200'" in capsys.readouterr().err
     assert not (tmp_path / "x.json").exists()
+    assert len(timer_kwargs) == timers_built  # refused before any timer (graph capture) was built
+    monkeypatch.setattr(device, "device_fingerprint", lambda: {"name": "NVIDIA H100 80GB HBM3"})
+    assert main(["validate", str(out), "--count", "20", "--layers", "2"]) == 2
+    assert "calibrated on 'NVIDIA H200' but this GPU is 'NVIDIA H100 80GB HBM3'" in capsys.readouterr().err
+    assert len(timer_kwargs) == timers_built
+    monkeypatch.setattr(device, "device_fingerprint", lambda: {"name": "NVIDIA H200"})
     assert main(["validate", str(out), "--count", "20", "--layers", "2"]) == 0
     text = capsys.readouterr().out
     assert "cost_model" in text and "stored the validation" in text
@@ -330,6 +338,7 @@ def test_sigterm_during_calibrate_saves_a_partial_file_that_refits(tmp_path, mon
 
     monkeypatch.setattr(device, "require_cuda", lambda: None)
     monkeypatch.setattr(device, "settle_gpu", lambda seconds: None)
+    monkeypatch.setattr(device, "device_fingerprint", lambda: {"name": "NVIDIA H200"})
     monkeypatch.setattr(workloads, "KernelTimer", lambda spec, **kw: Killed(spec, noise=0.003))
     out = tmp_path / "cal.json"
     args = ["calibrate", "--gpu", "h200", "--model", "qwen3-0.6b", "--quick", "--max-len", "4096", "-o", str(out)]

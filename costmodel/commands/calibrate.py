@@ -68,7 +68,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from costmodel.calibration.device import require_cuda, resolve_gpu
+    from costmodel.calibration.device import device_fingerprint, require_cuda, resolve_gpu
     from costmodel.calibration.pipeline import calibrate
     from costmodel.calibration.plan import make_plan
     from costmodel.calibration.progress import ProgressLine
@@ -88,11 +88,12 @@ def run(args: argparse.Namespace) -> int:
     if spec.dtype != args.dtype:
         spec = dataclasses.replace(spec, dtype=args.dtype)
     require_cuda()  # RuntimeError saying what is missing, before any work
+    # A wrong --gpu fails here, before the timer checks the backend and captures graphs.
+    gpu_key, info = resolve_gpu(args.gpu, device_fingerprint())
     from costmodel.calibration.workloads import KernelTimer
 
     timer = KernelTimer(spec, attention=args.attention, dtype=args.dtype, timing=args.timing)
     fingerprint = timer.device_fingerprint()
-    gpu_key, info = resolve_gpu(args.gpu, fingerprint)
     plan = make_plan(spec, modes=modes, max_len=args.max_len, max_tokens=args.max_tokens,
                      quick=args.quick, gpu=gpu_key if info else "h200", budget_s=args.budget_s)
     print(f"calibrating {spec.name} on {fingerprint['name']} ({gpu_key}), attention "

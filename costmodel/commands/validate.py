@@ -39,7 +39,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from costmodel.calibration.device import require_cuda, settle_gpu
+    from costmodel.calibration.device import device_fingerprint, require_cuda, settle_gpu
     from costmodel.calibration.progress import ProgressLine
     from costmodel.calibration.validate import format_validation, run_validation
     from costmodel.commands.calibrate import parse_modes, print_peak_memory
@@ -59,6 +59,13 @@ def run(args: argparse.Namespace) -> int:
     if args.time_limit_s is not None and not args.time_limit_s > 0:
         raise ValueError(f"--time-limit-s must be > 0 seconds, got {args.time_limit_s}")
     require_cuda()
+    # The wrong GPU fails here, before the timer checks the backend and captures graphs.
+    found = device_fingerprint()["name"]
+    if found != model.gpu and not args.allow_other_gpu:
+        raise ValueError(
+            f"{path} was calibrated on {model.gpu!r} but this GPU is {found!r}; validate on the "
+            "same GPU, or pass --allow-other-gpu"
+        )
     from costmodel.calibration.workloads import KernelTimer
 
     kernels = model.extra.get("kernels") or {}
@@ -68,12 +75,6 @@ def run(args: argparse.Namespace) -> int:
     timing = kernels.get("timing", "eager")
     timer = KernelTimer(model.spec, attention=attention, dtype=kernels.get("dtype", "bf16"),
                         timing=timing)
-    found = timer.device_fingerprint()["name"]
-    if found != model.gpu and not args.allow_other_gpu:
-        raise ValueError(
-            f"{path} was calibrated on {model.gpu!r} but this GPU is {found!r}; validate on the "
-            "same GPU, or pass --allow-other-gpu"
-        )
     settle_gpu(args.settle_s)
     print(f"validating {model.label} with {args.count} micro-batches per mode through "
           f"{args.layers} layers + head ({attention}, {timing} timing)", file=sys.stderr)
