@@ -93,6 +93,24 @@ def test_each_distinct_microbatch_is_measured_once_per_round():
     assert stopped is None and noise == 0.0  # the same time every round
 
 
+def test_rounds_in_other_orders_cancel_clock_drift():
+    """A GPU slowing down linearly over the run: every key's median of the forward and the
+    reversed round is the same, so no rank looks slower for having been measured later."""
+    calls = []
+
+    def drifting(lengths):
+        calls.append(tuple(lengths))
+        return 10.0 * (1 + 0.001 * len(calls))
+
+    keys = [(i,) for i in range(1, 51)]
+    times, _, _ = bench.measure_microbatches(keys, drifting, repeats=2, warmup=0)
+    assert max(times.values()) == pytest.approx(min(times.values()))
+    assert calls[:50] == keys and calls[50:] == keys[::-1]
+    third = bench.round_order(keys, 2)
+    assert sorted(third) == keys and third != keys and third == bench.round_order(keys, 2)
+    assert bench.measure_microbatches([], drifting) == ({}, None, None)
+
+
 def test_timing_noise_and_the_noise_floor():
     rng = np.random.default_rng(1)
     sigma = 0.02  # per sample; the reported time is the median (= mean) of 2

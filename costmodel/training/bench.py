@@ -17,8 +17,8 @@ and the per-rank sums compare policies on equal terms.
 
 The measurement is injectable: ``measure(lengths) -> ms`` times one micro-batch. Each
 distinct micro-batch (as a sorted multiset of lengths) is timed once per round, and the
-rounds are interleaved (round 1 over all micro-batches, then round 2, ...) so slow drift
-does not favour one policy; the median over rounds is kept. CPU tests pass a fake measurer.
+rounds are interleaved (round 1 over all micro-batches, then round 2 in reverse, then
+shuffled) so slow drift favours no policy and no rank; the median over rounds is kept. CPU tests pass a fake measurer.
 
 Numpy only, except `LayerTimer` (torch, imported when it is built).
 """
@@ -142,18 +142,20 @@ def measure_microbatches(
 ) -> tuple[dict[tuple[int, ...], float], str | None, float | None]:
     """Median over ``repeats`` interleaved rounds of ``measure`` for each distinct key.
 
-    Keys are measured in the order they first appear, so a run stopped early (at
-    ``deadline``, a `time.perf_counter` value, or by Ctrl-C / SIGINT) has measured whole
-    schedules of the first DP sizes and policies. Keys never measured are absent from the
-    result; a key measured in fewer rounds keeps the median of those it has. Returns the
-    medians, why measuring stopped early (None when every round finished), and the timing
-    noise (`timing_noise`; None with fewer than 2 rounds).
+    The first round measures keys in the order they first appear, so a run stopped early
+    (at ``deadline``, a `time.perf_counter` value, or by Ctrl-C / SIGINT) has measured
+    whole schedules of the first DP sizes and policies. Later rounds run in other orders
+    (`round_order`) so that GPU clock drift, which hits the keys measured close together
+    in time — one rank's micro-batches — lands on different keys each round. Keys never
+    measured are absent from the result; a key measured in fewer rounds keeps the median
+    of those it has. Returns the medians, why measuring stopped early (None when every
+    round finished), and the timing noise (`timing_noise`; None with fewer than 2 rounds).
     """
     if repeats < 1:
         raise ValueError(f"repeats must be at least 1, got {repeats}")
     distinct = list(dict.fromkeys(keys))
     if not distinct:
-        return {}, None
+        return {}, None, None
     stopped = None
     samples: dict[tuple[int, ...], list[float]] = {k: [] for k in distinct}
     start = time.perf_counter()
@@ -163,7 +165,7 @@ def measure_microbatches(
         for k in (by_size[:warmup] + by_size[-warmup:]) if warmup > 0 else []:
             measure(k)
         for r in range(repeats):
-            for k in distinct:
+            for k in round_order(distinct, r):
                 if deadline is not None and time.perf_counter() > deadline:
                     raise _TimeLimit
                 ms = float(measure(k))
@@ -186,6 +188,18 @@ def measure_microbatches(
         )
     medians = {k: float(np.median(v)) for k, v in samples.items() if v}
     return medians, stopped, timing_noise(samples)
+
+
+def round_order(keys: list[tuple[int, ...]], round_index: int) -> list[tuple[int, ...]]:
+    """The order of round `round_index`: as given, then reversed (with the first round,
+    linear drift cancels in each key's mean), then seeded shuffles (a burst of slow clocks
+    hits unrelated keys). The same in every run."""
+    if round_index == 0:
+        return list(keys)
+    if round_index == 1:
+        return keys[::-1]
+    order = np.random.default_rng(round_index).permutation(len(keys))
+    return [keys[i] for i in order]
 
 
 def timing_noise(samples: dict[tuple[int, ...], list[float]]) -> float | None:
