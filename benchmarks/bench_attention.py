@@ -43,14 +43,17 @@ TUNE_CANDIDATES: dict[str, dict[int, list[tuple[int, ...]]]] = {
     },
     "dkdv": {
         64: [(32, 128, 8, 2), (64, 128, 8, 2), (32, 64, 4, 2), (64, 64, 4, 2), (32, 128, 4, 3)],
-        # d=128: those an sm_90 AOT build (triton 3.6, --aot) shows spilling under 256 B;
-        # a 5th entry 1 = FUSE_DQ (dq by atomics inside this kernel, no dq kernel)
+        # d=128: those an sm_90 AOT build (triton 3.6, --aot) shows spilling under 256 B
+        # (64x64 and 64x128 with 8 warps: 72 B and 192 B); a 5th entry 1 = FUSE_DQ (dq by
+        # atomics inside this kernel, no dq kernel)
         128: [(32, 64, 8, 2), (32, 64, 8, 3), (16, 128, 8, 2), (32, 128, 8, 2), (32, 128, 8, 3),
+              (64, 64, 8, 2), (64, 128, 8, 2),
               (32, 64, 8, 2, 1), (32, 128, 8, 2, 1), (64, 64, 8, 2, 1)],
     },
     "dq": {
         64: [(128, 32, 8, 3), (128, 64, 8, 2), (64, 64, 4, 2), (64, 32, 4, 3)],
-        128: [(64, 64, 4, 2), (64, 64, 8, 3), (128, 64, 8, 2), (128, 64, 8, 3), (128, 32, 8, 3)],
+        128: [(64, 64, 4, 2), (64, 64, 8, 3), (128, 64, 8, 2), (128, 64, 8, 3), (128, 32, 8, 3),
+              (128, 32, 8, 2)],
     },
 }
 
@@ -407,14 +410,24 @@ def aot_report(head_dims: list[int]) -> list[dict]:
                 if name == "dkdv":
                     consts.setdefault("FUSE_DQ", 0)
                 types = dict(ptr_types, DQ="*fp32") if consts.get("FUSE_DQ") else ptr_types
+                params = list(inspect.signature(kernel.fn).parameters)
                 sig = {
                     p: "constexpr"
                     if p in consts
                     else types.get(p, "fp32" if p.endswith("scale") else "i32")
-                    for p in inspect.signature(kernel.fn).parameters
+                    for p in params
+                }
+                # What the JIT specialises at run time: pointers and token/head strides are
+                # multiples of 16 (bytes / elements) at training shapes. Without these hints
+                # no load is vectorised, so none is pipelined (cp.async) and the build is
+                # not the one that runs.
+                attrs = {
+                    (i,): [["tt.divisibility", 16]]
+                    for i, p in enumerate(params)
+                    if p not in consts and (sig[p].startswith("*") or p.startswith("stride"))
                 }
                 compiled = triton.compile(
-                    ASTSource(kernel, sig, constexprs=consts),
+                    ASTSource(kernel, sig, constexprs=consts, attrs=attrs),
                     target=GPUTarget("cuda", 90, 32),
                     options={"num_warps": cfg["num_warps"], "num_stages": cfg["num_stages"]},
                 )

@@ -60,13 +60,16 @@ _GRID_YZ_MAX = 65535  # CUDA limit on grid dims y and z (heads, sequences)
 # entries are smaller fallbacks, tried in order when a config does not fit (OutOfResources;
 # e.g. fp32 inputs at d=128 need 256 KB for the first fwd config).
 # Chosen without a GPU, from `python benchmarks/bench_attention.py --aot` (compiles every
-# config for sm_90a with triton 3.9, bf16, and reads the per-thread stack frame, which is
-# mostly register spills): first choices at d=128: fwd 64 B, dk/dv 112 B, dq 0 B; at d=64:
-# 0 B. The tutorial's tiles spill far more here: dk/dv 32x128 with 4 warps 1744 B at d=128
-# (688 B at d=64): two 128xD fp32 accumulators plus k and v in registers; dq 128x32 with 8
-# warps 152 B. Hence dk/dv 32x64 with 8 warps and dq 64x64 with 4 warps at d=128.
+# config for sm_90a with triton 3.6, bf16, with the divisibility hints the JIT gives
+# 16-aligned pointers and strides, and reads the per-thread stack frame, which is mostly
+# register spills): none of the first choices spills; the tutorial's dk/dv tile, 32x128
+# with 4 warps, spills 816 B at d=128, the same tile with 8 warps 16 B.
+# Measured on the H200 (benchmarks/results/bench_attention_h200.json): with these first
+# choices the backward takes 6-7x the forward (flash attention's FLOPs say 2.5x, torch's
+# varlen kernel takes 2.5-2.7x), so the dk/dv and dq tiles are the first thing to tune.
 # TO TUNE on the H200: `python benchmarks/bench_attention.py --tune` times the candidates in
-# bench_attention.TUNE_CANDIDATES at L=4k and 16k and prints the fastest per kernel.
+# bench_attention.TUNE_CANDIDATES at L=4k and 16k and prints the fastest per kernel;
+# `--tune-first` tunes the backward at L=8k, then benchmarks with the winners.
 _CONFIGS: dict[str, dict[int, list[dict[str, int]]]] = {
     "fwd": {
         64: [
