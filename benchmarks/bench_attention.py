@@ -314,10 +314,13 @@ def tune(
             ms = do_bench(step, warmup=args.warmup, rep=args.rep, return_mode="median")
         except Exception as exc:  # OutOfResources & co: recorded, not hidden
             rows.append({"L": L, "kernel": kernel, "config": cand, "error": str(exc)})
+            print(f"tune L={L} {kernel} {cand}: error {exc}", file=sys.stderr, flush=True)
             return
         flops = attention_flops(lengths, h, hkv, d, mode)
         rows.append({"L": L, "kernel": kernel, "config": cand, "mode": mode, "ms": ms,
                      "tflops": flops / ms / 1e9})
+        # As it goes: a session cut short by its timeout still logs what was timed.
+        print(f"tune L={L} {kernel} {cand}: {ms:.3f} ms {mode}", file=sys.stderr, flush=True)
 
     for L in [8192] if args.quick else [4096, 16384]:
         lengths, cu, q, k, v, do = _packed(L, args.total_tokens, h, hkv, d, "cuda")
