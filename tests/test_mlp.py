@@ -231,6 +231,28 @@ def test_bench_mlp_plumbing_with_a_fake_timer(load_benchmark):
     assert row["act_fwd_speedup"] == 2.0
     assert row["mlp_fwd_tflops"] == mlp_flops(9, 32, 40) / 0.5 / 1e9
     assert "speed-up" in bench.format_table([row])
+    assert "act_fwd_gpu_speedup" not in row  # no GPU timer given: "-" in the table
+
+    gpu_calls = []
+
+    def gpu_timer(fn, grad_to_none=None):
+        fn()
+        gpu_calls.append(fn)
+        return 0.1 if len(gpu_calls) <= 2 else 0.3  # triton first, then torch
+
+    row = bench.measure(9, 32, 40, device=torch.device(DEV), dtype=torch.float32, timer=timer,
+                        gpu_timer=gpu_timer)
+    assert len(gpu_calls) == 4
+    assert row["act_fwd_gpu_speedup"] == pytest.approx(3.0)
+    assert row["act_fwdbwd_gpu_speedup"] == pytest.approx(3.0)
+
+    def failing(fn, grad_to_none=None):
+        raise RuntimeError("operation not permitted when stream is capturing")
+
+    row = bench.measure(9, 32, 40, device=torch.device(DEV), dtype=torch.float32, timer=timer,
+                        gpu_timer=failing)
+    assert row["act_gpu_error"].startswith("RuntimeError: operation not permitted")
+    assert "act_fwd_gpu_speedup" not in row and "act_fwd_speedup" in row
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU message")
