@@ -65,8 +65,8 @@ _GRID_YZ_MAX = 65535  # CUDA limit on grid dims y and z (heads, sequences)
 # register spills): none of the first choices spills; the tutorial's dk/dv tile, 32x128
 # with 4 warps, spills 816 B at d=128, the same tile with 8 warps 16 B.
 # Measured on the H200 (benchmarks/results/bench_attention_h200.json): with these first
-# choices the backward takes 6-7x the forward (flash attention's FLOPs say 2.5x, torch's
-# varlen kernel takes 2.5-2.7x), so the dk/dv and dq tiles are the first thing to tune.
+# choices the backward takes 6.3-7.0x the forward for L >= 4k (flash attention's FLOPs
+# say 2.5x, torch's varlen kernel takes 2.6-2.7x): the dk/dv and dq tiles come first.
 # TO TUNE on the H200: `python benchmarks/bench_attention.py --tune` times the candidates in
 # bench_attention.TUNE_CANDIDATES at L=4k and 16k and prints the fastest per kernel;
 # `--tune-first` tunes the backward at L=8k, then benchmarks with the winners.
