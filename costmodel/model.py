@@ -216,16 +216,33 @@ class CostModel:
                 f"offsets must start at 0, be non-decreasing and end at len(lengths)={L.size}; "
                 f"got first {off[0]}, last {off[-1]}"
             )
-        t = self._tables_for(mode)
-        attn = self._attn_lookup(mode, L)
+        attn = self.sequence_costs(L, mode)
         attn_cum = np.concatenate(([0.0], np.cumsum(attn)))
         tok_cum = np.concatenate(([0], np.cumsum(L)))
         attn_sum = attn_cum[off[1:]] - attn_cum[off[:-1]]
         tokens = (tok_cum[off[1:]] - tok_cum[off[:-1]]).astype(np.float64)
-        cost = t.overhead + attn_sum
-        for weight, curve in t.linear_terms:
-            cost += weight * curve(tokens)
+        cost = self.fixed_cost(mode) + attn_sum + self.token_costs(tokens, mode)
         return np.where(tokens > 0, cost, 0.0)
+
+    # The three parts of a non-empty micro-batch's cost: fixed_cost + Σ sequence_costs(Lᵢ)
+    # + token_costs(Σ Lᵢ). The scheduler's local search uses them to price a move exactly
+    # without re-evaluating whole micro-batches.
+    def fixed_cost(self, mode: str = "train") -> float:
+        """Per micro-batch overhead (ms): every layer's fixed cost plus the micro-batch's."""
+        return float(self._tables_for(mode).overhead)
+
+    def sequence_costs(self, lengths: ArrayLike, mode: str = "train") -> np.ndarray:
+        """Attention time (ms, all layers) of each sequence, wherever it is packed."""
+        return self._attn_lookup(mode, _as_lengths(lengths))
+
+    def token_costs(self, tokens: ArrayLike, mode: str = "train") -> np.ndarray:
+        """Token-linear time (ms: every layer's projections and MLP, plus the head) of
+        micro-batches of `tokens` tokens in all."""
+        tokens = np.asarray(tokens, dtype=np.float64)
+        out = np.zeros(tokens.shape)
+        for weight, curve in self._tables_for(mode).linear_terms:
+            out += weight * curve(tokens)
+        return out
 
     def microbatch_cost(self, lengths: ArrayLike, mode: str = "train") -> float:
         """Cost (ms) of one micro-batch: these sequences packed and run through the model."""

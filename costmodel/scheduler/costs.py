@@ -63,6 +63,19 @@ class Cost:
     name: str = "cost"
     #: True when a micro-batch costs ``fixed + Σ sample_costs`` exactly.
     additive: bool = False
+    #: True when a non-empty micro-batch costs exactly ``fixed_cost() +
+    #: Σ sequence_costs(Lᵢ) + token_costs(Σ Lᵢ)`` (a calibrated model: attention per
+    #: sequence, GEMMs by token count): the local search then prices a move exactly, in bulk.
+    separable: bool = False
+
+    def fixed_cost(self) -> float:
+        raise NotImplementedError
+
+    def sequence_costs(self, lengths: np.ndarray) -> np.ndarray:
+        raise NotImplementedError
+
+    def token_costs(self, tokens: np.ndarray) -> np.ndarray:
+        raise NotImplementedError
 
     def microbatch_costs(self, lengths: np.ndarray, offsets: np.ndarray) -> np.ndarray:
         raise NotImplementedError
@@ -177,6 +190,8 @@ class ModelCost(Cost):
         self._single = single
         self._batched_mode = batched is not None and _accepts_mode(batched)
         self._single_mode = single is not None and _accepts_mode(single)
+        parts = [getattr(model, n, None) for n in ("fixed_cost", "sequence_costs", "token_costs")]
+        self.separable = all(p is not None and _accepts_mode(p) for p in parts)
         if batched is None:
             logger.info(
                 "%s has no vectorised microbatch_costs(lengths, offsets); evaluating one "
@@ -197,6 +212,15 @@ class ModelCost(Cost):
             ],
             dtype=np.float64,
         )
+
+    def fixed_cost(self) -> float:
+        return float(self.model.fixed_cost(mode=self.mode))
+
+    def sequence_costs(self, lengths: np.ndarray) -> np.ndarray:
+        return np.asarray(self.model.sequence_costs(lengths, mode=self.mode), dtype=np.float64)
+
+    def token_costs(self, tokens: np.ndarray) -> np.ndarray:
+        return np.asarray(self.model.token_costs(tokens, mode=self.mode), dtype=np.float64)
 
     def sample_costs(self, lengths: np.ndarray) -> np.ndarray:
         fn = getattr(self.model, "sample_cost", None)

@@ -10,9 +10,11 @@ micro-batch with the most room, and all swaps of a sample of A with a sample of 
 those that respect the cap (a micro-batch of several samples stays at or under it; a
 micro-batch holding one sample may exceed it) and leave no micro-batch empty; rank them by
 how close their marginal-cost transfer comes to half of the pair's gap. For an additive
-cost the best one is applied (its effect is exact); otherwise the best few are evaluated
-with the true cost of the two micro-batches they change, and the one that lowers the
-pair's maximum the most is applied. Sweeps repeat until the most loaded rank is within
+cost the best one is applied (its effect is exact). For a separable cost (a calibrated
+model: fixed + Σ attention per sequence + a function of the token count) every A sample's
+best option is priced exactly, in bulk, and each pair applies the one that lowers its
+maximum the most. Otherwise the best few are evaluated with the true cost of the two
+micro-batches they change, and the one that lowers the pair's maximum the most is applied. Sweeps repeat until the most loaded rank is within
 ``rel_tol`` of the mean, or a sweep changes nothing.
 
 A sweep is a handful of numpy calls over all samples: the samples of every B rank, keyed
@@ -63,8 +65,15 @@ class BinState:
         self.fill = np.bincount(bin_of, weights=lengths, minlength=k).astype(np.int64)
         self.count = np.bincount(bin_of, minlength=k).astype(np.int64)
         self.additive = cost.additive
+        self.separable = not cost.additive and cost.separable
         self.members: list[list[int]] | None = None
-        if not self.additive:
+        if self.separable:
+            # Quantised parts, so that a move's effect is an exact integer difference.
+            self.seq_q = self.quantise(cost.sequence_costs(lengths))
+            self.fixed_q = int(np.rint(cost.fixed_cost() * scale))
+            self.tok_q = np.where(self.count > 0, self.token_q(self.fill), 0)
+            bin_q = None  # the packer's whole-micro-batch values round differently
+        elif not self.additive:
             order = np.argsort(bin_of, kind="stable")
             bounds = np.concatenate([[0], np.cumsum(self.count)]).tolist()
             flat = order.tolist()
@@ -79,9 +88,16 @@ class BinState:
     def quantise(self, values: np.ndarray) -> np.ndarray:
         return np.rint(values * self.scale).astype(np.int64)
 
+    def token_q(self, tokens: np.ndarray) -> np.ndarray:
+        """Quantised token part of a separable cost for micro-batches of `tokens` tokens."""
+        return self.quantise(self.cost.token_costs(np.asarray(tokens, dtype=np.float64)))
+
     def evaluate_bins(self) -> np.ndarray:
         """Quantised cost of every micro-batch as placed now."""
         k = self.dp * self.m
+        if self.separable:
+            seq = np.bincount(self.bin_of, weights=self.seq_q, minlength=k).astype(np.int64)
+            return np.where(self.count > 0, self.fixed_q + seq + self.tok_q, 0)
         if self.additive:
             fixed_q = int(np.rint(getattr(self.cost, "fixed", 0.0) * self.scale))
             return np.bincount(self.bin_of, weights=self.q, minlength=k).astype(np.int64) + fixed_q
@@ -196,6 +212,8 @@ def _sweep(st: BinState, tol: float, fold: bool = True) -> int:
     if not valid.any():
         return 0
     sel = np.flatnonzero(valid)
+    if st.separable:
+        return _apply_separable(st, pa[sel], best_kind[sel], ia[sel], best_j[sel], a_ranks, b_ranks)
     picks = _best_per_pair(pa[sel], best_err[sel], n_pairs, 1 if st.additive else _EVAL_CANDIDATES)
     sel = sel[picks]
     if st.additive:
@@ -253,6 +271,61 @@ def _apply_additive(st: BinState, kind: np.ndarray, i: np.ndarray, j: np.ndarray
     st.bin_of[js] = bi[swap]
     st.rank_of[js] = bi[swap] // m
     return int(i.size)
+
+
+def _apply_separable(
+    st: BinState,
+    pair: np.ndarray,
+    kind: np.ndarray,
+    i: np.ndarray,
+    j: np.ndarray,
+    a_ranks: np.ndarray,
+    b_ranks: np.ndarray,
+) -> int:
+    """Price every candidate exactly under a separable cost; apply each pair's best.
+
+    A candidate moves sample i (of heavy rank A) to micro-batch j, or swaps it with sample
+    j (of light rank B). Only the two micro-batches it touches change: their sequence parts
+    by the samples' own costs, their token parts by the token curve at the new fills
+    (one vectorised call for all candidates).
+    """
+    swap = kind == 1
+    jj = np.where(swap, j, 0)
+    bi = st.bin_of[i]
+    bj = np.where(swap, st.bin_of[jj], j)  # for a move, j is the destination micro-batch
+    li = st.lengths[i]
+    lj = np.where(swap, st.lengths[jj], 0)
+    seq_delta = st.seq_q[i] - np.where(swap, st.seq_q[jj], 0)  # what moves from bi to bj
+    fill_i = st.fill[bi] - li + lj
+    fill_j = st.fill[bj] - lj + li
+    tok = st.token_q(np.concatenate([fill_i, fill_j]))
+    tok_i, tok_j = tok[: i.size], tok[i.size :]
+    new_qi = st.bin_q[bi] - seq_delta - st.tok_q[bi] + tok_i
+    new_qj = st.bin_q[bj] + seq_delta - st.tok_q[bj] + tok_j
+    a, b = a_ranks[pair], b_ranks[pair]
+    value = np.maximum(st.load[a] - st.bin_q[bi] + new_qi, st.load[b] - st.bin_q[bj] + new_qj)
+    ok = np.flatnonzero(value < st.load[a])  # strictly lowers the pair's maximum
+    if ok.size == 0:
+        return 0
+    # Per pair, the lowest new maximum; ties to the first candidate (deterministic).
+    order = ok[np.lexsort((ok, value[ok], pair[ok]))]
+    first = np.concatenate([[True], pair[order][1:] != pair[order][:-1]])
+    c = order[first]
+    bi, bj, ci, cj = bi[c], bj[c], i[c], j[c]
+    moved = (~swap[c]).astype(np.int64)
+    st.fill[bi], st.fill[bj] = fill_i[c], fill_j[c]
+    st.count[bi] -= moved
+    st.count[bj] += moved
+    st.load[bi // st.m] += new_qi[c] - st.bin_q[bi]
+    st.load[bj // st.m] += new_qj[c] - st.bin_q[bj]
+    st.bin_q[bi], st.bin_q[bj] = new_qi[c], new_qj[c]
+    st.tok_q[bi], st.tok_q[bj] = tok_i[c], tok_j[c]
+    st.bin_of[ci] = bj
+    st.rank_of[ci] = bj // st.m
+    sw = swap[c]
+    st.bin_of[cj[sw]] = bi[sw]
+    st.rank_of[cj[sw]] = bi[sw] // st.m
+    return int(c.size)
 
 
 def _apply_evaluated(

@@ -49,8 +49,8 @@ from costmodel.scheduler.refine import BinState, local_search
 
 __all__ = ["Schedule", "build_schedule", "evaluate_schedule", "lower_bound"]
 
-# Quantised marginal costs sum to about 2**44: exact integer sums with room for fixed
-# costs and non-additive micro-batch costs up to 2**53 (float64-exact integers).
+# Quantised costs sum to about 2**44: exact integer sums with room (2**9) for
+# non-additive micro-batch costs up to 2**53 (float64-exact integers).
 _QUANT_BITS = 44
 
 
@@ -370,7 +370,13 @@ def build_schedule(
     m_start, short = _start_m(lens[by_length], dp, cap, m_lb, m_max, align)
     fill_tokens = min(cap, max(1, int(lens.sum()) // (dp * m_start)))
     s = cost_obj.marginal_costs(lens, fill_tokens)
-    total = math.fsum(s.tolist())
+    # The scale comes from an upper bound of every schedule's total cost: the marginal
+    # costs plus a fixed cost for each of at most n micro-batches. From the marginal costs
+    # alone, a few short samples under a model with a large fixed cost (the measured
+    # profiles: ~20 ms against microseconds) would scale micro-batch costs past int64.
+    one_token = np.ones(1, dtype=np.int64)
+    fixed = float(cost_obj.evaluate(one_token, np.array([0, 1], dtype=np.int64))[0])
+    total = math.fsum(s.tolist()) + lens.size * fixed
     scale = 2.0 ** (_QUANT_BITS - math.ceil(math.log2(total))) if total > 0 else 1.0
     q = np.rint(s * scale).astype(np.int64)
 
