@@ -106,7 +106,7 @@ want bench_attention && step "bench_attention" 120 "$PY" benchmarks/bench_attent
   --json "$OUT/bench_attention.json"
 want pytest && step "pytest -m gpu" 90 "$PY" -m pytest -q -m gpu -p no:cacheprovider tests/ \
   --junitxml="$OUT/pytest-gpu.xml"
-want bench_mlp && step "bench_mlp" 45 "$PY" benchmarks/bench_mlp.py --quick \
+want bench_mlp && step "bench_mlp" 60 "$PY" benchmarks/bench_mlp.py --quick \
   --tokens 512 1024 2048 4096 8192 16384 32768 --json "$OUT/bench_mlp.json"
 # A MoE profile, if time is left: --quick, no separate validation.
 want calibrate_moe && step "calibrate qwen3-30b-a3b --quick" 70 "$PY" -m costmodel -v calibrate \
