@@ -201,6 +201,19 @@ def _load_tile_t(base, rows, stride, cols, mask):
 
 
 @triton.jit
+def _sequence_block(cu_seqlens, BLOCK: tl.constexpr, HEAVY_LAST: tl.constexpr):
+    """(start of this program's sequence as int64, its length, first row of this program's
+    block). Grid axis 0 is the block (reversed with HEAVY_LAST), axis 2 the sequence."""
+    pid = tl.program_id(0)
+    if HEAVY_LAST:
+        pid = tl.num_programs(0) - 1 - pid
+    seq = tl.program_id(2)
+    seq_start = tl.load(cu_seqlens + seq)
+    seqlen = tl.load(cu_seqlens + seq + 1) - seq_start
+    return seq_start.to(tl.int64), seqlen, pid * BLOCK
+
+
+@triton.jit
 def _fwd_inner(
     acc,
     l_i,
@@ -284,15 +297,10 @@ def _attn_fwd(
 ):
     # Heaviest (last) query blocks first: causal work grows with the block index, so
     # launching them early shortens the tail.
-    pid_m = tl.num_programs(0) - 1 - tl.program_id(0)
-    head = tl.program_id(1)
-    seq = tl.program_id(2)
-    seq_start = tl.load(cu_seqlens + seq)
-    seqlen = tl.load(cu_seqlens + seq + 1) - seq_start
-    start_m = pid_m * BLOCK_M
+    seq_start, seqlen, start_m = _sequence_block(cu_seqlens, BLOCK_M, True)
     if start_m >= seqlen:
         return
-    seq_start = seq_start.to(tl.int64)
+    head = tl.program_id(1)
     kv_head = head // group
     offs_m = start_m + tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
@@ -454,15 +462,11 @@ def _attn_bwd_dkdv(
     BLOCK_N: tl.constexpr,
     MASK_BLOCK_M: tl.constexpr,
 ):
-    pid_n = tl.program_id(0)  # the first K/V blocks see the most queries: launch them first
-    kv_head = tl.program_id(1)
-    seq = tl.program_id(2)
-    seq_start = tl.load(cu_seqlens + seq)
-    seqlen = tl.load(cu_seqlens + seq + 1) - seq_start
-    start_n = pid_n * BLOCK_N
+    # The first K/V blocks see the most queries: launch them first.
+    seq_start, seqlen, start_n = _sequence_block(cu_seqlens, BLOCK_N, False)
     if start_n >= seqlen:
         return
-    seq_start = seq_start.to(tl.int64)
+    kv_head = tl.program_id(1)
     offs_n = start_n + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, HEAD_DIM)
     col_mask = offs_n < seqlen
@@ -607,15 +611,10 @@ def _attn_bwd_dq(
     BLOCK_N: tl.constexpr,
     MASK_BLOCK_N: tl.constexpr,
 ):
-    pid_m = tl.num_programs(0) - 1 - tl.program_id(0)
-    head = tl.program_id(1)
-    seq = tl.program_id(2)
-    seq_start = tl.load(cu_seqlens + seq)
-    seqlen = tl.load(cu_seqlens + seq + 1) - seq_start
-    start_m = pid_m * BLOCK_M
+    seq_start, seqlen, start_m = _sequence_block(cu_seqlens, BLOCK_M, True)
     if start_m >= seqlen:
         return
-    seq_start = seq_start.to(tl.int64)
+    head = tl.program_id(1)
     kv_head = head // group
     offs_m = start_m + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, HEAD_DIM)
