@@ -14,8 +14,9 @@ cost the best one is applied (its effect is exact). For a separable cost (a cali
 model: fixed + Σ attention per sequence + a function of the token count) every A sample's
 best option is priced exactly, in bulk, and each pair applies the one that lowers its
 maximum the most. Otherwise the best few are evaluated with the true cost of the two
-micro-batches they change, and the one that lowers the pair's maximum the most is applied. Sweeps repeat until the most loaded rank is within
-``rel_tol`` of the mean, or a sweep changes nothing.
+micro-batches they change, and the one that lowers the pair's maximum the most is
+applied. Sweeps repeat until the most loaded rank is within ``rel_tol`` of the mean, or a
+sweep changes nothing.
 
 A sweep is a handful of numpy calls over all samples: the samples of every B rank, keyed
 ``pair · SPAN + cost``, are sorted once, and one `searchsorted` finds each A sample's best
