@@ -154,6 +154,8 @@ def test_guarantees_hold_or_a_clear_error(batch):
             assert big > 0 or "could not pack" in msg, msg
         return
     check_schedule(s, lengths, dp=dp, cap=CAP, align=align, group_ids=group_ids)
+    # For additive and separable costs the lower bound is a true one.
+    assert s.makespan >= s.lower_bound * (1 - 1e-9), (s.makespan, s.lower_bound)
 
 
 @settings(max_examples=150, deadline=None)
@@ -258,10 +260,11 @@ def test_balance_targets(dist, cost):
 @pytest.mark.parametrize("dist", ["rl", "bimodal"])
 def test_balance_under_the_measured_h200_profile(dist):
     """The shipped profile (eager H200 timings: a large fixed cost per micro-batch, and a
-    per-token cost that rises with the micro-batch) still balances to 0.5%. Its "lower
-    bound" assumes micro-batches filled exactly to the cap, which these lengths cannot
-    reach and which this model does not always prefer, so it is a reference, not a bound:
-    within 2% of it (worst seen: 1.3% above, bimodal, dp 8)."""
+    noisy per-token cost) still balances to 0.5%. Its lower bound is a true one, so it
+    charges every token the cheapest per-token cost anywhere on the curve: a noise dip
+    (1.92 us/token at 10.5k tokens against ~2.0 around it), which no packing of these
+    lengths can hold every micro-batch to, so the makespan stays within 6% of it (worst
+    seen: 5.4%, bimodal, dp 8); under the smooth estimate it is within 0.1%."""
     from costmodel.model import load_cost_model
 
     cost = load_cost_model("h200/qwen3-8b")
@@ -270,7 +273,7 @@ def test_balance_under_the_measured_h200_profile(dist):
         s = build_schedule(lengths, dp_size=dp, max_tokens_per_microbatch=cap, cost=cost)
         check_schedule(s, lengths, dp=dp, cap=cap)
         assert s.imbalance <= 1.005, (dist, dp, cap, s.imbalance)
-        assert s.makespan_over_lower_bound <= 1.02, (dist, dp, cap, s.makespan_over_lower_bound)
+        assert 1.0 <= s.makespan_over_lower_bound <= 1.06, (dist, dp, cap, s.makespan_over_lower_bound)
 
 
 def test_separable_local_search_keeps_exact_books():

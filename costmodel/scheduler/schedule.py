@@ -258,6 +258,8 @@ def lower_bound(
 ) -> float:
     """max(Σ cost of micro-batches filled to the cap / dp, costliest single sample).
 
+    For a separable cost (a calibrated model) a true bound instead
+    (`_separable_lower_bound`): its token curve need not be cheapest per token at the cap.
     "Filled to the cap": samples, longest first, laid end to end and cut every ``cap``
     tokens (a sample belongs to the micro-batch where it starts; longer than the cap, it is
     alone). That is the fewest micro-batches the tokens allow, each as full as it can be:
@@ -269,6 +271,8 @@ def lower_bound(
         return 0.0
     over = lengths > cap
     n_over = int(over.sum())
+    if cost.separable and min(cap, int(lengths[~over].sum())) <= _SEPARABLE_BOUND_MAX_T:
+        return _separable_lower_bound(cost, lengths, cap, dp)
     if cost.additive:
         s = cost.sample_costs(lengths) if sample_costs is None else sample_costs
         n_bins = n_over + -(-int(lengths[~over].sum()) // cap)
@@ -284,6 +288,34 @@ def lower_bound(
     offsets = np.concatenate([[0], np.cumsum(np.bincount(bins))]).astype(np.int64)
     total = math.fsum(cost.evaluate(lo, offsets).tolist())
     uniq = lo[np.r_[True, lo[1:] != lo[:-1]]]
+    single = float(cost.evaluate(uniq, np.arange(uniq.size + 1, dtype=np.int64)).max())
+    return max(total / dp, single)
+
+
+# The separable bound evaluates the token curve at every fill up to the cap (exact, so a
+# true bound); past this many tokens per micro-batch it falls back to the reference.
+_SEPARABLE_BOUND_MAX_T = 1 << 17
+
+
+def _separable_lower_bound(cost: Cost, lengths: np.ndarray, cap: int, dp: int) -> float:
+    """A true lower bound for a separable cost (fixed + Σ sequence costs + token curve).
+
+    Every schedule pays the sequences' own costs, at least the fewest micro-batches' fixed
+    costs, each over-cap sample's token cost alone, and for the other tokens at least the
+    cheapest token cost per token the curve offers at any fill up to the cap (a calibrated
+    GPU curve has steps: on an H200 it can be cheapest per token well below the cap, so
+    the cap-filled reference is not a bound there).
+    """
+    over = lengths > cap
+    fits = int(lengths[~over].sum())
+    n_bins = int(over.sum()) + -(-fits // cap)
+    total = n_bins * cost.fixed_cost() + math.fsum(cost.sequence_costs(lengths).tolist())
+    if over.any():
+        total += math.fsum(cost.token_costs(lengths[over].astype(np.float64)).tolist())
+    if fits:
+        fill = np.arange(1, min(cap, fits) + 1, dtype=np.float64)
+        total += fits * float(np.min(cost.token_costs(fill) / fill))
+    uniq = np.unique(lengths)
     single = float(cost.evaluate(uniq, np.arange(uniq.size + 1, dtype=np.int64)).max())
     return max(total / dp, single)
 
