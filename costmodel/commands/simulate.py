@@ -5,8 +5,9 @@
 
 Each policy builds a schedule its own way; all are then judged by the same cost model's
 predicted time: the makespan (the slowest rank, when the step ends), max/mean over ranks,
-and the makespan over the lower bound max(Σ cost of cap-filled micro-batches / dp,
-costliest sample). Policies:
+and the makespan over `costmodel.scheduler.lower_bound` (for a calibrated model: its
+sequences' costs, the fewest micro-batches' fixed costs and every token at the curve's
+cheapest per-token cost, over dp; or the costliest sample alone if larger). Policies:
 
 - ``tokens``: this scheduler balancing tokens (classic dynamic batching, cap-safe);
 - ``flops``: this scheduler balancing exact analytic FLOPs;
