@@ -15,8 +15,8 @@ dp ∈ {8, 16, 64} and cap ∈ {16k, 32k}, three schedules of the same batch:
 All are judged by the same cost: the registry estimate for Qwen3-8B on an H200
 (`costmodel.estimate_cost_model`) when this checkout has it, else analytic FLOPs plus a
 fixed cost per micro-batch (the script says which), or with ``--cost-model`` a measured
-profile such as ``h200/qwen3-8b``. Reported: predicted makespan over the
-lower bound max(Σ cost of cap-filled micro-batches / dp, costliest sample), max/mean of
+profile such as ``h200/qwen3-8b``. Reported: predicted makespan over
+`costmodel.scheduler.lower_bound` (a true bound for both: see its docstring), max/mean of
 the rank costs, micro-batches over the cap, wall time (best of a few runs, one process,
 numpy single-threaded) and peak memory (tracemalloc, a separate run), with ours as a
 ratio to the baseline. Targets (issue 3), where there are at least 32 samples per rank:

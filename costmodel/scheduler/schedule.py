@@ -271,16 +271,16 @@ def lower_bound(
         return 0.0
     over = lengths > cap
     n_over = int(over.sum())
+    if order is None:
+        order = np.lexsort((np.arange(n), -lengths))
     if cost.separable and min(cap, int(lengths[~over].sum())) <= _SEPARABLE_BOUND_MAX_T:
-        return _separable_lower_bound(cost, lengths, cap, dp)
+        return _separable_lower_bound(cost, lengths[order], cap, dp)
     if cost.additive:
         s = cost.sample_costs(lengths) if sample_costs is None else sample_costs
         n_bins = n_over + -(-int(lengths[~over].sum()) // cap)
         fixed = getattr(cost, "fixed", 0.0)
         total = math.fsum(s.tolist()) + fixed * n_bins
         return max(total / dp, fixed + float(s.max()))
-    if order is None:
-        order = np.lexsort((np.arange(n), -lengths))
     lo = lengths[order]
     fits = lo[n_over:]  # longest first: the oversized ones lead
     starts = np.cumsum(fits) - fits
@@ -297,25 +297,27 @@ def lower_bound(
 _SEPARABLE_BOUND_MAX_T = 1 << 17
 
 
-def _separable_lower_bound(cost: Cost, lengths: np.ndarray, cap: int, dp: int) -> float:
-    """A true lower bound for a separable cost (fixed + Σ sequence costs + token curve).
+def _separable_lower_bound(cost: Cost, desc: np.ndarray, cap: int, dp: int) -> float:
+    """A true lower bound for a separable cost (fixed + Σ sequence costs + token curve);
+    ``desc``: the lengths, longest first.
 
     Every schedule pays the sequences' own costs, at least the fewest micro-batches' fixed
     costs, each over-cap sample's token cost alone, and for the other tokens at least the
     cheapest token cost per token the curve offers at any fill up to the cap (a calibrated
     GPU curve has steps: on an H200 it can be cheapest per token well below the cap, so
-    the cap-filled reference is not a bound there).
+    the cap-filled reference is not a bound there). Reported only, never decided on, so
+    plain numpy sums.
     """
-    over = lengths > cap
-    fits = int(lengths[~over].sum())
+    over = desc > cap
+    fits = int(desc[~over].sum())
     n_bins = int(over.sum()) + -(-fits // cap)
-    total = n_bins * cost.fixed_cost() + math.fsum(cost.sequence_costs(lengths).tolist())
+    total = n_bins * cost.fixed_cost() + float(cost.sequence_costs(desc).sum())
     if over.any():
-        total += math.fsum(cost.token_costs(lengths[over].astype(np.float64)).tolist())
+        total += float(cost.token_costs(desc[over].astype(np.float64)).sum())
     if fits:
         fill = np.arange(1, min(cap, fits) + 1, dtype=np.float64)
         total += fits * float(np.min(cost.token_costs(fill) / fill))
-    uniq = np.unique(lengths)
+    uniq = desc[np.r_[True, desc[1:] != desc[:-1]]]
     single = float(cost.evaluate(uniq, np.arange(uniq.size + 1, dtype=np.int64)).max())
     return max(total / dp, single)
 
