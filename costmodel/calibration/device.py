@@ -42,13 +42,13 @@ def require_cuda():
         torch = importlib.import_module("torch")
     except ImportError:
         raise RuntimeError(
-            "calibration needs PyTorch with CUDA, and torch is not installed: "
+            "timing kernels needs PyTorch with CUDA, and torch is not installed: "
             "pip install 'costmodel[gpu]' (or a torch build for your CUDA version from "
             "https://pytorch.org/get-started/locally/)"
         ) from None
     if getattr(torch.version, "cuda", None) is None:
         raise RuntimeError(
-            f"calibration needs a CUDA GPU, and torch {torch.__version__} is a CPU-only build "
+            f"timing kernels needs a CUDA GPU, and torch {torch.__version__} is a CPU-only build "
             "(torch.version.cuda is None): install a CUDA build of torch and run on a machine "
             "with an NVIDIA GPU"
         )
@@ -56,7 +56,7 @@ def require_cuda():
         visible = os.environ.get("CUDA_VISIBLE_DEVICES")
         hint = f" (CUDA_VISIBLE_DEVICES={visible!r})" if visible is not None else ""
         raise RuntimeError(
-            f"calibration needs a CUDA GPU, and torch {torch.__version__} (CUDA "
+            f"timing kernels needs a CUDA GPU, and torch {torch.__version__} (CUDA "
             f"{torch.version.cuda}) sees none{hint}: check `nvidia-smi`, the driver, and "
             "CUDA_VISIBLE_DEVICES"
         )
