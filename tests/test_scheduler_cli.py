@@ -1,8 +1,10 @@
-"""`costmodel schedule` and `costmodel simulate` end to end on CPU."""
+"""`costmodel schedule`, `costmodel simulate` and the scheduler benchmark end to end on CPU."""
 
 from __future__ import annotations
 
 import json
+
+import pytest
 
 from costmodel.cli import main
 
@@ -84,3 +86,23 @@ def test_simulate_compares_policies(tmp_path, capsys):
     cm = rows["cost-model"]
     assert cm["cap_violations"] == 0 and cm["imbalance"] <= 1.005
     assert cm["makespan_ms"] <= min(r["makespan_ms"] for r in rows.values()) * 1.001
+
+
+@pytest.mark.parametrize("cost_model", [None, "h200/qwen3-8b"])
+def test_scheduler_benchmark_quick_run(tmp_path, capsys, load_benchmark, cost_model):
+    """The benchmark script end to end (--quick): JSON with every case judged by one cost,
+    ours never over the cap, never below the lower bound."""
+    bench = load_benchmark("bench_scheduler")
+    out = tmp_path / "bench.json"
+    argv = ["--quick", "--no-memory", "--repeats", "1", "--json", str(out)]
+    if cost_model:
+        argv += ["--cost-model", cost_model]
+    assert bench.main(argv) == 0
+    doc = json.loads(out.read_text())
+    assert ("measured" if cost_model else "ESTIMATE") in doc["cost"]
+    assert doc["cases"] and doc["timing"]
+    for case in doc["cases"]:
+        ours = case["ours"]
+        assert ours["cap_violations"] == 0
+        assert ours["makespan_over_lower_bound"] >= 1.0 - 1e-9
+    assert "balance targets met" in capsys.readouterr().out
