@@ -14,11 +14,14 @@ import types
 
 import pytest
 
+from costmodel.calibration import timer
 from costmodel.calibration.timer import GraphCaptureError, capture_cuda_graph, time_cuda
 
 
 class FakeCuda:
     """Just enough of torch.cuda for the timer: streams, events, graphs, a log of calls."""
+
+    OutOfMemoryError = type("OutOfMemoryError", (RuntimeError,), {})
 
     def __init__(self, capture_fails: bool = False):
         self.log: list[str] = []
@@ -77,11 +80,20 @@ class FakeCuda:
             yield
             if self.capture_fails:
                 raise RuntimeError("operation not permitted when stream is capturing\nmore")
+        except RuntimeError:
+            # As torch does: capture_end fails again after an error inside the capture,
+            # and that second error carries the first as its __context__.
+            if not self.capture_fails:
+                raise RuntimeError("operation failed due to a previous error during capture")  # noqa: B904 (implicit __context__, as torch)
+            raise
         finally:
             self.capturing = False
 
     def synchronize(self):
         self.log.append("sync")
+
+    def current_device(self):
+        return 0
 
 
 @pytest.fixture
@@ -90,6 +102,7 @@ def fake_cuda(monkeypatch):
         cuda = FakeCuda(**kw)
         fake = types.SimpleNamespace(cuda=cuda)
         monkeypatch.setitem(sys.modules, "torch", fake)
+        monkeypatch.setattr(timer, "_SIDE_STREAMS", {})  # streams of an earlier fake
         return cuda
 
     return install
@@ -125,3 +138,35 @@ def test_failed_capture_names_the_eager_fallback(fake_cuda):
     with pytest.raises(GraphCaptureError, match=r"cannot be captured.*\(operation not permitted "
                        r"when stream is capturing\); time it eagerly instead \(--timing eager\)"):
         capture_cuda_graph(workload(cuda), warmup=1)
+
+
+def test_a_sync_inside_the_capture_is_reported_not_the_follow_up_error(fake_cuda):
+    cuda = fake_cuda()
+
+    def syncs():
+        if cuda.capturing:
+            raise RuntimeError("CUDA error: operation not permitted when stream is capturing")
+
+    with pytest.raises(GraphCaptureError, match=r"\(CUDA error: operation not permitted when "
+                       r"stream is capturing\)"):
+        capture_cuda_graph(syncs, warmup=1)
+
+
+def test_out_of_memory_in_the_capture_stays_out_of_memory(fake_cuda):
+    cuda = fake_cuda()
+
+    def too_big():
+        if cuda.capturing:
+            raise cuda.OutOfMemoryError("CUDA out of memory")
+
+    with pytest.raises(cuda.OutOfMemoryError):
+        capture_cuda_graph(too_big, warmup=1)
+
+
+def test_the_graph_keeps_its_workload_alive(fake_cuda):
+    cuda = fake_cuda()
+    fn = workload(cuda)
+    graph = capture_cuda_graph(fn, warmup=1)
+    assert graph.keep_alive is fn  # the tensors its closure holds outlive the capture
+    capture_cuda_graph(workload(cuda), warmup=1)
+    assert cuda.log.count("side waits") == 2  # one side stream, reused

@@ -105,7 +105,7 @@ def capture_cuda_graph(fn: Callable[[], Any], *, warmup: int = 1):
     """
     import torch
 
-    side = torch.cuda.Stream()
+    side = _side_stream(torch)
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
         for _ in range(max(1, warmup)):
@@ -117,14 +117,37 @@ def capture_cuda_graph(fn: Callable[[], Any], *, warmup: int = 1):
         with torch.cuda.graph(graph):
             fn()
     except RuntimeError as exc:
-        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        # An error inside the capture (a host sync, say) is followed by capture_end failing
+        # with "operation failed due to a previous error during capture": report the first.
+        root = exc
+        while isinstance(root.__context__, RuntimeError):
+            root = root.__context__
+        if isinstance(root, torch.cuda.OutOfMemoryError):
+            # A size problem, not a capture problem: the caller says what to lower.
+            raise root from None
+        first = str(root).splitlines()[0] if str(root) else type(root).__name__
         raise GraphCaptureError(
             f"this workload cannot be captured into a CUDA graph ({first}); time it eagerly "
             "instead (--timing eager)"
         ) from exc
+    # A graph holds no reference to the tensors it reads: keep fn (and its closure) alive
+    # for as long as the graph can be replayed.
+    graph.keep_alive = fn
     graph.replay()  # the first replay uploads the graph: keep it out of the timings
     torch.cuda.synchronize()
     return graph
+
+
+_SIDE_STREAMS: dict[int, Any] = {}
+
+
+def _side_stream(torch):
+    """One side stream per device for every warm-up (a new stream per capture could get
+    its own cuBLAS workspace each time)."""
+    device = torch.cuda.current_device()
+    if device not in _SIDE_STREAMS:
+        _SIDE_STREAMS[device] = torch.cuda.Stream()
+    return _SIDE_STREAMS[device]
 
 
 def time_cuda(

@@ -142,9 +142,11 @@ class KernelTimer:
         CUDA graph cannot hold (an MoE expert loop reading counts on the host, say) fails
         here, with the fix, instead of minutes into a sweep."""
         lengths = (64, 64)
-        points = [SweepPoint("attention", "train", lengths), SweepPoint("head", "train", (128,)),
-                  SweepPoint("stack", "train", lengths, num_layers=1)]
-        if self.spec.is_moe:
+        points = [SweepPoint("attention", "train", lengths), SweepPoint("head", "train", (128,))]
+        # Only the layer kinds the model has (an all-MoE spec may have no dense MLP at all).
+        if self.spec.num_dense_layers:
+            points.append(SweepPoint("stack", "train", lengths, num_layers=1))
+        if self.spec.num_moe_layers:
             points.append(SweepPoint("stack", "train", lengths, moe=True, num_layers=1))
         for point in points:
             fn, _ = self._build(point)

@@ -296,7 +296,12 @@ class LayerTimer:
             requires_grad=True,
         )
         grad = self._torch.randn_like(x)
-        return lambda: self.layer(x, cu, max_len).backward(grad)
+
+        def step() -> None:
+            x.grad = None  # written fresh each call, not accumulated (as KernelTimer does)
+            self.layer(x, cu, max_len).backward(grad)
+
+        return step
 
     def _span(self, steps: Sequence[Callable[[], None]]) -> float:
         """One timed span (ms) running each step in turn."""
@@ -320,9 +325,10 @@ class LayerTimer:
         if self.timing == "graph":
             from costmodel.calibration.timer import capture_cuda_graph
 
-            graphs = [capture_cuda_graph(step, warmup=1) for step in steps]
-            replays = [g.replay for g in graphs]
-            return float(np.median([self._span(replays) for _ in range(self.replays)]))
+            # One graph for the whole span: its micro-batches share one memory pool (a
+            # graph each would hold every micro-batch's working memory at once).
+            graph = capture_cuda_graph(lambda: [step() for step in steps], warmup=1)
+            return float(np.median([self._span([graph.replay]) for _ in range(self.replays)]))
         if not self._warm:
             for step in steps:
                 step()
