@@ -223,6 +223,27 @@ def test_kernel_timer_rejects_an_unknown_timing():
 
 
 @pytest.mark.skipif(torch is None, reason="needs torch")
+@pytest.mark.parametrize("layers", ["dense", "all-moe", "mixed"])
+def test_start_up_capture_check_covers_the_layer_kinds_the_model_has(monkeypatch, layers):
+    """The graph-capture check at start (CUDA only) builds a stack of each layer kind the
+    model has, and no other: an all-MoE model may have no dense MLP to build."""
+    import dataclasses
+
+    import costmodel.calibration.workloads as workloads
+
+    spec = _tiny("qwen3-8b" if layers == "dense" else "qwen3-30b-a3b")
+    if layers == "all-moe":
+        spec = dataclasses.replace(spec, moe_layers=None, intermediate_size=0)
+    timer = workloads.KernelTimer(spec, attention="sdpa", dtype="fp32", device="cpu")
+    built = []
+    monkeypatch.setattr(timer, "_build", lambda point: (built.append(point), (None, 0))[1])
+    monkeypatch.setattr(workloads, "capture_cuda_graph", lambda fn, warmup: None)
+    timer._check_capture()
+    stacks = sorted(p.moe for p in built if p.kind == "stack")
+    assert stacks == {"dense": [False], "all-moe": [True], "mixed": [False, True]}[layers]
+
+
+@pytest.mark.skipif(torch is None, reason="needs torch")
 def test_kernel_timer_refuses_a_backend_that_computes_something_else(monkeypatch):
     """A backend that ignores causality (a misread torch signature) must not be calibrated."""
     import costmodel.kernels.attention as attention
