@@ -1,4 +1,5 @@
-"""The verl drop-ins on plain length lists."""
+"""The verl drop-ins: verl's TensorDict-shaped `rearrange_micro_batches` (with a fake
+TensorDict, and across two gloo ranks), and the plain-list functions."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import numpy as np
 import pytest
 
 from costmodel.integrations.verl import (
+    balanced_micro_batches,
     get_reverse_idx,
     get_seqlen_balanced_partitions,
     rearrange_micro_batches,
@@ -32,7 +34,7 @@ def test_balanced_partitions_contract():
 def test_rearrange_single_rank():
     lengths = generate_lengths(300, "rl", seed=2)
     cap = 20000
-    mbs, rev = rearrange_micro_batches(lengths.tolist(), cap, num_batches_divided_by=4)
+    mbs, rev = balanced_micro_batches(lengths.tolist(), cap, num_batches_divided_by=4)
     assert len(mbs) % 4 == 0
     flat = [i for mb in mbs for i in mb]
     assert sorted(flat) == list(range(300))
@@ -43,29 +45,135 @@ def test_rearrange_single_rank():
     w = [float((24576 * lengths[mb] + lengths[mb].astype(float) ** 2).sum()) for mb in mbs]
     top = int(np.argmax(w))
     assert w[0] <= w[top] and w[-1] <= w[top]
-    more, _ = rearrange_micro_batches(lengths.tolist(), cap, min_num_micro_batch=len(mbs) + 3)
+    more, _ = balanced_micro_batches(lengths.tolist(), cap, min_num_micro_batch=len(mbs) + 3)
     assert len(more) >= len(mbs) + 3
 
 
 def test_rearrange_over_dp_ranks():
     lengths = generate_lengths(512, "bimodal", seed=4)
-    per_rank, rev = rearrange_micro_batches(
+    per_rank, rev = balanced_micro_batches(
         lengths, 16384, dp_size=4, cost="flops", spec="qwen3-8b"
     )
     assert len(per_rank) == 4 and len({len(r) for r in per_rank}) == 1
     flat = [i for r in per_rank for mb in r for i in mb]
     assert sorted(flat) == list(range(512))
     assert [flat[j] for j in rev] == list(range(512))
-    own, _ = rearrange_micro_batches(lengths, 16384, dp_size=4, same_micro_num_in_dp=False)
+    own, _ = balanced_micro_batches(lengths, 16384, dp_size=4, same_micro_num_in_dp=False)
     assert sorted(i for r in own for mb in r for i in mb) == list(range(512))
 
 
 def test_rearrange_rejects_a_sequence_over_the_cap():
     with pytest.raises(ValueError, match="over the cap"):
-        rearrange_micro_batches([100, 5000, 200], 1000)
+        balanced_micro_batches([100, 5000, 200], 1000)
 
 
 def test_balanced_partitions_with_zero_lengths_are_never_empty():
-    # verl's contract (every partition non-empty) held only for positive lengths.
+    # verl's contract: every partition non-empty, zero lengths included.
     parts = get_seqlen_balanced_partitions([0, 0, 0, 0, 5], 4, equal_size=False)
     assert all(parts) and sorted(i for p in parts for i in p) == [0, 1, 2, 3, 4]
+
+
+class FakeTensorDict:
+    """What rearrange_micro_batches uses of verl's TensorDict: string keys, and rows by an
+    index tensor."""
+
+    def __init__(self, **fields):
+        self.fields = fields
+
+    def keys(self):
+        return self.fields.keys()
+
+    def __getitem__(self, key):
+        if isinstance(key, str):
+            return self.fields[key]
+        return FakeTensorDict(**{k: _rows(v, key) for k, v in self.fields.items()})
+
+
+def _rows(tensor, index):
+    if not tensor.is_nested:
+        return tensor[index]
+    import torch  # a jagged tensor takes no index tensor (verl has a helper for that)
+
+    parts = tensor.unbind()
+    return torch.nested.nested_tensor([parts[i] for i in index.tolist()], layout=torch.jagged)
+
+
+def _padded_batch(lengths, width):
+    torch = pytest.importorskip("torch")
+    mask = (torch.arange(width)[None, :] < torch.tensor(lengths)[:, None]).long()
+    return FakeTensorDict(attention_mask=mask, input_ids=torch.arange(len(lengths))[:, None] * mask)
+
+
+def test_rearrange_takes_verls_arguments_and_returns_its_pair():
+    """verl calls rearrange_micro_batches(batch=..., max_token_len=..., dp_group, ...) and
+    gets (micro_batches, micro_bsz_idx) back."""
+    lengths = generate_lengths(64, "rl", seed=3)
+    lengths = np.minimum(lengths, 8000).tolist()
+    batch = _padded_batch(lengths, 8000)
+    micro_batches, idx = rearrange_micro_batches(
+        batch=batch, max_token_len=16384, dp_group=None, num_batches_divided_by=2,
+        same_micro_num_in_dp=True, min_num_micro_batch=None, use_dynamic_bsz_balance=True,
+    )
+    assert len(micro_batches) == len(idx) and len(idx) % 2 == 0
+    assert sorted(i for mb in idx for i in mb) == list(range(64))
+    for mb, rows in zip(idx, micro_batches):
+        assert rows["attention_mask"].sum() <= 16384  # under the cap, in tokens
+        assert rows["attention_mask"].sum(dim=1).tolist() == [lengths[i] for i in mb]
+    flat = [i for mb in idx for i in mb]
+    assert [flat[j] for j in get_reverse_idx(flat)] == list(range(64))
+
+
+def test_rearrange_reads_nested_input_ids():
+    torch = pytest.importorskip("torch")
+    lengths = [300, 50, 700, 20, 900]
+    ids = torch.nested.nested_tensor([torch.arange(n) for n in lengths], layout=torch.jagged)
+    batch = FakeTensorDict(input_ids=ids, attention_mask=torch.ones(5, 1))
+    micro_batches, idx = rearrange_micro_batches(batch, 1000, same_micro_num_in_dp=False)
+    assert all(sum(lengths[i] for i in mb) <= 1000 for mb in idx)
+    assert sorted(i for mb in idx for i in mb) == list(range(5))
+    for mb, rows in zip(idx, micro_batches):
+        assert rows["input_ids"].offsets().diff().tolist() == [lengths[i] for i in mb]
+
+
+_TWO_RANKS = """
+import sys
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+sys.path.insert(0, sys.argv[2])
+from tests.test_integrations_verl import _padded_batch
+from costmodel.integrations.verl import rearrange_micro_batches
+
+def run(rank, init):
+    dist.init_process_group("gloo", init_method=f"file://{init}", rank=rank, world_size=2)
+    lengths = [100] * 8 if rank == 0 else [900] * 8  # rank 1 needs 8 micro-batches of 1000
+    _, idx = rearrange_micro_batches(_padded_batch(lengths, 1000), 1000)
+    counts = [None, None]
+    dist.all_gather_object(counts, len(idx))
+    if rank == 0:
+        print("counts", counts)
+    dist.destroy_process_group()
+
+if __name__ == "__main__":
+    mp.spawn(run, nprocs=2, args=(sys.argv[1],))
+"""
+
+
+def test_rearrange_agrees_on_the_count_across_a_dp_group(tmp_path):
+    """Two gloo ranks, one needing 1 micro-batch and one 8: both make 8 (verl's all-reduce
+    of the count, same_micro_num_in_dp=True)."""
+    pytest.importorskip("torch.distributed")
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    script = tmp_path / "two_ranks.py"
+    script.write_text(_TWO_RANKS)
+    res = subprocess.run(
+        [sys.executable, str(script), str(tmp_path / "init"), str(root)],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert "counts [8, 8]" in res.stdout

@@ -1,15 +1,20 @@
-"""Drop-ins for verl's sequence-length balancing (verl/utils/seqlen_balancing.py), on plain
-lists of lengths: no tensors, no torch.distributed.
+"""Drop-ins for verl's sequence-length balancing (verl/utils/seqlen_balancing.py).
 
 - `get_seqlen_balanced_partitions(seqlen_list, k_partitions, equal_size)`: the same
   contract as verl's (k lists of indices, each sorted, none empty; Karmarkar-Karp), with a
   ValueError instead of an assertion on bad input.
-- `rearrange_micro_batches(seq_lengths, max_token_len, ...)`: micro-batches for dynamic
-  batch size. Where verl splits one rank's batch into ``ceil(Σ L / max_token_len)``
+- `rearrange_micro_batches(batch, max_token_len, dp_group=None, num_batches_divided_by=None,
+  same_micro_num_in_dp=True, min_num_micro_batch=None, use_dynamic_bsz_balance=True)`:
+  verl's signature and return value ``(micro_batches, micro_bsz_idx)``, where ``batch`` is
+  the TensorDict verl passes (lengths from its ``attention_mask``, or the offsets of a
+  nested ``input_ids``). Where verl splits the batch into ``ceil(Σ L / max_token_len)``
   partitions balanced by a workload proxy (which can exceed the token cap), this packs
-  under the cap with `costmodel.scheduler.build_schedule` and balances the chosen cost.
-  With ``dp_size > 1`` it takes the whole batch and also chooses which rank runs what, so
-  no all-reduce of the micro-batch count is needed: every rank gets the same count.
+  under the cap with `costmodel.scheduler.build_schedule`, balancing the chosen cost, so it
+  may make more micro-batches; with ``same_micro_num_in_dp`` the ranks of ``dp_group``
+  agree on the largest count (an all-reduce, as verl does).
+- `balanced_micro_batches(seq_lengths, max_token_len, ...)`: the same on a plain list of
+  lengths, and with ``dp_size > 1`` it schedules the whole batch over the ranks at once (no
+  all-reduce needed: every rank gets the same count).
 
 The default cost is verl's own workload proxy, ``24576·L + L²``; pass ``cost="flops"``
 (with ``spec``), a cost model, or a callable to balance something better.
@@ -28,6 +33,7 @@ from costmodel.scheduler.costs import AdditiveCost
 
 __all__ = [
     "VERL_WORKLOAD",
+    "balanced_micro_batches",
     "get_reverse_idx",
     "get_seqlen_balanced_partitions",
     "rearrange_micro_batches",
@@ -69,6 +75,93 @@ def get_reverse_idx(idx_map: Sequence[int]) -> list[int]:
 
 
 def rearrange_micro_batches(
+    batch: Any,
+    max_token_len: int,
+    dp_group: Any = None,
+    num_batches_divided_by: int | None = None,
+    same_micro_num_in_dp: bool = True,
+    min_num_micro_batch: int | None = None,
+    use_dynamic_bsz_balance: bool = True,
+    *,
+    cost: Any = None,
+    spec: Any = None,
+) -> tuple[list, list[list[int]]]:
+    """verl's `rearrange_micro_batches`, packing under the cap (see the module docstring).
+
+    Args:
+        batch: verl's TensorDict: ``attention_mask`` (B × S) gives the lengths, or a
+            nested ``input_ids`` its offsets.
+        max_token_len: token cap of one micro-batch; a longer sequence is an error.
+        dp_group: the data-parallel group whose ranks agree on the micro-batch count.
+        num_batches_divided_by: the count a multiple of this (virtual pipeline stages).
+        same_micro_num_in_dp: with torch.distributed initialised, every rank of
+            ``dp_group`` makes as many micro-batches as the rank that needs the most.
+        min_num_micro_batch: at least this many micro-batches.
+        use_dynamic_bsz_balance: cheap micro-batches at both ends of the run order.
+        cost, spec: what to balance (keyword-only extensions; default verl's workload).
+
+    Returns:
+        ``(micro_batches, micro_bsz_idx)``: the batch's rows for each micro-batch, and their
+        indices into ``batch``, in run order (verl's `get_reverse_idx` of the flattened
+        indices restores the original order).
+    """
+    lengths = _effective_lengths(batch)
+    kwargs = dict(num_batches_divided_by=num_batches_divided_by,
+                  use_dynamic_bsz_balance=use_dynamic_bsz_balance, cost=cost, spec=spec)
+    micro_bsz_idx, _ = balanced_micro_batches(
+        lengths, max_token_len, min_num_micro_batch=min_num_micro_batch, **kwargs
+    )
+    if same_micro_num_in_dp:
+        most = _max_over_group(len(micro_bsz_idx), dp_group)
+        if most > len(micro_bsz_idx):
+            micro_bsz_idx, _ = balanced_micro_batches(
+                lengths, max_token_len, min_num_micro_batch=most, **kwargs
+            )
+    return [_select_rows(batch, idx) for idx in micro_bsz_idx], micro_bsz_idx
+
+
+def _effective_lengths(batch: Any) -> np.ndarray:
+    """Tokens per sequence of verl's batch, as verl counts them."""
+    # keys(): membership on a TensorDict itself is not supported in every release
+    input_ids = batch["input_ids"] if "input_ids" in batch.keys() else None  # noqa: SIM118
+    if input_ids is not None and getattr(input_ids, "is_nested", False):
+        lengths = input_ids.offsets().diff()
+    else:
+        lengths = batch["attention_mask"].sum(dim=1)
+    return np.asarray(lengths.cpu().tolist(), dtype=np.int64)
+
+
+def _select_rows(batch: Any, idx: list[int]) -> Any:
+    """The rows ``idx`` of verl's batch: verl's own helper when it has one (it handles
+    nested tensors), else TensorDict indexing."""
+    import torch
+
+    try:
+        from verl.utils.tensordict_utils import index_select_tensor_dict
+    except ImportError:
+        return batch[torch.as_tensor(idx, dtype=torch.long)]
+    return index_select_tensor_dict(batch, idx)
+
+
+def _max_over_group(count: int, group: Any) -> int:
+    """The largest ``count`` over the ranks of ``group`` (this rank's own without
+    torch.distributed)."""
+    try:
+        import torch
+        import torch.distributed as dist
+    except ImportError:
+        return count
+    if not dist.is_available() or not dist.is_initialized():
+        return count
+    device = "cpu"
+    if dist.get_backend(group) == "nccl":
+        device = torch.device("cuda", torch.cuda.current_device())
+    t = torch.tensor([count], dtype=torch.int64, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
+    return int(t.item())
+
+
+def balanced_micro_batches(
     seq_lengths: Sequence[int],
     max_token_len: int,
     *,
@@ -80,7 +173,8 @@ def rearrange_micro_batches(
     cost: Any = None,
     spec: Any = None,
 ) -> tuple[list, list[int]]:
-    """Micro-batches (index lists) under ``max_token_len``, and the reverse index.
+    """Micro-batches (index lists) under ``max_token_len``, and the reverse index, for a
+    plain list of lengths.
 
     Args:
         seq_lengths: tokens per sequence (for ``dp_size > 1``: the whole batch).
