@@ -252,3 +252,14 @@ def test_packing_safety_margin_and_unsupported_flags():
                 global_batch_size=16,
                 rollout_indices=list(range(16)),
             )
+
+
+def test_sample_is_multimodal_is_accepted_as_slime_passes_it():
+    lengths = [400] * 16
+    kw = dict(global_batch_size=16, rollout_indices=list(range(16)))
+    plain = build_dp_schedule(make_args(), config(dp=2), lengths, **kw)
+    flagged = build_dp_schedule(make_args(), config(dp=2), lengths,
+                                sample_is_multimodal=[False] * 16, **kw)
+    assert flagged == plain
+    with pytest.raises(ValueError, match="sample_is_multimodal has 3 entries for 16 samples"):
+        build_dp_schedule(make_args(), config(dp=2), lengths, sample_is_multimodal=[True] * 3, **kw)

@@ -118,8 +118,12 @@ def build_dp_schedule(
     *,
     global_batch_size: int,
     rollout_indices: Sequence[Any],
+    sample_is_multimodal: Sequence[bool] | None = None,
 ) -> tuple[list[list[int]], list[list[list[int]]], list[int], list[int]]:
     """Per-rank sample partition and micro-batch schedule, step by step (see module doc).
+
+    ``sample_is_multimodal`` is accepted as slime's signature has it; it only matters to
+    multimodal-aware packing, which this drop-in refuses.
 
     Returns ``(partitions, micro_batch_indices, num_microbatches, global_batch_sizes)``.
     """
@@ -133,6 +137,11 @@ def build_dp_schedule(
     if isinstance(global_batch_size, bool) or int(global_batch_size) < 1:
         raise ValueError(f"global_batch_size must be >= 1, got {global_batch_size!r}")
     lengths = as_lengths(total_lengths, "total_lengths")
+    if sample_is_multimodal is not None and len(sample_is_multimodal) != lengths.size:
+        raise ValueError(
+            f"sample_is_multimodal has {len(sample_is_multimodal)} entries for {lengths.size} "
+            "samples"
+        )
     if len(rollout_indices) != lengths.size:
         raise ValueError(
             f"rollout_indices has {len(rollout_indices)} entries for {lengths.size} samples"
