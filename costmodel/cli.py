@@ -26,8 +26,9 @@ _COMMAND_MODULES = (
     "train_demo",
 )
 
-# User mistakes: one line on stderr, no traceback.
-_USER_ERRORS = (ValueError, RuntimeError, FileNotFoundError, KeyError)
+# User mistakes and the machine's refusals (a full disk, a missing permission): one line on
+# stderr, no traceback.
+_USER_ERRORS = (ValueError, RuntimeError, OSError, KeyError)
 
 
 def build_parser() -> argparse.ArgumentParser:

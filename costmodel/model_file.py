@@ -24,7 +24,10 @@ from costmodel.spec import ModelSpec
 if TYPE_CHECKING:
     from costmodel.model import CostModel
 
-__all__ = ["SCHEMA", "from_document", "read_document", "utc_timestamp", "write_json_atomic"]
+__all__ = [
+    "SCHEMA", "check_output_path", "from_document", "read_document", "utc_timestamp",
+    "write_json_atomic",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -67,13 +70,37 @@ def read_document(path: str | os.PathLike) -> dict[str, Any]:
         raise
 
 
+def check_output_path(path: str | os.PathLike, flag: str = "output") -> Path:
+    """`path` as a Path if a file can be written there; else a ValueError naming `flag`.
+
+    Commands call this before any work, so a bad -o fails at once (not after minutes of
+    measuring), and `write_json_atomic` calls it so a rename never replaces a directory,
+    a device (/dev/null) or a pipe.
+    """
+    target = Path(path)
+    if target.is_dir():
+        raise ValueError(f"{flag} {target} is a directory; give a file name inside it")
+    if target.exists() and not target.is_file():
+        raise ValueError(f"{flag} {target} is not a regular file (a device or a pipe?); "
+                         "give a file path")
+    folder = target.parent if str(target.parent) else Path(".")
+    existing = folder
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        raise ValueError(f"{flag} {target}: {existing} is a file, not a folder")
+    if not os.access(existing, os.W_OK):
+        raise ValueError(f"{flag} {target}: no permission to write in {existing}")
+    return target
+
+
 def write_json_atomic(path: str | os.PathLike, doc: Mapping[str, Any]) -> Path:
     """Write JSON so that readers see the old file or the whole new one, never a part.
 
     The text goes to a temp file in the destination folder (same filesystem), is flushed
     and fsynced, then `os.replace`d over `path`. Any failure removes the temp file.
     """
-    target = Path(path)
+    target = check_output_path(path)
     text = json.dumps(doc, indent=1, allow_nan=False) + "\n"  # serialise before touching disk
     folder = target.parent if str(target.parent) else Path(".")
     folder.mkdir(parents=True, exist_ok=True)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
 from costmodel.cli import main
 
 
@@ -48,3 +50,30 @@ def test_user_errors_are_one_line(capsys):
     assert err.count("\n") == 1 and "known presets" in err
     assert main(["flops", "--lengths", "12,-3"]) == 2
     assert "positive" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("target", ["dir", "device", "under-a-file"])
+def test_bad_output_paths_are_refused_before_any_work(tmp_path, capsys, target):
+    """-o / --json / --png that cannot take a file: one line, exit 2, nothing replaced
+    (a rename over /dev/null would replace the device)."""
+    import os
+
+    (tmp_path / "adir").mkdir()
+    (tmp_path / "afile").write_text("x")
+    path = {"dir": str(tmp_path / "adir"), "device": os.devnull,
+            "under-a-file": str(tmp_path / "afile" / "out.json")}[target]
+    commands = [
+        ["schedule", "--model", "qwen3-8b", "--n", "64", "--dp", "2", "--max-tokens", "16384",
+         "--json", path],
+        ["simulate", "--model", "qwen3-8b", "--n", "64", "--dp", "2", "--max-tokens", "16384",
+         "--json", path],
+        ["report", "h200/qwen3-8b", "--png", path],
+        ["calibrate", "--refit", "costmodel/profiles/h200/qwen3-8b.json", "-o", path],
+        ["bench-schedule", "--model", "qwen3-8b", "--lengths", "rl", "--dp", "2", "-o", path],
+    ]
+    for argv in commands:
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and ("directory" in err or "regular file" in err
+                                          or "not a folder" in err), (argv, err)
+    assert os.path.exists(os.devnull) and not os.path.isfile(os.devnull)

@@ -107,12 +107,14 @@ def run(args: argparse.Namespace, *, measure=None) -> int:
     """Run the benchmark; ``measure(lengths) -> ms`` replaces the GPU timer (for tests)."""
     started = time.perf_counter()
     from costmodel.model import load_cost_model
-    from costmodel.model_file import write_json_atomic
+    from costmodel.model_file import check_output_path, write_json_atomic
     from costmodel.scheduler.lengths import DISTRIBUTIONS, generate_lengths
     from costmodel.spec import ModelSpec
     from costmodel.training import bench
     from costmodel.training.data import read_lengths_file
 
+    if args.output:  # before minutes of measuring, not after
+        check_output_path(args.output, "-o")
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
     bad = [p for p in policies if p not in bench.POLICIES]
     if bad or not policies:

@@ -72,12 +72,10 @@ def run(args: argparse.Namespace) -> int:
     from costmodel.calibration.pipeline import calibrate
     from costmodel.calibration.plan import make_plan
     from costmodel.calibration.progress import ProgressLine
-    from costmodel.model_file import write_json_atomic
+    from costmodel.model_file import check_output_path, write_json_atomic
     from costmodel.spec import ModelSpec
 
-    output = Path(args.output)
-    if output.is_dir():
-        raise ValueError(f"-o {output} is a directory; give a file name such as calibrated.json")
+    output = check_output_path(args.output, "-o")
     command = shlex.join(["costmodel", *args.argv])
     if args.refit:
         return _refit(args.refit, output, command)

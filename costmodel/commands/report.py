@@ -27,8 +27,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from costmodel.calibration.report import format_report, plot_report
     from costmodel.model import load_cost_model
+    from costmodel.model_file import check_output_path
     from costmodel.spec import ModelSpec
 
+    if args.png:
+        check_output_path(args.png, "--png")
     spec = ModelSpec.from_any(args.spec) if args.spec else None
     model = load_cost_model(args.model, spec=spec, allow_other_shape=args.allow_other_shape)
     print(format_report(model))

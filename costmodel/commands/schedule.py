@@ -10,9 +10,7 @@ a file from `costmodel calibrate` or a shipped name such as ``h200/qwen3-8b``.
 from __future__ import annotations
 
 import argparse
-import json
 import time
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -105,9 +103,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from costmodel.model_file import check_output_path, write_json_atomic
     from costmodel.scheduler import build_schedule
     from costmodel.spec import ModelSpec
 
+    if args.json:
+        check_output_path(args.json, "--json")
     spec = ModelSpec.from_any(args.model)
     lengths, source = batch_lengths(args)
     cost = resolve_cost(args.cost, spec)
@@ -152,6 +153,6 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         doc = s.to_dict()
         doc["input"] = {"source": source, "model": spec.name, "cost": cost_label(cost)}
-        Path(args.json).write_text(json.dumps(doc))
+        write_json_atomic(args.json, doc)
         print(f"wrote {args.json}")
     return 0

@@ -19,9 +19,7 @@ cheapest per-token cost, over dp; or the costliest sample alone if larger). Poli
 from __future__ import annotations
 
 import argparse
-import json
 import time
-from pathlib import Path
 
 from costmodel.commands.schedule import add_batch_arguments, batch_lengths, cost_label
 
@@ -55,9 +53,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from costmodel.flops import sequence_fwd_flops
     from costmodel.model import load_cost_model
+    from costmodel.model_file import check_output_path, write_json_atomic
     from costmodel.scheduler import baseline_microbatches, build_schedule, evaluate_schedule
     from costmodel.spec import ModelSpec
 
+    if args.json:
+        check_output_path(args.json, "--json")
     spec = ModelSpec.from_any(args.model)
     lengths, source = batch_lengths(args)
     model = load_cost_model(args.cost_model or f"h200/{spec.name}", spec=spec)
@@ -139,6 +140,6 @@ def run(args: argparse.Namespace) -> int:
             },
             "policies": rows,
         }
-        Path(args.json).write_text(json.dumps(doc, indent=1))
+        write_json_atomic(args.json, doc)
         print(f"wrote {args.json}")
     return 0
