@@ -37,6 +37,13 @@ _EXTRA_FIELDS = (
     "created", "command", "device", "kernels", "measurements", "residuals", "flops_check",
     "validation",
 )
+# The JSON type of each optional field when present (readers such as `report` rely on it).
+_OPTIONAL_TYPES: dict[str, type] = {
+    "created": str, "command": str, "provenance": Mapping, "device": Mapping,
+    "kernels": Mapping, "measurements": list, "residuals": Mapping, "flops_check": Mapping,
+    "validation": Mapping,
+}
+_JSON_TYPE_NAMES = {str: "a string", Mapping: "an object", list: "a list"}
 _REWRITE = "write a new file with `costmodel calibrate` (or restore this one)"
 
 
@@ -205,6 +212,10 @@ def from_document(
     if missing:
         raise _fail(source, f"missing field(s) {missing} (file truncated or hand-edited?)")
     _check_finite(doc, source)
+    for key, kind in _OPTIONAL_TYPES.items():
+        if doc.get(key) is not None and not isinstance(doc[key], kind):
+            raise _fail(source, f"field {key!r} must be {_JSON_TYPE_NAMES[kind]}, got "
+                        f"{type(doc[key]).__name__}")
     try:
         file_spec = ModelSpec.from_dict(_require(doc, "spec", Mapping, source, ""))
     except ValueError as err:
@@ -221,8 +232,9 @@ def from_document(
             raise _fail(
                 source,
                 f"made for model {file_spec.name!r} (shape {file_spec.fingerprint()}), not for "
-                f"{spec.name!r} (shape {spec.fingerprint()}); calibrate for this model, or pass "
-                "allow_other_shape=True (--cost-model-allow-other-shape) to use it anyway",
+                f"{spec.name!r} (shape {spec.fingerprint()}); calibrate for this model (to use "
+                "it anyway: load_cost_model(..., allow_other_shape=True), or `costmodel report "
+                "--allow-other-shape`)",
                 fix=None,
             )
         logger.warning(

@@ -188,6 +188,20 @@ def test_truncated_file(tmp_path, good_doc):
         load_cost_model(_write(tmp_path, ""))
 
 
+@pytest.mark.parametrize("field, value, kind", [
+    ("provenance", [1], "an object"), ("provenance", "x", "an object"),
+    ("device", "x", "an object"), ("kernels", "x", "an object"),
+    ("flops_check", "x", "an object"), ("validation", "x", "an object"),
+    ("residuals", [], "an object"), ("measurements", {}, "a list"), ("created", 5, "a string"),
+])
+def test_wrongly_typed_optional_fields_are_named(tmp_path, good_doc, field, value, kind):
+    """report, simulate and the scheduler read these: a wrong type is a load error naming
+    the field, not a traceback later."""
+    good_doc[field] = value
+    with pytest.raises(ValueError, match=rf"bad\.json: field '{field}' must be {kind}, got "):
+        load_cost_model(_write(tmp_path, json.dumps(good_doc)))
+
+
 def test_wrong_schema(tmp_path, good_doc):
     good_doc["schema"] = "costmodel/2"
     with pytest.raises(ValueError, match=r"unsupported schema 'costmodel/2'.*reads 'costmodel/1'"):
