@@ -6,6 +6,7 @@ import builtins
 import dataclasses
 import json
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -374,3 +375,29 @@ def test_sigterm_during_calibrate_saves_a_partial_file_that_refits(tmp_path, mon
     assert main(["calibrate", "--refit", str(partial), "-o", str(out)]) == 0
     assert "refitted from" in capsys.readouterr().out
     assert json.loads(out.read_text())["provenance"]["refit"]["partial_error"].startswith("KeyboardInterrupt")
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"ms": -3.36}, "ms=-3.36"), ({"ms": 1e300}, "below 1e+07 ms"), ({"n": 0}, "no sequence"),
+    ({"kind": "attn"}, "unknown kind 'attn'"),
+])
+def test_refit_refuses_impossible_measurements(tmp_path, capsys, change, message):
+    """`calibrate --refit` on a file with an impossible point names it instead of fitting it
+    (negative times once fitted to 1e-5 ms everywhere and passed the FLOPs check)."""
+    doc = json.loads(Path("costmodel/profiles/h200/qwen3-8b.json").read_text())
+    first = next(i for i, m in enumerate(doc["measurements"]) if m["kind"] == "attention")
+    doc["measurements"][first].update(change)
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(doc))
+    out = tmp_path / "out.json"
+    assert main(["calibrate", "--refit", str(bad), "-o", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert f"measurement {first} is invalid" in err and message in err, err
+    assert not out.exists()
+
+
+def test_refit_with_a_model_says_refit_keeps_the_measured_model(tmp_path, capsys):
+    argv = ["calibrate", "--refit", "costmodel/profiles/h200/qwen3-8b.json", "--model",
+            "llama-3.1-8b", "-o", str(tmp_path / "o.json")]
+    assert main(argv) == 2
+    assert "drop --model" in capsys.readouterr().err

@@ -17,6 +17,7 @@
 from __future__ import annotations
 
 import logging
+import math
 from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any
@@ -24,6 +25,7 @@ from typing import Any
 import numpy as np
 from scipy.optimize import isotonic_regression, nnls
 
+from costmodel.calibration.plan import KINDS
 from costmodel.curves import AttentionCurve, ModeCurves, TokenCurve
 
 __all__ = ["Record", "fit_attention", "fit_mode", "fit_token_curve", "residuals"]
@@ -61,14 +63,26 @@ class Record:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Record:
+        """A stored measurement; ValueError saying what is impossible about it."""
+        if d["kind"] not in KINDS or d["mode"] not in ("train", "forward"):
+            raise ValueError(f"unknown kind {d['kind']!r} or mode {d['mode']!r}")
         if d["kind"] == "attention":
             lengths = (int(d["length"]),) * int(d["n"])
         elif "lengths" in d:
             lengths = tuple(int(x) for x in d["lengths"])
         else:
             lengths = (int(d["tokens"]),)
-        return cls(d["kind"], d["mode"], lengths, float(d["ms"]), float(d.get("spread", 0.0)),
-                   bool(d.get("moe", False)))
+        if not lengths or min(lengths) < 1:
+            raise ValueError("it holds no sequence, or a length below 1")
+        ms, spread = float(d["ms"]), float(d.get("spread", 0.0))
+        if not 0.0 < ms < _MAX_MS or not 0.0 <= spread < math.inf:
+            raise ValueError(f"ms={ms!r}, spread={spread!r}: a time must be > 0 and below "
+                             f"{_MAX_MS:.0e} ms, a spread finite and >= 0")
+        return cls(d["kind"], d["mode"], lengths, ms, spread, bool(d.get("moe", False)))
+
+
+# No kernel call of a calibration sweep takes anywhere near this long (~3 hours).
+_MAX_MS = 1e7
 
 
 def _weights(spreads: np.ndarray) -> np.ndarray:

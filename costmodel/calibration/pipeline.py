@@ -206,7 +206,7 @@ def refit(doc: Mapping[str, Any], *, source: str, command: str | None = None) ->
     partial one (`PARTIAL_SCHEMA`); ValueError if it holds none."""
     try:
         spec = ModelSpec.from_dict(doc["spec"])
-        records = [Record.from_dict(d) for d in doc["measurements"]]
+        measurements = list(doc["measurements"])
         gpu_key, gpu_name = str(doc["gpu"]["key"]), doc["gpu"].get("name")
         device = dict(doc["device"])
     except (AttributeError, KeyError, TypeError, ValueError) as err:
@@ -214,6 +214,15 @@ def refit(doc: Mapping[str, Any], *, source: str, command: str | None = None) ->
             f"{source}: cannot refit: it needs 'spec', 'gpu', 'device' and 'measurements' as "
             f"written by `costmodel calibrate` ({type(err).__name__}: {err})"
         ) from None
+    records = []
+    for i, d in enumerate(measurements):
+        try:
+            records.append(Record.from_dict(d))
+        except (AttributeError, KeyError, TypeError, ValueError) as err:
+            raise ValueError(
+                f"{source}: cannot refit: measurement {i} is invalid ({type(err).__name__}: "
+                f"{err}); remove it or measure again with `costmodel calibrate`"
+            ) from None
     if not records:
         raise ValueError(f"{source}: cannot refit: it holds no measurements")
     provenance = doc.get("provenance") or {}

@@ -78,6 +78,9 @@ def run(args: argparse.Namespace) -> int:
     output = check_output_path(args.output, "-o")
     command = shlex.join(["costmodel", *args.argv])
     if args.refit:
+        if args.model:
+            raise ValueError("--refit fits FILE's measurements for the model they were taken "
+                             "on; drop --model (calibrate again to measure another model)")
         return _refit(args.refit, output, command)
     if not args.model:
         raise ValueError("--model is required (a preset name or a HF config.json path), unless --refit")
