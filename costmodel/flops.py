@@ -31,7 +31,7 @@ from __future__ import annotations
 import numpy as np
 from numpy.typing import ArrayLike
 
-from costmodel.spec import ModelSpec
+from costmodel.spec import ModelSpec, as_spec
 
 # Above this, Σ L² could overflow int64, so the exact sums fall back to Python ints.
 _INT64_SAFE = 2**62
@@ -141,7 +141,9 @@ def _exact_sum(values: np.ndarray, bound: int) -> int:
 
 
 def flops_breakdown(seqlens: ArrayLike, spec: ModelSpec) -> dict[str, int]:
-    """Forward matmul FLOPs summed over sequences, by component, summed over layers."""
+    """Forward matmul FLOPs summed over sequences, by component, summed over layers.
+    `spec`: a ModelSpec, or a preset name / config.json path (as everywhere)."""
+    spec = as_spec(spec)
     lengths = as_lengths(seqlens)
     max_len = int(lengths.max()) if lengths.size else 0
     tokens = _exact_sum(lengths, max_len)
@@ -186,6 +188,7 @@ def calculate_train_flops(seqlens: ArrayLike, spec: ModelSpec) -> int:
 
 def sequence_fwd_flops(seqlens: ArrayLike, spec: ModelSpec) -> np.ndarray:
     """Forward FLOPs of each sequence alone, vectorised (float64: exact below 2**53)."""
+    spec = as_spec(spec)
     lengths = as_lengths(seqlens)
     per_token = (
         spec.num_layers * attention_projection_flops_per_token(spec)

@@ -47,7 +47,7 @@ from costmodel.model_file import (
     write_json_atomic,
 )
 from costmodel.profiles import profile_path
-from costmodel.spec import ModelSpec
+from costmodel.spec import ModelSpec, as_spec
 
 __all__ = ["DEFAULT_REFERENCE_TOKENS", "CostModel", "load_cost_model"]
 
@@ -353,6 +353,8 @@ def load_cost_model(
     A file made for a different model shape than `spec` is an error unless
     `allow_other_shape=True`.
     """
+    if spec is not None:
+        spec = as_spec(spec)
     text = os.fspath(path_or_name)
     p = Path(text)
     if p.is_file():

@@ -230,6 +230,16 @@ def preset_names() -> list[str]:
     return list(PRESETS)
 
 
+def as_spec(spec: ModelSpec | str | Path) -> ModelSpec:
+    """`spec` itself, or the preset / HF config.json it names; ValueError otherwise."""
+    if isinstance(spec, ModelSpec):
+        return spec
+    if isinstance(spec, (str, Path)):
+        return ModelSpec.from_any(spec)
+    raise ValueError(f"spec must be a ModelSpec, a preset name or a config.json path; got "
+                     f"{type(spec).__name__} {spec!r:.60}")
+
+
 # ---- validation helpers ----------------------------------------------------------------
 def _require_positive_int(spec: ModelSpec, field: str, why: str = "") -> None:
     value = getattr(spec, field)

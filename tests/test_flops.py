@@ -219,3 +219,15 @@ def test_exact_beyond_int64():
     lengths = np.full(1 << 21, 1 << 21)
     one = calculate_fwd_flops([1 << 21], spec)
     assert calculate_fwd_flops(lengths, spec) == (1 << 21) * one
+
+
+def test_spec_by_name_and_a_clear_error_for_anything_else():
+    from costmodel.model import load_cost_model
+
+    assert calculate_fwd_flops([1000], "qwen3-8b") == calculate_fwd_flops(
+        [1000], ModelSpec.from_preset("qwen3-8b"))
+    for bad in (None, 5):
+        with pytest.raises(ValueError, match="spec must be a ModelSpec, a preset name"):
+            calculate_fwd_flops([1000], bad)
+    with pytest.raises(ValueError, match="made for model 'qwen3-8b'"):
+        load_cost_model("h200/qwen3-8b", spec="llama-3.1-8b")
