@@ -205,7 +205,11 @@ class ModelSpec:
     @classmethod
     def from_hf_config(cls, path: str | Path) -> ModelSpec:
         """Read a Hugging Face `config.json` (the file or its folder) without transformers."""
-        return _from_hf(_read_json(path), name=_config_name(path))
+        cfg = _read_json(path)  # names the file in its own errors
+        try:
+            return _from_hf(cfg, name=_config_name(path))
+        except ValueError as err:
+            raise ValueError(f"{path}: {err}") from None
 
     @classmethod
     def from_megatron_args(cls, ns: Any) -> ModelSpec:
@@ -266,7 +270,7 @@ def _read_json(path: str | Path) -> dict[str, Any]:
         raise FileNotFoundError(f"no config.json at {p}")
     try:
         data = json.loads(p.read_text())
-    except json.JSONDecodeError as err:
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
         raise ValueError(f"{p} is not valid JSON: {err}") from None
     if not isinstance(data, dict):
         raise ValueError(f"{p}: expected a JSON object at top level")
@@ -284,7 +288,37 @@ def _need(cfg: Mapping[str, Any], key: str, model_type: str) -> Any:
     return cfg[key]
 
 
+# The integer fields the reader uses: each, when present, a non-negative integer; these
+# divide or step, so at least 1.
+_HF_INT_FIELDS = (
+    "hidden_size", "num_attention_heads", "num_hidden_layers", "num_key_value_heads",
+    "head_dim", "intermediate_size", "vocab_size", "num_experts", "num_experts_per_tok",
+    "moe_intermediate_size", "shared_expert_intermediate_size", "decoder_sparse_step",
+    "q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim",
+    "n_routed_experts", "n_shared_experts", "first_k_dense_replace", "moe_layer_freq",
+    "sliding_window", "max_window_layers",
+)
+_HF_AT_LEAST_ONE = ("num_attention_heads", "decoder_sparse_step", "moe_layer_freq")
+
+
+def _check_hf_types(cfg: Mapping[str, Any]) -> None:
+    for key in _HF_INT_FIELDS:
+        value = cfg.get(key)
+        if value is None:
+            continue
+        low = 1 if key in _HF_AT_LEAST_ONE else 0
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            kind = "a positive" if low else "a non-negative"
+            raise ValueError(f"config field {key!r} must be {kind} integer, got {value!r}")
+    only = cfg.get("mlp_only_layers")
+    if only is not None and (not isinstance(only, list)
+                             or not all(isinstance(i, int) and not isinstance(i, bool) for i in only)):
+        raise ValueError(f"config field 'mlp_only_layers' must be a list of layer indices, got "
+                         f"{only!r}")
+
+
 def _from_hf(cfg: Mapping[str, Any], name: str) -> ModelSpec:
+    _check_hf_types(cfg)
     model_type = cfg.get("model_type")
     if model_type is None:
         raise ValueError("config has no 'model_type' field; is this a Hugging Face config.json?")

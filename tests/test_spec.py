@@ -186,3 +186,20 @@ def test_megatron_missing_field():
     del args.hidden_size
     with pytest.raises(ValueError, match="hidden_size"):
         ModelSpec.from_megatron_args(args)
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("num_attention_heads", 0, "'num_attention_heads' must be a positive integer, got 0"),
+    ("hidden_size", "big", "'hidden_size' must be a non-negative integer, got 'big'"),
+    ("max_window_layers", "x", "'max_window_layers' must be a non-negative integer"),
+    ("mlp_only_layers", 3, "'mlp_only_layers' must be a list of layer indices"),
+    ("decoder_sparse_step", "2", "'decoder_sparse_step' must be a positive integer"),
+])
+def test_malformed_hf_config_fields_are_named(tmp_path, field, value, message):
+    cfg = {"model_type": "qwen3_moe", "hidden_size": 64, "num_attention_heads": 4,
+           "num_hidden_layers": 2, "vocab_size": 128, "num_experts": 4, "num_experts_per_tok": 2,
+           "moe_intermediate_size": 32, field: value}
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(cfg))
+    with pytest.raises(ValueError, match=f"config.json: config field {message}"):
+        ModelSpec.from_hf_config(path)
