@@ -56,6 +56,8 @@ def test_schedule_user_errors_are_one_line(tmp_path, capsys):
     assert "line 2" in err and "Traceback" not in err
     assert main(["schedule", "--n", "4", "--dp", "8"]) == 2
     assert "cannot fill" in capsys.readouterr().err
+    assert main(["schedule", "--n", "10000000000", "--dp", "8"]) == 2  # not a MemoryError
+    assert "at most 10,000,000" in capsys.readouterr().err
 
 
 def test_simulate_compares_policies(tmp_path, capsys):
