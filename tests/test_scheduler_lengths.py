@@ -45,7 +45,7 @@ def test_parse_lines_commas_comments():
         ("100\n2.5\n", "line 2: '2.5'"),
         ("100,,200\n", "line 1: empty field"),
         ("100\n0\n", "line 2: length 0 must be >= 1"),
-        ("100\n-4\n", "line 2: '-4'"),
+        ("100\n-4\n", "line 2: length -4 must be >= 1"),
         ("# nothing\n\n", "no lengths found"),
     ],
 )
@@ -69,3 +69,7 @@ def test_read_lengths_file(tmp_path):
 def test_huge_length_is_a_clear_error():
     with pytest.raises(ValueError, match="line 2: length .* too large: beyond any context window"):
         parse_lengths("12\n99999999999999999999999\n")
+
+
+def test_parse_skips_a_byte_order_mark():
+    assert parse_lengths("\ufeff1000\n5\n").tolist() == [1000, 5]

@@ -48,7 +48,7 @@ def generate_lengths(
     return prompt.astype(np.int64) + response
 
 
-_TOKEN = re.compile(r"^[+]?\d+$")
+_TOKEN = re.compile(r"^[+-]?\d+$")  # a sign is read, then checked: "-5" is below 1
 
 
 # A sequence longer than this is a typo, and would overflow int64 cost arithmetic.
@@ -62,6 +62,7 @@ def parse_lengths(text: str, source: str = "lengths") -> np.ndarray:
     positive integer is a ValueError naming the line.
     """
     values: list[int] = []
+    text = text.removeprefix("\ufeff")  # a byte-order mark from some editors
     for lineno, raw in enumerate(text.splitlines(), start=1):
         line = raw.strip()
         if not line or line.startswith("#"):
