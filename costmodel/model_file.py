@@ -60,7 +60,10 @@ def _reject_constant(name: str) -> float:
 def read_document(path: str | os.PathLike) -> dict[str, Any]:
     """Parse a cost model file, with errors that say which file and where."""
     p = Path(path)
-    text = p.read_text()
+    try:
+        text = p.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise _fail(str(p), "not a text file (binary data?), so not a cost model") from None
     if not text.strip():
         raise _fail(str(p), "file is empty (an interrupted write?)")
     try:

@@ -293,3 +293,10 @@ def test_unserialisable_document_writes_nothing(tmp_path):
     with pytest.raises(ValueError):
         write_json_atomic(tmp_path / "x.json", {"a": float("nan")})
     assert list(tmp_path.iterdir()) == []
+
+
+def test_binary_file_is_named(tmp_path):
+    p = tmp_path / "bad.json"
+    p.write_bytes(b"\x89PNG\r\n\x1a\n\x00\xff\xfe")
+    with pytest.raises(ValueError, match=r"bad\.json: not a text file"):
+        load_cost_model(p)
