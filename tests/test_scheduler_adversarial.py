@@ -88,6 +88,8 @@ def test_cost_callable_errors_and_zero_costs():
     s = build_schedule(lengths, dp_size=4, max_tokens_per_microbatch=16384, cost=lambda x: 0.0)
     check_schedule(s, lengths, dp=4, cap=16384)
     assert s.makespan == 0.0 and s.imbalance == 1.0
+    with pytest.raises(ValueError, match="sum past the largest float; give the cost in larger"):
+        build_schedule([10] * 8, dp_size=2, max_tokens_per_microbatch=100, cost=lambda x: 1e308)
 
 
 def test_exactly_dp_times_align_samples_and_dp_one():

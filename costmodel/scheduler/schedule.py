@@ -410,7 +410,13 @@ def build_schedule(
     # profiles: ~20 ms against microseconds) would scale micro-batch costs past int64.
     one_token = np.ones(1, dtype=np.int64)
     fixed = float(cost_obj.evaluate(one_token, np.array([0, 1], dtype=np.int64))[0])
-    total = math.fsum(s.tolist()) + lens.size * fixed
+    try:
+        total = math.fsum(s.tolist()) + lens.size * fixed
+    except OverflowError:
+        total = math.inf
+    if not math.isfinite(total):
+        raise ValueError(f"cost {cost_obj.name!r}: the samples' costs sum past the largest "
+                         "float; give the cost in larger units (ms, not ns)")
     scale = 2.0 ** (_QUANT_BITS - math.ceil(math.log2(total))) if total > 0 else 1.0
     q = np.rint(s * scale).astype(np.int64)
 
