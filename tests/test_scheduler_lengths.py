@@ -73,3 +73,10 @@ def test_huge_length_is_a_clear_error():
 
 def test_parse_skips_a_byte_order_mark():
     assert parse_lengths("\ufeff1000\n5\n").tolist() == [1000, 5]
+
+
+def test_negative_seed_and_a_folder_as_lengths_file(tmp_path):
+    with pytest.raises(ValueError, match="seed must be an integer >= 0, got -1"):
+        generate_lengths(10, "rl", seed=-1)
+    with pytest.raises(ValueError, match="is a folder; give a lengths file"):
+        read_lengths(tmp_path)

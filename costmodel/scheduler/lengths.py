@@ -33,6 +33,8 @@ def generate_lengths(
         raise ValueError(f"n must be an integer >= 1, got {n!r}")
     if max_response < 1:
         raise ValueError(f"max_response must be >= 1, got {max_response}")
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+        raise ValueError(f"seed must be an integer >= 0, got {seed!r}")
     rng = np.random.default_rng(seed)
     prompt = rng.integers(200, 1501, size=n)
     if dist == "rl":
@@ -94,6 +96,8 @@ def parse_lengths(text: str, source: str = "lengths") -> np.ndarray:
 def read_lengths(path: str | Path) -> np.ndarray:
     """Read a lengths file (see `parse_lengths`)."""
     p = Path(path)
+    if p.is_dir():
+        raise ValueError(f"{p} is a folder; give a lengths file (one length per line)")
     if not p.is_file():
         raise FileNotFoundError(f"lengths file not found: {p}")
     try:
