@@ -253,3 +253,42 @@ def test_lengths_file_errors_name_the_file(tmp_path, name, content, needle):
     with pytest.raises(ValueError, match=needle) as err:
         read_lengths_file(path)
     assert name in str(err.value) and len(str(err.value).splitlines()) == 1
+
+
+def test_bf16_model_trains_through_fp32_master_weights(monkeypatch):
+    """On a GPU the model computes in bf16: gradients are all-reduced in fp32 and AdamW
+    steps fp32 master weights copied back (bf16 parameters alone round Adam's small steps
+    away). Run that path in one process on CPU, and check the layers skip the host-side
+    cu_seqlens check (a device sync per layer on a GPU)."""
+    import argparse
+
+    import costmodel.training.trainer as trainer
+    from costmodel.training.config import add_trainer_arguments
+
+    args = add_trainer_arguments(argparse.ArgumentParser()).parse_args(
+        [*FAST, "--steps", "4", "--device", "cpu"])
+    monkeypatch.setattr(trainer, "_resolve_device", lambda a, rank: (
+        torch.device("cpu"), "gloo", torch.bfloat16, "bf16", "sdpa"))
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT"):
+        monkeypatch.delenv(name, raising=False)
+    result = trainer.train(args)
+    assert all(p.dtype == torch.bfloat16 for p in result.model.parameters())
+    assert not any(layer.check_values for layer in result.model.layers)
+    assert result.last_loss < result.first_loss
+    # Norm weights start at 1.0; with fp32 masters they move both ways, not only down.
+    norm = result.model.norm.weight.float()
+    assert (norm > 1.0).any() and (norm < 1.0).any()
+
+
+def test_more_ranks_per_node_than_gpus_is_a_clear_error(monkeypatch):
+    """torchrun --nproc_per_node 2 on a one-GPU machine: NCCL would fail later with
+    'Duplicate GPU detected'; say what to change before any process group exists."""
+    import argparse
+
+    import costmodel.training.trainer as trainer
+
+    monkeypatch.setattr(trainer, "device_kind", lambda requested: "cuda")
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    with pytest.raises(RuntimeError, match="2 ranks per node but 1 visible GPU"):
+        trainer._resolve_device(argparse.Namespace(device="cuda", attention=None), 1)

@@ -111,10 +111,36 @@ def _resolve_device(args: argparse.Namespace, local_rank: int):
     import torch
 
     if device_kind(args.device) == "cuda":
+        per_node = _env_int("LOCAL_WORLD_SIZE", 1)
+        if per_node > torch.cuda.device_count():
+            raise RuntimeError(
+                f"{per_node} ranks per node but {torch.cuda.device_count()} visible GPU(s): NCCL "
+                "needs a GPU per rank; lower --nproc_per_node (or use --device cpu)"
+            )
         torch.cuda.set_device(local_rank % torch.cuda.device_count())
         device = torch.device("cuda", torch.cuda.current_device())
         return device, "nccl", torch.bfloat16, "bf16", args.attention or "torch-varlen"
     return torch.device("cpu"), "gloo", torch.float32, "fp32", args.attention or "sdpa"
+
+
+def _warm_up(model, plan: Plan, args: argparse.Namespace, device, rank: int) -> None:
+    """One untimed forward+backward on this rank's first micro-batch, gradients dropped:
+    kernel compilation and library start-up stay out of step 0's timing."""
+    import torch
+
+    from costmodel.training.model import packed_batch
+
+    mb = plan.schedules[0].microbatches[rank][0] if plan.schedules else []
+    if not mb:
+        return
+    lengths = plan.lengths[0]
+    samples = [sample_tokens(args.seed, 0, int(i), int(lengths[i]), plan.spec.vocab_size)
+               for i in mb]
+    ids, _, cu_seqlens, max_seqlen = packed_batch(samples, device=device)
+    model(ids, cu_seqlens, max_seqlen).float().sum().backward()
+    model.zero_grad(set_to_none=True)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 def _env_int(name: str, default: int) -> int:
@@ -175,7 +201,11 @@ def _train_loop(args, plan: Plan, *, device, dtype, attention: str) -> TrainResu
     for p in model.parameters():  # same weights everywhere even if init ever drew per rank
         dist.broadcast(p.data, src=0)
     params = [p for p in model.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(params, lr=args.lr, weight_decay=0.0)
+    # fp32 master weights and optimizer state when the model computes in bf16: a bf16
+    # parameter near 1.0 moves in steps of 2^-7, so Adam's small updates would round away.
+    master = params if dtype == torch.float32 else [p.detach().float() for p in params]
+    optimizer = torch.optim.AdamW(master, lr=args.lr, weight_decay=0.0)
+    _warm_up(model, plan, args, device, rank)
     cuda = device.type == "cuda"
     vocab = plan.spec.vocab_size
     result = TrainResult(rank=rank, world_size=world, model=model)
@@ -211,16 +241,22 @@ def _train_loop(args, plan: Plan, *, device, dtype, attention: str) -> TrainResu
                 torch.cuda.synchronize(device)
             compute_ms = (time.perf_counter() - start) * 1e3
 
+            # One fp32 all-reduce of every gradient (bf16 sums lose precision with ranks).
             grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
-            flat = torch.cat([g.reshape(-1) for g in grads])
+            flat = torch.cat([g.reshape(-1).float() for g in grads])
             dist.all_reduce(flat)
             offset = 0
-            for p, g in zip(params, grads):
+            for m, g in zip(master, grads):
                 n = g.numel()
-                p.grad = flat[offset : offset + n].view_as(p).clone()
+                m.grad = flat[offset : offset + n].view_as(m).clone()
                 offset += n
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
+            if master is not params:
+                with torch.no_grad():
+                    for p, m in zip(params, master):
+                        p.copy_(m)
+                        p.grad = None
 
             stats = torch.tensor([compute_ms, float(loss_sum)], dtype=torch.float64, device=device)
             all_stats = [torch.zeros_like(stats) for _ in range(world)]
