@@ -117,6 +117,11 @@ def test_timing_noise_and_the_noise_floor():
     samples = {(i,): (100.0 * (1 + sigma * rng.standard_normal(2))).tolist() for i in range(4000)}
     noise = bench.timing_noise(samples)
     assert noise == pytest.approx(sigma / np.sqrt(2), rel=0.1)
+    for r in (3, 5):  # the sd of the reported median of r rounds, as simulated
+        samples = {(i,): (100.0 * (1 + sigma * rng.standard_normal(r))).tolist()
+                   for i in range(4000)}
+        medians = np.array([np.median(v) for v in samples.values()]) / 100.0
+        assert bench.timing_noise(samples) == pytest.approx(medians.std(), rel=0.1)
     assert bench.timing_noise({(1,): [5.0]}) is None
     # 64 ranks of 4 equal micro-batches, 1% noise each: rank noise 0.5%, E[max of 64] ~ 2.4 sd
     floor = bench.noise_floor([[10.0] * 4] * 64, 0.01)
@@ -291,3 +296,24 @@ def test_a_time_limit_too_short_for_any_schedule(clock, capsys, monkeypatch):
     assert "raise --time-limit-s" in err[-1]
     assert main(["bench-schedule", *_with_truth(LIMITED), "--time-limit-s", "0"]) == 2
     assert "--time-limit-s must be > 0" in capsys.readouterr().err
+
+
+def test_policies_balance_one_layer_as_measured():
+    """The calibrated policy's cost is what is timed (one layer, no head, no per-micro-batch
+    overhead), in the separable form; the FLOPs policy's is one layer's FLOPs."""
+    from costmodel.flops import attention_core_flops, layer_linear_flops
+    from costmodel.model import load_cost_model
+    from costmodel.scheduler.costs import ModelCost
+
+    model = load_cost_model("h200/qwen3-8b")
+    one = bench.OneLayerCost(model, moe=False)
+    assert ModelCost(one).separable
+    rng = np.random.default_rng(0)
+    for _ in range(5):
+        mb = rng.integers(1, 6000, size=int(rng.integers(1, 6))).tolist()
+        assert one.microbatch_cost(mb) == pytest.approx(
+            model.stack_cost(mb, num_layers=1, head=False), rel=1e-12)
+    flops = bench.one_layer_flops_cost(model.spec, moe=False)
+    L = np.array([100, 4000])
+    expected = 3 * (layer_linear_flops(L, model.spec, moe=False) + attention_core_flops(L, model.spec))
+    assert flops.microbatch_cost(L) == pytest.approx(float(expected.sum()))

@@ -80,7 +80,9 @@ def error_metrics(pred: np.ndarray, measured: np.ndarray) -> dict[str, float]:
     return {
         "mape": float(np.mean(np.abs(rel))),
         "worst": float(np.max(np.abs(rel))),
-        "spearman": float(rho) if np.isfinite(rho) else 0.0,
+        # None when undefined (a constant predictor, or under 3 points): not a 0 that reads
+        # as "no correlation".
+        "spearman": float(rho) if np.isfinite(rho) else None,
         "count": int(len(rel)),
     }
 
@@ -206,8 +208,9 @@ def format_validation(block: dict[str, Any]) -> str:
         for split, preds in res["summary"].items():
             for name, m in preds.items():
                 scale = "-" if name == "cost_model" else f"{m['scale']:.3g}"
+                rho = "-" if m.get("spearman") is None else f"{m['spearman']:.4f}"
                 lines.append(
                     f"  {mode:8} {split:7} {name:11} {m['mape']:7.2%} {m['worst']:7.2%} "
-                    f"{m['spearman']:9.4f} {scale:>10}"
+                    f"{rho:>9} {scale:>10}"
                 )
     return "\n".join(lines)

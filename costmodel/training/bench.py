@@ -4,10 +4,10 @@ For a batch of lengths, a model, a token cap and each DP size, build one schedul
 policy —
 
 - ``tokens``: balance Σ tokens (classic dynamic batching),
-- ``flops``: balance exact analytic FLOPs,
+- ``flops``: balance exact analytic FLOPs (of one layer, as measured: `OneLayerCost`),
 - ``baseline``: what RL frameworks run today: first-fit packing by tokens, then
   Karmarkar-Karp over micro-batch FLOPs to ranks (`costmodel.scheduler.baselines`),
-- ``calibrated``: balance the predicted time of a calibrated cost model,
+- ``calibrated``: balance the predicted time of a calibrated cost model (one layer),
 
 then time every simulated rank by running its micro-batches, forward and backward, through
 one real layer (`costmodel.kernels.layer.TransformerLayer`) on one GPU, rank after rank.
@@ -43,6 +43,7 @@ import numpy as np
 __all__ = [
     "POLICIES",
     "LayerTimer",
+    "OneLayerCost",
     "PolicyRun",
     "build_policy_schedules",
     "format_report",
@@ -73,6 +74,55 @@ def _as_rank_lists(result: Any) -> Schedule:
     return [[[int(i) for i in mb] for mb in rank] for rank in micro]
 
 
+class OneLayerCost:
+    """What the benchmark measures, as the policies' cost: one layer of `model`, no LM head
+    and no per-micro-batch overhead (`CostModel.stack_cost(num_layers=1, head=False)`),
+    in the separable form the scheduler prices exactly.
+
+    The policies must balance what is measured: the head is a per-token cost (8-9% of a
+    Qwen3-8B's FLOPs), and balancing it while timing a layer without it would tilt the
+    comparison against the policies that count it (calibrated, FLOPs) and towards tokens.
+    """
+
+    def __init__(self, model, *, moe: bool) -> None:
+        self.model = model
+        self.kind = "moe" if moe else "dense"
+        self.gpu, self.spec = model.gpu, model.spec
+
+    def fixed_cost(self, mode: str = "train") -> float:
+        return float(self.model.curves[mode].layer_overhead_ms)
+
+    def sequence_costs(self, lengths, mode: str = "train") -> np.ndarray:
+        return self.model.curves[mode].attention(np.asarray(lengths, dtype=np.float64))
+
+    def token_costs(self, tokens, mode: str = "train") -> np.ndarray:
+        return self.model.curves[mode].linear[self.kind](np.asarray(tokens, dtype=np.float64))
+
+    def microbatch_costs(self, lengths, offsets, mode: str = "train") -> np.ndarray:
+        lengths, offsets = np.asarray(lengths), np.asarray(offsets)
+        attn = np.concatenate(([0.0], np.cumsum(self.sequence_costs(lengths, mode))))
+        toks = np.concatenate(([0], np.cumsum(lengths)))
+        tokens = (toks[offsets[1:]] - toks[offsets[:-1]]).astype(np.float64)
+        cost = self.fixed_cost(mode) + attn[offsets[1:]] - attn[offsets[:-1]]
+        return np.where(tokens > 0, cost + self.token_costs(tokens, mode), 0.0)
+
+    def microbatch_cost(self, lengths, mode: str = "train") -> float:
+        lengths = np.asarray(lengths)
+        return float(self.microbatch_costs(lengths, np.array([0, lengths.size]), mode)[0])
+
+
+def one_layer_flops_cost(spec, *, moe: bool):
+    """Training FLOPs of one layer (no LM head): the FLOPs policy's cost here."""
+    from costmodel.flops import attention_core_flops, layer_linear_flops
+    from costmodel.scheduler.costs import AdditiveCost
+
+    def per_sample(lengths: np.ndarray) -> np.ndarray:
+        return 3.0 * (layer_linear_flops(lengths, spec, moe=moe)
+                      + attention_core_flops(lengths, spec)).astype(np.float64)
+
+    return AdditiveCost(f"train FLOPs of one {spec.name} layer", per_sample)
+
+
 def build_policy_schedules(
     lengths: np.ndarray,
     *,
@@ -81,8 +131,11 @@ def build_policy_schedules(
     spec,
     cost_model=None,
     policies: Sequence[str] = POLICIES,
+    moe: bool = False,
 ) -> dict[str, Schedule]:
-    """One schedule (rank -> micro-batches -> sample indices) per policy."""
+    """One schedule (rank -> micro-batches -> sample indices) per policy; the FLOPs and
+    calibrated policies balance one layer's cost, as measured (`OneLayerCost`). The baseline
+    is what frameworks run (their FLOPs, head included)."""
     from costmodel.scheduler import build_schedule
 
     out: dict[str, Schedule] = {}
@@ -93,11 +146,11 @@ def build_policy_schedules(
         if policy == "tokens":
             cost: Any = "tokens"
         elif policy == "flops":
-            cost = "flops"
+            cost = one_layer_flops_cost(spec, moe=moe)
         elif policy == "calibrated":
             if cost_model is None:
                 raise ValueError("policy 'calibrated' needs a cost model (--cost-model)")
-            cost = cost_model
+            cost = OneLayerCost(cost_model, moe=moe)
         else:
             raise ValueError(f"unknown policy {policy!r}; allowed: {', '.join(POLICIES)}")
         schedule = build_schedule(
@@ -202,23 +255,28 @@ def round_order(keys: list[tuple[int, ...]], round_index: int) -> list[tuple[int
     return [keys[i] for i in order]
 
 
+# Standard deviation of the median of r normal samples, in units of one sample's sigma
+# (r = 2: the mean of two; larger r: about sqrt(pi / (2 r))).
+_MEDIAN_SD = {1: 1.0, 2: 0.7071, 3: 0.6698, 4: 0.5445, 5: 0.5357}
+
+
 def timing_noise(samples: dict[tuple[int, ...], list[float]]) -> float | None:
     """Relative standard deviation of one reported (median) micro-batch time, estimated
-    from the rounds: the MAD of each key's samples about their median, pooled over keys,
-    scaled to a standard deviation (× 1.4826, × √(r/(r−1)) for a centre estimated from r
-    samples), then divided by √r for a median of r. An estimate; None without 2 rounds."""
-    devs, rounds = [], []
+    from the rounds: per key, the relative difference of its first two samples; their
+    median over keys (robust to the odd outlier) gives one sample's sigma (|a − b| of two
+    normal samples has median 0.6745·√2·σ); times the sd of a median of r samples. An
+    estimate; None without 2 rounds."""
+    diffs, rounds = [], []
     for v in samples.values():
         if len(v) >= 2:
-            arr = np.asarray(v, dtype=np.float64)
-            med = float(np.median(arr))
-            devs.extend(np.abs(arr / med - 1).tolist())
+            a, b = float(v[0]), float(v[1])
+            diffs.append(abs(a - b) / ((a + b) / 2))
             rounds.append(len(v))
-    if not devs:
+    if not diffs:
         return None
-    r = float(np.median(rounds))
-    sigma = 1.4826 * float(np.median(devs)) * math.sqrt(r / (r - 1))
-    return sigma / math.sqrt(r)
+    sigma = float(np.median(diffs)) / (0.6745 * math.sqrt(2))
+    r = int(np.median(rounds))
+    return sigma * _MEDIAN_SD.get(r, math.sqrt(math.pi / (2 * r)))
 
 
 def noise_floor(microbatch_ms: Sequence[Sequence[float]], noise: float, *,
@@ -437,7 +495,8 @@ def _max_over_mean(values: Sequence[float]) -> float:
     return float(arr.max() / mean) if mean > 0 else 1.0
 
 
-def _own_costs(policy: str, mbs: list[list[list[int]]], spec, cost_model) -> list[float]:
+def _own_costs(policy: str, mbs: list[list[list[int]]], spec, cost_model, moe: bool) -> list[float]:
+    """Per rank, the cost the policy balanced (the baseline: its FLOPs, head included)."""
     from costmodel.flops import calculate_train_flops
 
     out = []
@@ -445,8 +504,12 @@ def _own_costs(policy: str, mbs: list[list[list[int]]], spec, cost_model) -> lis
         if policy == "tokens":
             out.append(float(sum(sum(mb) for mb in rank)))
         elif policy == "calibrated" and cost_model is not None:
-            out.append(float(sum(cost_model.microbatch_cost(mb) for mb in rank)))
-        else:  # flops and the baseline (which balances FLOPs)
+            one_layer = OneLayerCost(cost_model, moe=moe)
+            out.append(float(sum(one_layer.microbatch_cost(mb) for mb in rank)))
+        elif policy == "flops":
+            flops = one_layer_flops_cost(spec, moe=moe)
+            out.append(float(sum(flops.microbatch_cost(mb) for mb in rank)))
+        else:
             out.append(float(sum(calculate_train_flops(mb, spec) for mb in rank)))
     return out
 
@@ -490,7 +553,8 @@ def run_benchmark(
                 f"needs one; use more samples (--samples / --samples-per-rank) or smaller --dp"
             )
         schedules = build_policy_schedules(
-            batch, dp_size=dp, cap=cap, spec=spec, cost_model=cost_model, policies=policies
+            batch, dp_size=dp, cap=cap, spec=spec, cost_model=cost_model, policies=policies,
+            moe=moe,
         )
         for policy, sched in schedules.items():
             check_schedule(sched, batch.size, cap, batch, policy)
@@ -535,7 +599,7 @@ def run_benchmark(
             PolicyRun(
                 policy=policy, dp_size=dp, schedule=sched, microbatch_lengths=mbs,
                 measured_ms=measured, predicted_ms=predicted,
-                predicted_own=_own_costs(policy, mbs, spec, cost_model),
+                predicted_own=_own_costs(policy, mbs, spec, cost_model, moe),
                 slowest_rank_direct_ms=direct, timing_noise=noise, noise_floor=floor,
             )
         )
