@@ -236,3 +236,19 @@ def test_validation_stops_at_its_time_limit(monkeypatch, fitted):
     assert block["stopped_at_time_limit"] and block["count"] == 6 and block["requested_count"] == 40
     assert [len(block["modes"][m]["points"]) for m in ("train", "forward")] == [6, 6]
     assert "stopped at the time limit" in format_validation(block)
+
+
+def test_validation_micro_batches_are_varied_at_every_cap():
+    """Lengths are drawn below each cap, not clipped to it: clipping made most micro-batches
+    of a 768-token cap the same single 768-token sequence."""
+    from collections import Counter
+
+    from costmodel.calibration.validate import random_microbatches, rl_lengths
+
+    rng = np.random.default_rng(0)
+    mbs = random_microbatches(rng, count=150, caps=(768, 2048, 4096, 8192, 16384), max_len=32768)
+    assert max(Counter(mbs).values()) <= 2
+    small = [mb for mb in mbs if sum(mb) <= 768]
+    assert sum(1 for mb in small if mb == (768,)) <= 1
+    drawn = rl_lengths(rng, 20000, 768)
+    assert drawn.min() >= 16 and drawn.max() <= 768 and (drawn == 768).mean() < 0.01

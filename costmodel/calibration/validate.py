@@ -23,6 +23,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
+from scipy.special import ndtr, ndtri
 from scipy.stats import spearmanr
 
 from costmodel import flops
@@ -40,8 +41,14 @@ SPLIT_TOKENS = 1024
 
 
 def rl_lengths(rng: np.random.Generator, n: int, max_len: int) -> np.ndarray:
-    """Long-tailed response lengths: lognormal, median ~1.2k tokens, in [16, max_len]."""
-    return np.clip(np.round(rng.lognormal(np.log(1200), 1.1, n)), 16, max_len).astype(np.int64)
+    """Long-tailed response lengths: lognormal (median ~1.2k tokens) truncated to
+    [16, max_len] — drawn below the cut, not clipped to it: clipping made most micro-batches
+    of a small cap one sequence of exactly the cap, the same micro-batch over and over."""
+    mu, sigma = np.log(1200.0), 1.1
+    top = ndtr((np.log(max_len) - mu) / sigma)  # the share of the distribution below the cut
+    u = rng.uniform(0.0, top, n)
+    lengths = np.exp(mu + sigma * ndtri(u))
+    return np.clip(np.round(lengths), 16, max_len).astype(np.int64)
 
 
 def random_microbatches(
