@@ -80,3 +80,15 @@ def test_negative_seed_and_a_folder_as_lengths_file(tmp_path):
         generate_lengths(10, "rl", seed=-1)
     with pytest.raises(ValueError, match="is a folder; give a lengths file"):
         read_lengths(tmp_path)
+
+
+def test_read_lengths_from_json_and_npy(tmp_path):
+    (tmp_path / "a.json").write_text('{"lengths": [10, 20]}')
+    (tmp_path / "b.json").write_text("[3, 4, 5]")
+    np.save(tmp_path / "c.npy", np.array([7, 8], dtype=np.int32))
+    assert read_lengths(tmp_path / "a.json").tolist() == [10, 20]
+    assert read_lengths(tmp_path / "b.json").tolist() == [3, 4, 5]
+    assert read_lengths(tmp_path / "c.npy").tolist() == [7, 8]
+    np.save(tmp_path / "d.npy", np.array([2**63], dtype=np.uint64))  # not read as negative
+    with pytest.raises(ValueError, match="too large"):
+        read_lengths(tmp_path / "d.npy")

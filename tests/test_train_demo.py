@@ -246,12 +246,12 @@ def test_log_json_in_a_missing_folder_stops_before_any_process_starts(tmp_path, 
     ],
 )
 def test_lengths_file_errors_name_the_file(tmp_path, name, content, needle):
-    from costmodel.training.data import read_lengths_file
+    from costmodel.scheduler import read_lengths
 
     path = tmp_path / name
     path.write_bytes(content)
     with pytest.raises(ValueError, match=needle) as err:
-        read_lengths_file(path)
+        read_lengths(path)
     assert name in str(err.value) and len(str(err.value).splitlines()) == 1
 
 

@@ -108,10 +108,9 @@ def run(args: argparse.Namespace, *, measure=None) -> int:
     started = time.perf_counter()
     from costmodel.model import load_cost_model
     from costmodel.model_file import check_output_path, write_json_atomic
-    from costmodel.scheduler.lengths import DISTRIBUTIONS, generate_lengths
+    from costmodel.scheduler.lengths import DISTRIBUTIONS, generate_lengths, read_lengths
     from costmodel.spec import ModelSpec
     from costmodel.training import bench
-    from costmodel.training.data import read_lengths_file
 
     if args.output:  # before minutes of measuring, not after
         check_output_path(args.output, "-o")
@@ -143,7 +142,7 @@ def run(args: argparse.Namespace, *, measure=None) -> int:
                 f"--lengths {args.lengths!r} is neither a built-in distribution "
                 f"({', '.join(DISTRIBUTIONS)}) nor an existing lengths file"
             )
-        fixed = read_lengths_file(args.lengths)
+        fixed = read_lengths(args.lengths)
         if args.samples is not None and args.samples > fixed.size:
             raise ValueError(
                 f"--samples {args.samples} but {args.lengths} holds {fixed.size} lengths; "

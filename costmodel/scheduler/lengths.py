@@ -14,6 +14,7 @@ same lengths everywhere):
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -94,14 +95,58 @@ def parse_lengths(text: str, source: str = "lengths") -> np.ndarray:
 
 
 def read_lengths(path: str | Path) -> np.ndarray:
-    """Read a lengths file (see `parse_lengths`)."""
+    """Read a lengths file: text (see `parse_lengths`); ``.json``, a list of positive
+    integers or an object with a ``"lengths"`` list; ``.npy``, a 1-D integer array. Anything
+    else is a ValueError naming the file and the line or entry."""
     p = Path(path)
     if p.is_dir():
         raise ValueError(f"{p} is a folder; give a lengths file (one length per line)")
     if not p.is_file():
         raise FileNotFoundError(f"lengths file not found: {p}")
+    if p.suffix == ".npy":
+        return _read_npy(p)
+    if p.suffix == ".json":
+        return _read_json(p)
     try:
         text = p.read_text()
     except UnicodeDecodeError as err:
         raise ValueError(f"{p}: not a text file of lengths ({err})") from err
     return parse_lengths(text, str(p))
+
+
+def _read_npy(p: Path) -> np.ndarray:
+    try:
+        values = np.load(p, allow_pickle=False)
+    except (ValueError, OSError, EOFError) as err:  # not .npy, or an object array
+        raise ValueError(f"{p}: not a .npy array of lengths ({err})") from None
+    if values.ndim != 1 or not np.issubdtype(values.dtype, np.integer):
+        raise ValueError(f"{p}: expected a 1-D integer array of lengths, got {values.dtype} "
+                         f"with shape {values.shape}")
+    if values.size and np.issubdtype(values.dtype, np.unsignedinteger) and values.max() > _MAX_LENGTH:
+        raise ValueError(f"{p}: a length of {int(values.max())} is too large")
+    return _checked(values.astype(np.int64), p)
+
+
+def _read_json(p: Path) -> np.ndarray:
+    try:
+        data = json.loads(p.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise ValueError(f"{p}: not valid JSON ({err})") from None
+    if isinstance(data, dict):
+        data = data.get("lengths")
+    if not isinstance(data, list):
+        raise ValueError(f'{p}: expected a JSON list of lengths or {{"lengths": [...]}}')
+    for i, item in enumerate(data):
+        if isinstance(item, bool) or not isinstance(item, int) or not 1 <= item <= _MAX_LENGTH:
+            raise ValueError(f"{p}: entry {i} is {item!r}; every length must be a positive "
+                             f"integer up to {_MAX_LENGTH}")
+    return _checked(np.asarray(data, dtype=np.int64), p)
+
+
+def _checked(values: np.ndarray, p: Path) -> np.ndarray:
+    if values.size == 0:
+        raise ValueError(f"{p}: no lengths found; write one positive integer per line")
+    if (values < 1).any() or (values > _MAX_LENGTH).any():
+        bad = int(np.argmax((values < 1) | (values > _MAX_LENGTH)))
+        raise ValueError(f"{p}: entry {bad} is {values[bad]}; lengths must be in 1..{_MAX_LENGTH}")
+    return values

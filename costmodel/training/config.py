@@ -18,8 +18,9 @@ from typing import Any
 import numpy as np
 
 from costmodel.integrations.args import add_arguments, scheduler_from_args, validate_args
+from costmodel.scheduler.lengths import read_lengths
 from costmodel.spec import ModelSpec
-from costmodel.training.data import LengthSource, read_lengths_file
+from costmodel.training.data import LengthSource
 
 __all__ = ["Plan", "add_trainer_arguments", "prepare", "tiny_spec"]
 
@@ -166,7 +167,7 @@ def prepare(args: argparse.Namespace, dp_size: int, *, dtype: str = "fp32") -> P
 
     file_lengths: tuple[int, ...] = ()
     if args.lengths_file:
-        values = read_lengths_file(args.lengths_file)
+        values = read_lengths(args.lengths_file)
         if values.size < args.samples_per_step:
             raise ValueError(
                 f"{args.lengths_file} holds {values.size} lengths but --samples-per-step is "

@@ -1,4 +1,5 @@
-"""Synthetic RL-like variable-length batches, and lengths files (numpy only).
+"""Synthetic RL-like variable-length batches (numpy only); lengths files are read by
+`costmodel.scheduler.read_lengths`.
 
 The synthetic lengths are the scheduler's built-in ``"rl"`` distribution
 (`costmodel.scheduler.generate_lengths`), scaled down so a CPU step stays fast.
@@ -10,66 +11,13 @@ its own, and materialises only the samples it was given.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 
 from costmodel.scheduler.lengths import generate_lengths
 
-__all__ = ["LengthSource", "read_lengths_file", "sample_tokens"]
-
-
-def read_lengths_file(path: str | Path) -> np.ndarray:
-    """Read sequence lengths (tokens) from a file.
-
-    Text (the scheduler's format, `costmodel.scheduler.read_lengths`): positive integers,
-    one per line or comma separated; blank lines and ``#`` comment lines are skipped.
-    ``.json``: a list of positive integers (or an object with a ``"lengths"`` list).
-    ``.npy``: a 1-D integer array. Anything else is a ValueError naming the line (or entry).
-    """
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"lengths file {path} does not exist")
-    if path.suffix == ".npy":
-        try:
-            values = np.load(path, allow_pickle=False)
-        except (ValueError, OSError, EOFError) as err:  # not .npy, or an object array
-            raise ValueError(f"{path}: not a .npy array of lengths ({err})") from None
-        if values.ndim != 1 or not np.issubdtype(values.dtype, np.integer):
-            raise ValueError(
-                f"{path}: expected a 1-D integer array of lengths, got {values.dtype} "
-                f"with shape {values.shape}"
-            )
-        return _check_lengths(values.astype(np.int64), path)
-    if path.suffix == ".json":
-        try:
-            data = json.loads(path.read_text())
-        except (json.JSONDecodeError, UnicodeDecodeError) as err:
-            raise ValueError(f"{path}: not valid JSON ({err})") from None
-        if isinstance(data, dict):
-            data = data.get("lengths")
-        if not isinstance(data, list):
-            raise ValueError(f'{path}: expected a JSON list of lengths or {{"lengths": [...]}}')
-        for i, item in enumerate(data):
-            if isinstance(item, bool) or not isinstance(item, int) or not 1 <= item < 2**62:
-                raise ValueError(
-                    f"{path}: entry {i} is {item!r}; every length must be a positive integer"
-                )
-        return _check_lengths(np.asarray(data, dtype=np.int64), path)
-    from costmodel.scheduler.lengths import read_lengths
-
-    return read_lengths(path)
-
-
-def _check_lengths(values: np.ndarray, path: Path) -> np.ndarray:
-    if values.size == 0:
-        raise ValueError(f"{path}: no lengths found; write one positive integer per line")
-    if (values < 1).any():
-        bad = int(np.argmax(values < 1))
-        raise ValueError(f"{path}: entry {bad} is {values[bad]}; lengths must be positive")
-    return values
+__all__ = ["LengthSource", "sample_tokens"]
 
 
 def sample_tokens(seed: int, step: int, index: int, length: int, vocab_size: int) -> np.ndarray:
