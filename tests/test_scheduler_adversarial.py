@@ -99,3 +99,13 @@ def test_exactly_dp_times_align_samples_and_dp_one():
     assert all(len(mb) == 1 for rank in s.microbatches for mb in rank)
     s1 = build_schedule(lengths, dp_size=1, max_tokens_per_microbatch=16384, order="pipeline")
     check_schedule(s1, lengths, dp=1, cap=16384)
+
+
+def test_tight_packing_found_when_no_more_micro_batches_are_allowed():
+    """10 samples, 2 ranks × 3 micro-batches of 10 tokens: levelling fills strands a sample,
+    best-fit decreasing finds {10} {10} {8,2} {8,2} {8} {3,3,3} (found by a long fuzz)."""
+    lengths = [10, 10, 8, 8, 8, 3, 3, 3, 2, 2]
+    for cost in ("tokens", "flops"):
+        s = build_schedule(lengths, dp_size=2, max_tokens_per_microbatch=10, align=3,
+                           cost=cost, spec="qwen3-8b")
+        check_schedule(s, lengths, dp=2, cap=10, align=3)

@@ -19,7 +19,7 @@ import numpy as np
 
 from costmodel.scheduler.partition import karmarkar_karp_labels
 
-__all__ = ["assign_bins", "pack_tokens"]
+__all__ = ["assign_bins", "best_fit_pack", "pack_tokens"]
 
 _BIG = np.iinfo(np.int64).max
 # Up to this many micro-batches per rank, ranks are balanced with Karmarkar-Karp.
@@ -102,6 +102,52 @@ def pack_tokens(
     bin_of = np.empty(n, dtype=np.int64)
     bin_of[order] = bin_sorted
     return bin_of, 0
+
+
+def best_fit_pack(lengths: np.ndarray, k: int, cap: int, order: np.ndarray) -> np.ndarray | None:
+    """Exactly ``k`` non-empty micro-batches under the cap by best-fit decreasing, or None.
+
+    The fallback when `pack_tokens` fails and no more micro-batches are allowed: levelling
+    fills can strand a sample that fits only by filling some micro-batches to the brim
+    (caps of a few samples each). Each sample, longest first (``order``), goes where it
+    leaves the least room; one over the cap takes an empty micro-batch of its own; then
+    micro-batches left empty take the shortest sample of one holding several (a sample
+    moved out only makes room). A loop over samples: only failures get here.
+    """
+    import bisect
+
+    n_over = int((lengths > cap).sum())
+    open_bins = k - n_over
+    if open_bins < 0 or (open_bins == 0 and n_over < lengths.size):
+        return None
+    bins = np.empty(lengths.size, dtype=np.int64)
+    rooms = [(cap, b) for b in range(n_over, k)]  # (room left, micro-batch), sorted
+    members: list[list[int]] = [[] for _ in range(k)]
+    over = 0
+    for i in order.tolist():
+        length = int(lengths[i])
+        if length > cap:
+            b, over = over, over + 1
+        else:
+            pos = bisect.bisect_left(rooms, (length, -1))
+            if pos == len(rooms):
+                return None
+            room, b = rooms.pop(pos)
+            bisect.insort(rooms, (room - length, b))
+        bins[i] = b
+        members[b].append(i)
+    donors = sorted((b for b in range(k) if len(members[b]) > 1), key=lambda b: -len(members[b]))
+    for b in (b for b in range(k) if not members[b]):
+        while donors and len(members[donors[0]]) < 2:
+            donors.pop(0)
+        if not donors:
+            return None
+        src = members[donors[0]]
+        i = min(src, key=lambda j: (int(lengths[j]), j))
+        src.remove(i)
+        members[b].append(i)
+        bins[i] = b
+    return bins
 
 
 def assign_bins(bin_q: np.ndarray, dp: int, m: int) -> np.ndarray:

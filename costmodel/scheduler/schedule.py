@@ -44,7 +44,7 @@ from costmodel.flops import as_lengths
 from costmodel.scheduler.costs import Cost, as_cost
 from costmodel.scheduler.groups import place_groups
 from costmodel.scheduler.order import ORDERS, run_order
-from costmodel.scheduler.pack import assign_bins, pack_tokens
+from costmodel.scheduler.pack import assign_bins, best_fit_pack, pack_tokens
 from costmodel.scheduler.refine import BinState, local_search
 
 __all__ = ["Schedule", "build_schedule", "evaluate_schedule", "lower_bound"]
@@ -531,6 +531,8 @@ def _pack_and_assign(
     while True:
         tried.append(m)
         bins, left = pack_tokens(lens, dp * m, cap, by_length)
+        if bins is None and m >= m_max:  # no more micro-batches allowed: a tighter packing
+            bins = best_fit_pack(lens, dp * m, cap, by_length)
         if bins is not None:
             break
         if m >= m_max:
