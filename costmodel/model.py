@@ -49,7 +49,9 @@ from costmodel.model_file import (
 from costmodel.profiles import profile_path
 from costmodel.spec import ModelSpec, as_spec
 
-__all__ = ["DEFAULT_REFERENCE_TOKENS", "CostModel", "load_cost_model"]
+__all__ = [
+    "DEFAULT_REFERENCE_TOKENS", "CostModel", "load_cost_model", "separable_microbatch_costs",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -216,13 +218,7 @@ class CostModel:
                 f"offsets must start at 0, be non-decreasing and end at len(lengths)={L.size}; "
                 f"got first {off[0]}, last {off[-1]}"
             )
-        attn = self.sequence_costs(L, mode)
-        attn_cum = np.concatenate(([0.0], np.cumsum(attn)))
-        tok_cum = np.concatenate(([0], np.cumsum(L)))
-        attn_sum = attn_cum[off[1:]] - attn_cum[off[:-1]]
-        tokens = (tok_cum[off[1:]] - tok_cum[off[:-1]]).astype(np.float64)
-        cost = self.fixed_cost(mode) + attn_sum + self.token_costs(tokens, mode)
-        return np.where(tokens > 0, cost, 0.0)
+        return separable_microbatch_costs(self, L, off, mode)
 
     # The three parts of a non-empty micro-batch's cost: fixed_cost + Σ sequence_costs(Lᵢ)
     # + token_costs(Σ Lᵢ). The scheduler's local search uses them to price a move exactly
@@ -338,6 +334,21 @@ class CostModel:
 
 # ---- by path or name ---------------------------------------------------------------------
 _NAME_RE = re.compile(r"^([A-Za-z0-9_.-]+)/([A-Za-z0-9_.-]+)$")
+
+
+def separable_microbatch_costs(
+    parts: Any, lengths: np.ndarray, offsets: np.ndarray, mode: str = "train"
+) -> np.ndarray:
+    """CSR micro-batch costs of anything with the three parts of a separable cost
+    (`fixed_cost`, `sequence_costs`, `token_costs`, each taking `mode`): fixed + Σ sequence
+    costs + token cost of the micro-batch's total; an empty micro-batch costs 0. Inputs
+    already checked (int64 lengths >= 1, valid offsets)."""
+    attn_cum = np.concatenate(([0.0], np.cumsum(parts.sequence_costs(lengths, mode))))
+    tok_cum = np.concatenate(([0], np.cumsum(lengths)))
+    attn_sum = attn_cum[offsets[1:]] - attn_cum[offsets[:-1]]
+    tokens = (tok_cum[offsets[1:]] - tok_cum[offsets[:-1]]).astype(np.float64)
+    cost = parts.fixed_cost(mode) + attn_sum + parts.token_costs(tokens, mode)
+    return np.where(tokens > 0, cost, 0.0)
 
 
 def load_cost_model(

@@ -18,7 +18,8 @@ and the per-rank sums compare policies on equal terms.
 The measurement is injectable: ``measure(lengths) -> ms`` times one micro-batch. Each
 distinct micro-batch (as a sorted multiset of lengths) is timed once per round, and the
 rounds are interleaved (round 1 over all micro-batches, then round 2 in reverse, then
-shuffled) so slow drift favours no policy and no rank; the median over rounds is kept. CPU tests pass a fake measurer.
+shuffled) so slow drift favours no policy and no rank; the median over rounds is kept.
+CPU tests pass a fake measurer.
 
 Numpy only, except `LayerTimer` (torch, imported when it is built).
 """
@@ -99,12 +100,9 @@ class OneLayerCost:
         return self.model.curves[mode].linear[self.kind](np.asarray(tokens, dtype=np.float64))
 
     def microbatch_costs(self, lengths, offsets, mode: str = "train") -> np.ndarray:
-        lengths, offsets = np.asarray(lengths), np.asarray(offsets)
-        attn = np.concatenate(([0.0], np.cumsum(self.sequence_costs(lengths, mode))))
-        toks = np.concatenate(([0], np.cumsum(lengths)))
-        tokens = (toks[offsets[1:]] - toks[offsets[:-1]]).astype(np.float64)
-        cost = self.fixed_cost(mode) + attn[offsets[1:]] - attn[offsets[:-1]]
-        return np.where(tokens > 0, cost + self.token_costs(tokens, mode), 0.0)
+        from costmodel.model import separable_microbatch_costs
+
+        return separable_microbatch_costs(self, np.asarray(lengths), np.asarray(offsets), mode)
 
     def microbatch_cost(self, lengths, mode: str = "train") -> float:
         lengths = np.asarray(lengths)
@@ -121,6 +119,20 @@ def one_layer_flops_cost(spec, *, moe: bool):
                       + attention_core_flops(lengths, spec)).astype(np.float64)
 
     return AdditiveCost(f"train FLOPs of one {spec.name} layer", per_sample)
+
+
+def policy_cost(policy: str, spec, cost_model, *, moe: bool) -> Any:
+    """The cost a scheduling policy balances here (not the baseline, which packs its own
+    way): tokens, one layer's FLOPs, or one layer of the cost model."""
+    if policy == "tokens":
+        return "tokens"
+    if policy == "flops":
+        return one_layer_flops_cost(spec, moe=moe)
+    if policy == "calibrated":
+        if cost_model is None:
+            raise ValueError("policy 'calibrated' needs a cost model (--cost-model)")
+        return OneLayerCost(cost_model, moe=moe)
+    raise ValueError(f"unknown policy {policy!r}; allowed: {', '.join(POLICIES)}")
 
 
 def build_policy_schedules(
@@ -143,18 +155,9 @@ def build_policy_schedules(
         if policy == "baseline":
             out[policy] = _baseline_schedule(lengths, dp_size=dp_size, cap=cap, spec=spec)
             continue
-        if policy == "tokens":
-            cost: Any = "tokens"
-        elif policy == "flops":
-            cost = one_layer_flops_cost(spec, moe=moe)
-        elif policy == "calibrated":
-            if cost_model is None:
-                raise ValueError("policy 'calibrated' needs a cost model (--cost-model)")
-            cost = OneLayerCost(cost_model, moe=moe)
-        else:
-            raise ValueError(f"unknown policy {policy!r}; allowed: {', '.join(POLICIES)}")
         schedule = build_schedule(
-            lengths, dp_size=dp_size, max_tokens_per_microbatch=cap, cost=cost, spec=spec
+            lengths, dp_size=dp_size, max_tokens_per_microbatch=cap,
+            cost=policy_cost(policy, spec, cost_model, moe=moe), spec=spec,
         )
         out[policy] = _as_rank_lists(schedule)
     return out
@@ -498,20 +501,12 @@ def _max_over_mean(values: Sequence[float]) -> float:
 def _own_costs(policy: str, mbs: list[list[list[int]]], spec, cost_model, moe: bool) -> list[float]:
     """Per rank, the cost the policy balanced (the baseline: its FLOPs, head included)."""
     from costmodel.flops import calculate_train_flops
+    from costmodel.scheduler.costs import as_cost
 
-    out = []
-    for rank in mbs:
-        if policy == "tokens":
-            out.append(float(sum(sum(mb) for mb in rank)))
-        elif policy == "calibrated" and cost_model is not None:
-            one_layer = OneLayerCost(cost_model, moe=moe)
-            out.append(float(sum(one_layer.microbatch_cost(mb) for mb in rank)))
-        elif policy == "flops":
-            flops = one_layer_flops_cost(spec, moe=moe)
-            out.append(float(sum(flops.microbatch_cost(mb) for mb in rank)))
-        else:
-            out.append(float(sum(calculate_train_flops(mb, spec) for mb in rank)))
-    return out
+    if policy == "baseline":
+        return [float(sum(calculate_train_flops(mb, spec) for mb in rank)) for rank in mbs]
+    cost = as_cost(policy_cost(policy, spec, cost_model, moe=moe), spec)
+    return [float(sum(cost.microbatch_cost(mb) for mb in rank)) for rank in mbs]
 
 
 def run_benchmark(
