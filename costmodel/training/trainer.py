@@ -123,20 +123,26 @@ def _resolve_device(args: argparse.Namespace, local_rank: int):
     return torch.device("cpu"), "gloo", torch.float32, "fp32", args.attention or "sdpa"
 
 
+def _microbatch(args: argparse.Namespace, plan: Plan, step: int, mb, device):
+    """The packed tensors of micro-batch ``mb`` (sample indices) of ``step``."""
+    from costmodel.training.model import packed_batch
+
+    lengths = plan.lengths[step]
+    return packed_batch(
+        [sample_tokens(args.seed, step, int(i), int(lengths[i]), plan.spec.vocab_size) for i in mb],
+        device=device,
+    )
+
+
 def _warm_up(model, plan: Plan, args: argparse.Namespace, device, rank: int) -> None:
     """One untimed forward+backward on this rank's first micro-batch, gradients dropped:
     kernel compilation and library start-up stay out of step 0's timing."""
     import torch
 
-    from costmodel.training.model import packed_batch
-
     mb = plan.schedules[0].microbatches[rank][0] if plan.schedules else []
     if not mb:
         return
-    lengths = plan.lengths[0]
-    samples = [sample_tokens(args.seed, 0, int(i), int(lengths[i]), plan.spec.vocab_size)
-               for i in mb]
-    ids, _, cu_seqlens, max_seqlen = packed_batch(samples, device=device)
+    ids, _, cu_seqlens, max_seqlen = _microbatch(args, plan, 0, mb, device)
     model(ids, cu_seqlens, max_seqlen).float().sum().backward()
     model.zero_grad(set_to_none=True)
     if device.type == "cuda":
@@ -193,7 +199,7 @@ def _train_loop(args, plan: Plan, *, device, dtype, attention: str) -> TrainResu
     import torch.distributed as dist
     import torch.nn.functional as F
 
-    from costmodel.training.model import TinyGPT, packed_batch
+    from costmodel.training.model import TinyGPT
 
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(args.seed)
@@ -207,7 +213,6 @@ def _train_loop(args, plan: Plan, *, device, dtype, attention: str) -> TrainResu
     optimizer = torch.optim.AdamW(master, lr=args.lr, weight_decay=0.0)
     _warm_up(model, plan, args, device, rank)
     cuda = device.type == "cuda"
-    vocab = plan.spec.vocab_size
     result = TrainResult(rank=rank, world_size=world, model=model)
     log_file = open(args.log_json, "w") if (args.log_json and rank == 0) else None  # noqa: SIM115
     try:
@@ -221,13 +226,7 @@ def _train_loop(args, plan: Plan, *, device, dtype, attention: str) -> TrainResu
             # Target tokens of the whole step: the loss is a sum over this rank's tokens
             # divided by it, so Σ over ranks of the gradients is the global mean's gradient.
             global_targets = int(np.maximum(lengths - 1, 0).sum())
-            batches = [
-                packed_batch(
-                    [sample_tokens(args.seed, step, int(i), int(lengths[i]), vocab) for i in mb],
-                    device=device,
-                )
-                for mb in schedule.microbatches[rank]
-            ]
+            batches = [_microbatch(args, plan, step, mb, device) for mb in schedule.microbatches[rank]]
             if cuda:
                 torch.cuda.synchronize(device)
             start = time.perf_counter()
