@@ -331,6 +331,8 @@ def test_calibrate_and_validate_commands_with_a_synthetic_device(tmp_path, monke
     # validate times micro-batches the way the calibration timed its points
     assert doc["kernels"]["timing"] == "graph" and val["timing"] == "graph"
     assert timer_kwargs[0]["timing"] == timer_kwargs[-1]["timing"] == "graph"
+    # The fingerprint read for the GPU check is handed on, not read again (nvidia-smi).
+    assert all(kw["fingerprint"] == {"name": "NVIDIA H200"} for kw in timer_kwargs)
     assert main(["report", str(out)]) == 0
     text = capsys.readouterr().out
     assert "validation: 20 random micro-batches" in text

@@ -52,7 +52,8 @@ class KernelTimer:
     device (CUDA events), or with `device="cpu"` on the CPU (a dry run, wall clock)."""
 
     def __init__(self, spec: ModelSpec, *, attention: str = "torch-varlen", dtype: str = "bf16",
-                 device: str = "cuda", seed: int = 0, timing: str = "graph"):
+                 device: str = "cuda", seed: int = 0, timing: str = "graph",
+                 fingerprint: dict[str, Any] | None = None):
         if dtype not in _DTYPES:
             raise ValueError(f"dtype {dtype!r}; allowed: {', '.join(_DTYPES)}")
         check_timing(timing)
@@ -62,7 +63,8 @@ class KernelTimer:
         if device == "cuda":
             torch = require_cuda()
             self.device = torch.device("cuda", torch.cuda.current_device())
-            self._fingerprint = device_fingerprint(self.device.index)
+            # The caller's, when it already read it (nvidia-smi is a subprocess).
+            self._fingerprint = dict(fingerprint or device_fingerprint(self.device.index))
         else:
             import platform
 

@@ -90,11 +90,12 @@ def run(args: argparse.Namespace) -> int:
         spec = dataclasses.replace(spec, dtype=args.dtype)
     require_cuda()  # RuntimeError saying what is missing, before any work
     # A wrong --gpu fails here, before the timer checks the backend and captures graphs.
-    gpu_key, info = resolve_gpu(args.gpu, device_fingerprint())
+    fingerprint = device_fingerprint()
+    gpu_key, info = resolve_gpu(args.gpu, fingerprint)
     from costmodel.calibration.workloads import KernelTimer
 
-    timer = KernelTimer(spec, attention=args.attention, dtype=args.dtype, timing=args.timing)
-    fingerprint = timer.device_fingerprint()
+    timer = KernelTimer(spec, attention=args.attention, dtype=args.dtype, timing=args.timing,
+                        fingerprint=fingerprint)
     plan = make_plan(spec, modes=modes, max_len=args.max_len, max_tokens=args.max_tokens,
                      quick=args.quick, gpu=gpu_key if info else "h200", budget_s=args.budget_s)
     print(f"calibrating {spec.name} on {fingerprint['name']} ({gpu_key}), attention "

@@ -60,7 +60,8 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--time-limit-s must be > 0 seconds, got {args.time_limit_s}")
     require_cuda()
     # The wrong GPU fails here, before the timer checks the backend and captures graphs.
-    found = device_fingerprint()["name"]
+    fingerprint = device_fingerprint()
+    found = fingerprint["name"]
     if found != model.gpu and not args.allow_other_gpu:
         raise ValueError(
             f"{path} was calibrated on {model.gpu!r} but this GPU is {found!r}; validate on the "
@@ -74,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
     # option were timed eagerly).
     timing = kernels.get("timing", "eager")
     timer = KernelTimer(model.spec, attention=attention, dtype=kernels.get("dtype", "bf16"),
-                        timing=timing)
+                        timing=timing, fingerprint=fingerprint)
     settle_gpu(args.settle_s)
     print(f"validating {model.label} with {args.count} micro-batches per mode through "
           f"{args.layers} layers + head ({attention}, {timing} timing)", file=sys.stderr)
