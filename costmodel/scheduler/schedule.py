@@ -271,16 +271,17 @@ def lower_bound(
         return 0.0
     over = lengths > cap
     n_over = int(over.sum())
-    if order is None:
-        order = np.lexsort((np.arange(n), -lengths))
     if cost.separable and min(cap, int(lengths[~over].sum())) <= _SEPARABLE_BOUND_MAX_T:
-        return _separable_lower_bound(cost, lengths[order], cap, dp)
+        desc = lengths[order] if order is not None else np.sort(lengths)[::-1]
+        return _separable_lower_bound(cost, desc, cap, dp)
     if cost.additive:
         s = cost.sample_costs(lengths) if sample_costs is None else sample_costs
         n_bins = n_over + -(-int(lengths[~over].sum()) // cap)
         fixed = getattr(cost, "fixed", 0.0)
         total = math.fsum(s.tolist()) + fixed * n_bins
         return max(total / dp, fixed + float(s.max()))
+    if order is None:
+        order = np.lexsort((np.arange(n), -lengths))
     lo = lengths[order]
     fits = lo[n_over:]  # longest first: the oversized ones lead
     starts = np.cumsum(fits) - fits
