@@ -26,7 +26,7 @@ import numpy as np
 from scipy.optimize import isotonic_regression, nnls
 
 from costmodel.calibration.plan import KINDS
-from costmodel.curves import AttentionCurve, ModeCurves, TokenCurve
+from costmodel.curves import MODES, AttentionCurve, ModeCurves, TokenCurve
 
 __all__ = ["Record", "fit_attention", "fit_mode", "fit_token_curve", "residuals"]
 
@@ -64,7 +64,7 @@ class Record:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Record:
         """A stored measurement; ValueError saying what is impossible about it."""
-        if d["kind"] not in KINDS or d["mode"] not in ("train", "forward"):
+        if d["kind"] not in KINDS or d["mode"] not in MODES:
             raise ValueError(f"unknown kind {d['kind']!r} or mode {d['mode']!r}")
         if d["kind"] == "attention":
             lengths = (int(d["length"]),) * int(d["n"])
