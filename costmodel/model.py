@@ -25,6 +25,7 @@ itself is `costmodel.model_file`. Numpy/scipy only.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import re
@@ -50,7 +51,8 @@ from costmodel.profiles import profile_path
 from costmodel.spec import ModelSpec, as_spec
 
 __all__ = [
-    "DEFAULT_REFERENCE_TOKENS", "CostModel", "load_cost_model", "separable_microbatch_costs",
+    "DEFAULT_REFERENCE_TOKENS", "CostModel", "cached_cost_model", "load_cost_model",
+    "separable_microbatch_costs",
 ]
 
 logger = logging.getLogger(__name__)
@@ -407,6 +409,35 @@ def load_cost_model(
     from costmodel.estimate import estimate_cost_model  # here: estimate builds on CostModel
 
     return estimate_cost_model(model_spec, info)
+
+
+def cached_cost_model(
+    path_or_name: str | os.PathLike,
+    *,
+    spec: ModelSpec | str | None = None,
+    allow_other_shape: bool = False,
+) -> CostModel:
+    """`load_cost_model`, read and validated once per file version, for callers that name
+    the cost model on every training step (``cost="h200/qwen3-8b"`` in `build_schedule`,
+    the slime and verl drop-ins): loading takes ~7 ms, several times the schedule itself at
+    a thousand samples. A file rewritten in place (new mtime or size) is read again.
+    Callers share the returned object, so they must not modify it."""
+    text = os.fspath(path_or_name)
+    try:
+        st = os.stat(text)
+        text, stamp = os.path.abspath(text), (st.st_mtime_ns, st.st_size)
+    except OSError:  # a name, or a missing file (load_cost_model says which)
+        stamp = None
+    spec = as_spec(spec) if spec is not None else None
+    return _cached_cost_model(text, spec, bool(allow_other_shape), stamp)
+
+
+@functools.lru_cache(maxsize=8)
+def _cached_cost_model(
+    text: str, spec: ModelSpec | None, allow_other_shape: bool, stamp: tuple[int, int] | None
+) -> CostModel:
+    del stamp  # part of the cache key only
+    return load_cost_model(text, spec=spec, allow_other_shape=allow_other_shape)
 
 
 def _as_lengths(lengths: ArrayLike) -> np.ndarray:

@@ -300,3 +300,29 @@ def test_binary_file_is_named(tmp_path):
     p.write_bytes(b"\x89PNG\r\n\x1a\n\x00\xff\xfe")
     with pytest.raises(ValueError, match=r"bad\.json: not a text file"):
         load_cost_model(p)
+
+
+def test_cached_cost_model_reads_each_file_version_once(tmp_path, monkeypatch):
+    import costmodel.model as model_module
+
+    reads = []
+    real = model_module.load_cost_model
+    monkeypatch.setattr(
+        model_module, "load_cost_model", lambda *a, **k: reads.append(a[0]) or real(*a, **k)
+    )
+    path = tmp_path / "m.json"
+    with pytest.raises(FileNotFoundError):  # a failure is not remembered...
+        model_module.cached_cost_model(path)
+    _toy(per_mb=0.5).save(path)
+    first = model_module.cached_cost_model(path)  # ...the file is read once it exists
+    assert model_module.cached_cost_model(str(path), spec=SPEC.name) is not first  # other key
+    assert model_module.cached_cost_model(path) is first
+    assert len(reads) == 3
+    # Rewritten in place (a new calibration): read again, and the new numbers are used.
+    _toy(per_mb=2.5).save(path)
+    st = os.stat(path)
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
+    again = model_module.cached_cost_model(path)
+    assert again is not first and len(reads) == 4
+    diff = again.microbatch_cost([100]) - first.microbatch_cost([100])
+    assert diff == pytest.approx(2.0)

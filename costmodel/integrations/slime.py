@@ -78,7 +78,7 @@ def _resolve_cost(args: Any) -> tuple[Any, Any, bool]:
         or cost_model
     )
     if cost_model:
-        from costmodel.model import load_cost_model
+        from costmodel.model import cached_cost_model  # called once per step
 
         try:
             spec = _spec_from_args(args)
@@ -86,7 +86,7 @@ def _resolve_cost(args: Any) -> tuple[Any, Any, bool]:
             logger.warning("model shape not on args (%s); cost model shape not checked", err)
             spec = None
         allow = bool(getattr(args, "cost_model_allow_other_shape", False))
-        model = load_cost_model(cost_model, spec=spec, allow_other_shape=allow)
+        model = cached_cost_model(cost_model, spec=spec, allow_other_shape=allow)
         return model, spec, balance
     if balance:
         return "flops", _spec_from_args(args), balance

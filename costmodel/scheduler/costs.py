@@ -279,7 +279,8 @@ def as_cost(cost: Any = "tokens", spec: Any = None, mode: str = "train") -> Cost
     """Turn what a caller passed as ``cost`` into a `Cost` (see the module docstring).
 
     A string other than "tokens"/"flops" is loaded as a cost model (a file path or a
-    shipped name such as "h200/qwen3-8b") with `costmodel.model.load_cost_model`.
+    shipped name such as "h200/qwen3-8b") with `costmodel.model.cached_cost_model`: once
+    per file version, not on every call (training steps name it every time).
     """
     if mode not in _MODES:
         raise ValueError(f"mode must be one of {_MODES}, got {mode!r}")
@@ -291,17 +292,13 @@ def as_cost(cost: Any = "tokens", spec: Any = None, mode: str = "train") -> Cost
         if cost == "flops":
             return flops_cost(spec, mode)
         try:
-            from costmodel.model import load_cost_model
+            from costmodel.model import cached_cost_model
         except ImportError as err:  # pragma: no cover - model.py ships with the package
             raise ValueError(
                 f"cost {cost!r} is not 'tokens' or 'flops', and cost models cannot be "
                 f"loaded here ({err})"
             ) from err
-        if isinstance(spec, str):
-            from costmodel.spec import ModelSpec
-
-            spec = ModelSpec.from_any(spec)
-        return ModelCost(load_cost_model(cost, spec=spec), mode)
+        return ModelCost(cached_cost_model(cost, spec=spec), mode)
     if hasattr(cost, "microbatch_costs") or hasattr(cost, "microbatch_cost"):
         return ModelCost(cost, mode)
     if callable(cost):
