@@ -35,6 +35,26 @@ def test_groups_search_micro_batch_counts_both_ways(lengths, group_ids, dp, alig
     assert s.num_microbatches == m
 
 
+@pytest.mark.parametrize(
+    "lengths, group_ids, dp, cap, align, m",
+    [
+        # Feasible ({31, 42} | {62, 1, 11, 1, 37, 2}), but the balanced placement put 31, 37
+        # and 42 (pairwise over the cap) on one rank of 2 micro-batches: a swap of groups
+        # repairs it.
+        ([1, 31, 62, 37, 1, 11, 42, 2], [2, 0, 1, 2, 1, 1, 0, 2], 2, 64, 2, 2),
+        # m = 4 failed (the placement left a rank short) and ended the search, which only
+        # grew m from there; m = 3 works: {4, 3, 4} | {2, 3, 4, 1, 1, 1}.
+        ([2, 3, 4, 1, 4, 1, 3, 4, 1], [0, 1, 1, 0, 2, 0, 2, 2, 0], 2, 4, 1, 3),
+    ],
+)
+def test_tight_grouped_inputs_that_fit_are_placed(lengths, group_ids, dp, cap, align, m):
+    s = build_schedule(
+        lengths, dp_size=dp, max_tokens_per_microbatch=cap, align=align, group_ids=group_ids
+    )
+    check_schedule(s, lengths, dp=dp, cap=cap, align=align, group_ids=group_ids)
+    assert s.num_microbatches == m
+
+
 def test_a_group_too_large_for_any_rank_is_named():
     # 100 samples of one prompt need 100 micro-batches on their rank; 103 samples over
     # 2 ranks allow at most 51 each.

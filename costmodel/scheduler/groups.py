@@ -11,7 +11,9 @@ Distribute, then pack:
 3. Each rank's samples are packed into exactly ``m`` micro-batches by `pack.pack_tokens`.
 
 When a rank cannot get ``m`` samples, the caller retries with fewer micro-batches per rank;
-when a rank cannot be packed, with more.
+when a rank cannot be packed, with more. When neither way is left, the caller tries again
+with ``tight``: a best-fit packer where levelling fails, and a rank that still does not
+pack swaps or hands over one group (`_repair`).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import heapq
 
 import numpy as np
 
-from costmodel.scheduler.pack import pack_tokens
+from costmodel.scheduler.pack import best_fit_pack, pack_tokens
 from costmodel.scheduler.refine import pair_ranks
 
 __all__ = ["place_groups"]
@@ -194,11 +196,14 @@ def place_groups(
     short: int,
     rel_tol: float = 5e-5,
     max_sweeps: int = 64,
+    tight: bool = False,
 ) -> tuple[np.ndarray, np.ndarray] | str:
     """Ranks and micro-batches (ids ``rank * m + slot``) for grouped samples, or why not:
     "samples" when some rank cannot get ``m`` samples, "tokens" when some rank's samples do
     not pack into ``m`` micro-batches. ``short``: room to leave per micro-batch for the
-    shortest samples (see `schedule._start_m`)."""
+    shortest samples (see `schedule._start_m`). ``tight``: before saying "tokens", try a
+    best-fit packer and swaps of groups between ranks (slower: for when no other ``m``
+    worked)."""
     members, starts = _units(groups)
     seg = starts[:-1]
     # An oversized sample takes a whole micro-batch: count it as cap tokens of budget.
@@ -219,13 +224,110 @@ def place_groups(
             break
     rank_of = np.empty(lens.size, dtype=np.int64)
     rank_of[members] = np.repeat(rank_of_unit, uc)
+    bin_of = _pack_ranks(lens, rank_of, dp, m, cap, tight)
+    if bin_of is None and tight:
+        packs = _Packs(lens, members, starts, m, cap)
+        for r in range(dp):
+            if not packs.fit(rank_of_unit, r) and not _repair(packs, rank_of_unit, r, ut, uc, dp, m):
+                return "tokens"
+        rank_of[members] = np.repeat(rank_of_unit, uc)
+        bin_of = _pack_ranks(lens, rank_of, dp, m, cap, tight)
+    return "tokens" if bin_of is None else (rank_of, bin_of)
+
+
+def _pack_rank(lens: np.ndarray, m: int, cap: int, tight: bool) -> np.ndarray | None:
+    """One rank's samples into ``m`` micro-batches under the cap, or None."""
+    bins, _ = pack_tokens(lens, m, cap)
+    if bins is None and tight:  # levelling fills can strand a sample that a tight fit would place
+        bins = best_fit_pack(lens, m, cap, np.lexsort((np.arange(lens.size), -lens)))
+    return bins
+
+
+def _pack_ranks(
+    lens: np.ndarray, rank_of: np.ndarray, dp: int, m: int, cap: int, tight: bool
+) -> np.ndarray | None:
+    """Micro-batch ids (``rank * m + slot``) of every sample, or None if a rank fails."""
     bin_of = np.empty(lens.size, dtype=np.int64)
     by_rank = np.argsort(rank_of, kind="stable")
     bounds = np.concatenate([[0], np.cumsum(np.bincount(rank_of, minlength=dp))])
     for r in range(dp):
         idx = by_rank[bounds[r] : bounds[r + 1]]
-        bins, _ = pack_tokens(lens[idx], m, cap)
+        bins = _pack_rank(lens[idx], m, cap, tight)
         if bins is None:
-            return "tokens"
+            return None
         bin_of[idx] = r * m + bins
-    return rank_of, bin_of
+    return bin_of
+
+
+class _Packs:
+    """Whether a rank's groups pack into ``m`` micro-batches, remembered by its groups."""
+
+    def __init__(self, lens: np.ndarray, members: np.ndarray, starts: np.ndarray, m: int, cap: int):
+        self.lens, self.members, self.starts, self.m, self.cap = lens, members, starts, m, cap
+        self.tries = 0
+        self._known: dict[bytes, bool] = {}
+
+    def fit(self, rank_of_unit: np.ndarray, r: int) -> bool:
+        units = np.flatnonzero(rank_of_unit == r)
+        key = units.tobytes()
+        if key not in self._known:
+            self.tries += 1
+            sizes = np.diff(self.starts)[units]
+            first = np.repeat(self.starts[units] - np.cumsum(sizes) + sizes, sizes)
+            idx = np.sort(self.members[first + np.arange(first.size)])
+            self._known[key] = _pack_rank(self.lens[idx], self.m, self.cap, True) is not None
+        return self._known[key]
+
+
+# Repairs pack at most this many samples in all (a few dozen tries at thousands of samples
+# per rank, so an impossible input still fails in well under a second), and at most
+# _REPAIR_TRIES packings.
+_REPAIR_SAMPLES = 1 << 17
+_REPAIR_TRIES = 256
+
+
+def _repair(
+    packs: _Packs,
+    rank_of_unit: np.ndarray,
+    r: int,
+    ut: np.ndarray,
+    uc: np.ndarray,
+    dp: int,
+    min_count: int,
+) -> bool:
+    """Make rank ``r`` pack by moving one of its groups to another rank, or swapping one for
+    a smaller group there, such that both ranks pack and keep ``min_count`` samples.
+
+    Placement balances cost under a token budget, which does not see how samples fit
+    together: three samples pairwise over the cap need three micro-batches whatever their
+    total. Only tight inputs get here (a few samples per micro-batch, no more micro-batches
+    allowed); feasibility comes first, so balance is not checked. False if none works
+    within the budget above.
+    """
+    per_rank = max(1, int(uc.sum()) // dp)
+    budget = max(4, min(_REPAIR_TRIES, _REPAIR_SAMPLES // per_rank))
+    cnt = np.bincount(rank_of_unit, weights=uc, minlength=dp).astype(np.int64)
+    tok = np.bincount(rank_of_unit, weights=ut, minlength=dp).astype(np.int64)
+    units_of = [np.flatnonzero(rank_of_unit == s) for s in range(dp)]
+    mine = units_of[r][np.lexsort((units_of[r], -ut[units_of[r]]))]  # most tokens first
+    others = [s for s in np.argsort(tok, kind="stable").tolist() if s != r]
+    start, looked = packs.tries, 0
+    for u in mine.tolist():
+        for s in others:
+            theirs = units_of[s]
+            for v in [-1] + theirs[ut[theirs] < ut[u]].tolist():  # -1: a move
+                looked += 1
+                if packs.tries - start >= budget or looked > 16 * _REPAIR_TRIES:
+                    return False
+                give = uc[u] - (uc[v] if v >= 0 else 0)  # samples r hands to s, net
+                if cnt[r] - give < min_count or cnt[s] + give < min_count:
+                    continue
+                rank_of_unit[u] = s
+                if v >= 0:
+                    rank_of_unit[v] = r
+                if packs.fit(rank_of_unit, r) and packs.fit(rank_of_unit, s):
+                    return True
+                rank_of_unit[u] = r
+                if v >= 0:
+                    rank_of_unit[v] = s
+    return False

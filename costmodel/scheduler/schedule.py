@@ -569,6 +569,9 @@ def _pack_and_assign(
     return bin_of // m, bin_of, m, renumbered_q
 
 
+_LAST_TRIES = 8
+
+
 def _place_groups(
     lens: np.ndarray,
     q: np.ndarray,
@@ -593,20 +596,35 @@ def _place_groups(
     need = tokens * 1.01 + dp * tokens / (2 * n_groups)
     m = max(m, min(_round_up(math.ceil(need / (dp * (cap - short + 1))), align), hi))
     tried: list[int] = []
+    failed: list[tuple[int, str]] = []
     shrunk = False
     while True:
         tried.append(m)
         placed = place_groups(lens, q, groups, dp, m, cap, short)
         if not isinstance(placed, str):
             return placed[0], placed[1], m
+        failed.append((m, placed))
         if placed == "samples":
             hi, shrunk = m - align, True
         else:
             lo = m + align
         if lo > hi:
+            # Placement is a heuristic: a failure at one m does not prove the others fail
+            # (a rank one sample short at m + 1 may pack at m; a rank that did not pack may
+            # after a swap of groups). Before refusing, try again with the tight packer and
+            # group swaps, nearest the first guess first, every count that did not leave a
+            # rank short of samples (rarely reached: tight inputs only).
+            short_of_samples = {x for x, why in failed if why == "samples"}
+            retry = [x for x in range(m_range[0], m_range[2] + 1, align) if x not in short_of_samples]
+            retried = sorted(retry, key=lambda x: (abs(x - tried[0]), x))[:_LAST_TRIES]
+            for x in retried:
+                placed = place_groups(lens, q, groups, dp, x, cap, short, tight=True)
+                if not isinstance(placed, str):
+                    return placed[0], placed[1], x
             raise ValueError(
                 f"could not pack {lens.size} samples in {n_groups} groups into {dp} ranks × m "
-                f"micro-batches of at most {cap} tokens (tried m = {tried}); a group stays on "
+                f"micro-batches of at most {cap} tokens (tried m = {tried}, then {retried} with "
+                f"a tighter packer and swaps of groups); a group stays on "
                 f"one rank and every rank needs m samples: raise max_tokens_per_microbatch, "
                 f"lower dp_size or align, or use smaller groups"
             )
