@@ -35,6 +35,9 @@ from costmodel.spec import ModelSpec, as_spec
 
 # Above this, Σ L² could overflow int64, so the exact sums fall back to Python ints.
 _INT64_SAFE = 2**62
+# The longest sequence accepted: beyond any context window, the most int32 cu_seqlens hold,
+# and short enough that L(L+1)/2 stays exact in int64.
+MAX_LENGTH = 2**31 - 1
 
 BREAKDOWN_KEYS = (
     "attention_projections",
@@ -48,7 +51,7 @@ BREAKDOWN_KEYS = (
 
 
 def as_lengths(seqlens: ArrayLike, what: str = "sequence lengths") -> np.ndarray:
-    """Validate lengths: a 1-D sequence of positive integers, returned as int64."""
+    """Validate lengths: a 1-D sequence of integers in 1..`MAX_LENGTH`, returned as int64."""
     arr = np.asarray(seqlens)
     if arr.ndim == 0:
         arr = arr.reshape(1)
@@ -56,6 +59,9 @@ def as_lengths(seqlens: ArrayLike, what: str = "sequence lengths") -> np.ndarray
         raise ValueError(f"{what} must be a 1-D list of integers, got shape {arr.shape}")
     if arr.size == 0:
         return np.zeros(0, dtype=np.int64)
+    if arr.dtype.kind == "O" and all(type(x) is int for x in arr.tolist()):  # past int64
+        i = next(i for i, x in enumerate(arr.tolist()) if not 1 <= x <= MAX_LENGTH)
+        raise _length_out_of_range(what, arr[i], i)
     if arr.dtype.kind == "f":
         bad = ~np.isfinite(arr) | (arr != np.floor(arr))
         if bad.any():
@@ -63,11 +69,19 @@ def as_lengths(seqlens: ArrayLike, what: str = "sequence lengths") -> np.ndarray
             raise ValueError(f"{what} must be whole numbers of tokens, got {arr[i]!r} at index {i}")
     elif arr.dtype.kind not in "iu":
         raise ValueError(f"{what} must be integers, got dtype {arr.dtype}")
-    lengths = arr.astype(np.int64)
-    if (lengths < 1).any():
-        i = int(np.flatnonzero(lengths < 1)[0])
-        raise ValueError(f"{what} must be positive (>= 1 token), got {lengths[i]} at index {i}")
-    return lengths
+    bad = (arr < 1) | (arr > MAX_LENGTH)  # before the int64 cast, which would wrap around
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        raise _length_out_of_range(what, arr[i].item(), i)
+    return arr.astype(np.int64)
+
+
+def _length_out_of_range(what: str, value: float, i: int) -> ValueError:
+    if value < 1:
+        return ValueError(f"{what} must be positive (>= 1 token), got {value} at index {i}")
+    shown = f"{value:,}" if isinstance(value, int) else f"{value:g}"
+    return ValueError(f"{what} must be at most {MAX_LENGTH:,} tokens (2^31 - 1), got {shown} "
+                      f"at index {i}")
 
 
 def causal_pairs(seqlens: ArrayLike, window: int = 0) -> np.ndarray:

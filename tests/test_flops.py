@@ -203,6 +203,15 @@ def test_bad_lengths_rejected(bad):
         calculate_fwd_flops(bad, ModelSpec.from_preset("qwen3-0.6b"))
 
 
+@pytest.mark.parametrize("too_long", [[2**31], [10**10], [1e20], [10**26, 5]])
+def test_lengths_past_2_31_are_refused_not_wrapped(too_long):
+    # L(L+1)/2 of 1e10 overflows int64: it printed a wrong (or negative) count before.
+    with pytest.raises(ValueError, match=r"at most 2,147,483,647 tokens"):
+        calculate_fwd_flops(too_long, ModelSpec.from_preset("qwen3-0.6b"))
+    longest = calculate_fwd_flops([2**31 - 1], ModelSpec.from_preset("qwen3-0.6b"))
+    assert longest > calculate_fwd_flops([2**31 - 2], ModelSpec.from_preset("qwen3-0.6b")) > 0
+
+
 def test_million_lengths_vectorised():
     # Speed is measured in benchmarks/bench_flops.py; here, that the per-sequence and the
     # exact totals agree at a million lengths.

@@ -129,3 +129,11 @@ def test_tight_packing_found_when_no_more_micro_batches_are_allowed():
         s = build_schedule(lengths, dp_size=2, max_tokens_per_microbatch=10, align=3,
                            cost=cost, spec="qwen3-8b")
         check_schedule(s, lengths, dp=2, cap=10, align=3)
+
+
+def test_a_cap_past_the_longest_length_allowed_is_refused_not_overflowed():
+    # 1e20 went into int64 budget arithmetic: an OverflowError traceback.
+    with pytest.raises(ValueError, match=r"max_tokens_per_microbatch must be at most 2,147,483,647"):
+        build_schedule([5, 6], dp_size=1, max_tokens_per_microbatch=10**20)
+    s = build_schedule([5, 6], dp_size=1, max_tokens_per_microbatch=2**31 - 1, cost="h200/qwen3-8b")
+    assert s.num_microbatches == 1

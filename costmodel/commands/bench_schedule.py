@@ -108,7 +108,12 @@ def run(args: argparse.Namespace, *, measure=None) -> int:
     started = time.perf_counter()
     from costmodel.model import load_cost_model
     from costmodel.model_file import check_output_path, write_json_atomic
-    from costmodel.scheduler.lengths import DISTRIBUTIONS, generate_lengths, read_lengths
+    from costmodel.scheduler.lengths import (
+        DISTRIBUTIONS,
+        MAX_GENERATED,
+        generate_lengths,
+        read_lengths,
+    )
     from costmodel.spec import ModelSpec
     from costmodel.training import bench
 
@@ -131,10 +136,11 @@ def run(args: argparse.Namespace, *, measure=None) -> int:
     spec = ModelSpec.from_any(args.model)
 
     # Lengths: a file is one batch; a distribution is drawn per DP size (samples per rank).
-    if args.samples is not None and args.samples < 1:
-        raise ValueError(f"--samples must be at least 1, got {args.samples}")
-    if args.samples_per_rank < 1:
-        raise ValueError(f"--samples-per-rank must be at least 1, got {args.samples_per_rank}")
+    if args.samples is not None and not 1 <= args.samples <= MAX_GENERATED:
+        raise ValueError(f"--samples must be in 1..{MAX_GENERATED:,}, got {args.samples}")
+    if not 1 <= args.samples_per_rank * max(dp_sizes) <= MAX_GENERATED:
+        raise ValueError(f"--samples-per-rank must be at least 1 and at most {MAX_GENERATED:,} "
+                         f"in all at the largest --dp, got {args.samples_per_rank}")
     fixed_batch = args.samples is not None or args.lengths not in DISTRIBUTIONS
     if args.lengths not in DISTRIBUTIONS:
         if not Path(args.lengths).exists():

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from costmodel.scheduler.lengths import DISTRIBUTIONS, generate_lengths, read_lengths
+from costmodel.scheduler.lengths import DISTRIBUTIONS, MAX_GENERATED, generate_lengths, read_lengths
 
 
 def add_batch_arguments(p: argparse.ArgumentParser) -> None:
@@ -49,18 +49,15 @@ def add_batch_arguments(p: argparse.ArgumentParser) -> None:
     )
 
 
-# Generated batches: far above any training step, far below exhausting memory.
-_MAX_N = 10_000_000
-
 
 def batch_lengths(args: argparse.Namespace) -> tuple[np.ndarray, str]:
     """The lengths the flags describe, and a short description of where they came from."""
     if args.lengths:
         lengths = read_lengths(args.lengths)
         return lengths, f"{lengths.size} lengths from {args.lengths}"
-    if args.n > _MAX_N:
+    if args.n > MAX_GENERATED:
         raise ValueError(f"--n {args.n} samples is more than this command schedules (at most "
-                         f"{_MAX_N:,}; a step of an RL run has thousands to tens of thousands)")
+                         f"{MAX_GENERATED:,}; a step of an RL run has thousands to tens of thousands)")
     return (
         generate_lengths(args.n, args.dist, seed=args.seed),
         f"{args.n} samples, distribution {args.dist!r}, seed {args.seed}",

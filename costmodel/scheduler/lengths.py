@@ -20,18 +20,24 @@ from pathlib import Path
 
 import numpy as np
 
+from costmodel.flops import MAX_LENGTH
+
 __all__ = ["DISTRIBUTIONS", "generate_lengths", "read_lengths", "parse_lengths"]
 
 DISTRIBUTIONS = ("rl", "bimodal")
 DEFAULT_MAX_RESPONSE = 16384 - 1500
+# Generated batches: far above any training step, far below exhausting memory.
+MAX_GENERATED = 10_000_000
 
 
 def generate_lengths(
     n: int, dist: str = "rl", *, seed: int = 0, max_response: int = DEFAULT_MAX_RESPONSE
 ) -> np.ndarray:
-    """``n`` sample lengths (prompt + response tokens) from a built-in distribution."""
-    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
-        raise ValueError(f"n must be an integer >= 1, got {n!r}")
+    """``n`` (at most `MAX_GENERATED`) sample lengths (prompt + response tokens) from a
+    built-in distribution."""
+    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or not 1 <= n <= MAX_GENERATED:
+        raise ValueError(f"n must be an integer in 1..{MAX_GENERATED:,} (a step of an RL run has "
+                         f"thousands to tens of thousands of samples), got {n!r}")
     if max_response < 1:
         raise ValueError(f"max_response must be >= 1, got {max_response}")
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
@@ -53,9 +59,6 @@ def generate_lengths(
 
 _TOKEN = re.compile(r"^[+-]?\d+$")  # a sign is read, then checked: "-5" is below 1
 
-
-# A sequence longer than this is a typo, and would overflow int64 cost arithmetic.
-_MAX_LENGTH = 2**31 - 1
 
 
 def parse_lengths(text: str, source: str = "lengths") -> np.ndarray:
@@ -83,10 +86,10 @@ def parse_lengths(text: str, source: str = "lengths") -> np.ndarray:
             value = int(token)
             if value < 1:
                 raise ValueError(f"{source}: line {lineno}: length {value} must be >= 1")
-            if value > _MAX_LENGTH:
+            if value > MAX_LENGTH:
                 raise ValueError(
                     f"{source}: line {lineno}: length {value} is too large: beyond any context window "
-                    f"(at most {_MAX_LENGTH:,} tokens)"
+                    f"(at most {MAX_LENGTH:,} tokens)"
                 )
             values.append(value)
     if not values:
@@ -122,7 +125,7 @@ def _read_npy(p: Path) -> np.ndarray:
     if values.ndim != 1 or not np.issubdtype(values.dtype, np.integer):
         raise ValueError(f"{p}: expected a 1-D integer array of lengths, got {values.dtype} "
                          f"with shape {values.shape}")
-    if values.size and np.issubdtype(values.dtype, np.unsignedinteger) and values.max() > _MAX_LENGTH:
+    if values.size and np.issubdtype(values.dtype, np.unsignedinteger) and values.max() > MAX_LENGTH:
         raise ValueError(f"{p}: a length of {int(values.max())} is too large")
     return _checked(values.astype(np.int64), p)
 
@@ -137,16 +140,16 @@ def _read_json(p: Path) -> np.ndarray:
     if not isinstance(data, list):
         raise ValueError(f'{p}: expected a JSON list of lengths or {{"lengths": [...]}}')
     for i, item in enumerate(data):
-        if isinstance(item, bool) or not isinstance(item, int) or not 1 <= item <= _MAX_LENGTH:
+        if isinstance(item, bool) or not isinstance(item, int) or not 1 <= item <= MAX_LENGTH:
             raise ValueError(f"{p}: entry {i} is {item!r}; every length must be a positive "
-                             f"integer up to {_MAX_LENGTH}")
+                             f"integer up to {MAX_LENGTH}")
     return _checked(np.asarray(data, dtype=np.int64), p)
 
 
 def _checked(values: np.ndarray, p: Path) -> np.ndarray:
     if values.size == 0:
         raise ValueError(f"{p}: no lengths found; write one positive integer per line")
-    if (values < 1).any() or (values > _MAX_LENGTH).any():
-        bad = int(np.argmax((values < 1) | (values > _MAX_LENGTH)))
-        raise ValueError(f"{p}: entry {bad} is {values[bad]}; lengths must be in 1..{_MAX_LENGTH}")
+    if (values < 1).any() or (values > MAX_LENGTH).any():
+        bad = int(np.argmax((values < 1) | (values > MAX_LENGTH)))
+        raise ValueError(f"{p}: entry {bad} is {values[bad]}; lengths must be in 1..{MAX_LENGTH}")
     return values

@@ -40,7 +40,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import ArrayLike
 
-from costmodel.flops import as_lengths
+from costmodel.flops import MAX_LENGTH, as_lengths
 from costmodel.scheduler.costs import Cost, as_cost
 from costmodel.scheduler.groups import place_groups
 from costmodel.scheduler.order import ORDERS, run_order
@@ -152,6 +152,14 @@ def _positive_int(value: Any, name: str) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
         raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
     return int(value)
+
+
+def _token_cap(value: Any) -> int:
+    cap = _positive_int(value, "max_tokens_per_microbatch")
+    if cap > MAX_LENGTH:  # no sample is longer; larger caps would overflow int64 budgets
+        raise ValueError(f"max_tokens_per_microbatch must be at most {MAX_LENGTH:,} (2^31 - 1, "
+                         f"the longest sample allowed), got {cap:,}")
+    return cap
 
 
 def _dense_groups(group_ids: Sequence[Any], n: int) -> np.ndarray:
@@ -363,7 +371,7 @@ def build_schedule(
     """
     lens = as_lengths(lengths, "lengths")
     dp = _positive_int(dp_size, "dp_size")
-    cap = _positive_int(max_tokens_per_microbatch, "max_tokens_per_microbatch")
+    cap = _token_cap(max_tokens_per_microbatch)
     align = _positive_int(align, "align")
     if order not in ORDERS:
         raise ValueError(f"order must be one of {ORDERS}, got {order!r}")
@@ -705,7 +713,7 @@ def evaluate_schedule(
     those).
     """
     lens = as_lengths(lengths, "lengths")
-    cap = _positive_int(max_tokens_per_microbatch, "max_tokens_per_microbatch")
+    cap = _token_cap(max_tokens_per_microbatch)
     cost_obj = as_cost(cost, spec, mode)
     flat = [np.asarray(sorted(mb), dtype=np.int64) for rank in microbatches for mb in rank]
     sizes = [x.size for x in flat]
