@@ -420,12 +420,14 @@ def cached_cost_model(
     """`load_cost_model`, read and validated once per file version, for callers that name
     the cost model on every training step (``cost="h200/qwen3-8b"`` in `build_schedule`,
     the slime and verl drop-ins): loading takes ~7 ms, several times the schedule itself at
-    a thousand samples. A file rewritten in place (new mtime or size) is read again.
-    Callers share the returned object, so they must not modify it."""
+    a thousand samples. A file rewritten or replaced (another inode, size, mtime or ctime;
+    ctime cannot be set back) is read again. Callers share the returned object, so they
+    must not modify it."""
     text = os.fspath(path_or_name)
     try:
         st = os.stat(text)
-        text, stamp = os.path.abspath(text), (st.st_mtime_ns, st.st_size)
+        text = os.path.abspath(text)
+        stamp = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
     except OSError:  # a name, or a missing file (load_cost_model says which)
         stamp = None
     spec = as_spec(spec) if spec is not None else None
@@ -434,7 +436,7 @@ def cached_cost_model(
 
 @functools.lru_cache(maxsize=8)
 def _cached_cost_model(
-    text: str, spec: ModelSpec | None, allow_other_shape: bool, stamp: tuple[int, int] | None
+    text: str, spec: ModelSpec | None, allow_other_shape: bool, stamp: tuple[int, ...] | None
 ) -> CostModel:
     del stamp  # part of the cache key only
     return load_cost_model(text, spec=spec, allow_other_shape=allow_other_shape)

@@ -84,6 +84,14 @@ class ModelSpec:
         ):
             _require_non_negative_int(self, field)
         _require_positive_int(self, "moe_layer_freq")
+        if self.moe_layers is not None:
+            ids = self.moe_layers
+            if not isinstance(ids, (list, tuple)) or any(
+                isinstance(i, bool) or not isinstance(i, int) for i in ids
+            ):
+                raise ValueError(f"{self.name}: moe_layers must be a list of layer indices, got "
+                                 f"{ids!r:.60}")
+            object.__setattr__(self, "moe_layers", tuple(ids))  # hashable, like every field
         if self.num_heads % self.num_kv_heads:
             raise ValueError(
                 f"{self.name}: num_heads={self.num_heads} is not a multiple of "
@@ -177,8 +185,6 @@ class ModelSpec:
         if unknown:
             raise ValueError(f"unknown ModelSpec fields {unknown}; known: {sorted(known)}")
         kwargs = dict(d)
-        if kwargs.get("moe_layers") is not None:
-            kwargs["moe_layers"] = tuple(kwargs["moe_layers"])
         try:
             return cls(**kwargs)
         except TypeError as err:  # a required field is missing

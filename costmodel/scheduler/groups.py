@@ -196,14 +196,14 @@ def place_groups(
     short: int,
     rel_tol: float = 5e-5,
     max_sweeps: int = 64,
-    tight: bool = False,
+    tight: int = 0,
 ) -> tuple[np.ndarray, np.ndarray] | str:
     """Ranks and micro-batches (ids ``rank * m + slot``) for grouped samples, or why not:
     "samples" when some rank cannot get ``m`` samples, "tokens" when some rank's samples do
     not pack into ``m`` micro-batches. ``short``: room to leave per micro-batch for the
-    shortest samples (see `schedule._start_m`). ``tight``: before saying "tokens", try a
-    best-fit packer and swaps of groups between ranks (slower: for when no other ``m``
-    worked)."""
+    shortest samples (see `schedule._start_m`). ``tight``: when not 0, before saying
+    "tokens", try a best-fit packer and swaps of groups between ranks that pack at most this
+    many samples in all (slower: for when no other ``m`` worked)."""
     members, starts = _units(groups)
     seg = starts[:-1]
     # An oversized sample takes a whole micro-batch: count it as cap tokens of budget.
@@ -224,14 +224,14 @@ def place_groups(
             break
     rank_of = np.empty(lens.size, dtype=np.int64)
     rank_of[members] = np.repeat(rank_of_unit, uc)
-    bin_of = _pack_ranks(lens, rank_of, dp, m, cap, tight)
+    bin_of = _pack_ranks(lens, rank_of, dp, m, cap, bool(tight))
     if bin_of is None and tight:
-        packs = _Packs(lens, members, starts, m, cap)
+        packs = _Packs(lens, members, starts, m, cap, tight)
         for r in range(dp):
-            if not packs.fit(rank_of_unit, r) and not _repair(packs, rank_of_unit, r, ut, uc, dp, m):
+            if not packs.fit(rank_of_unit == r) and not _repair(packs, rank_of_unit, r, ut, uc, m):
                 return "tokens"
         rank_of[members] = np.repeat(rank_of_unit, uc)
-        bin_of = _pack_ranks(lens, rank_of, dp, m, cap, tight)
+        bin_of = _pack_ranks(lens, rank_of, dp, m, cap, True)
     return "tokens" if bin_of is None else (rank_of, bin_of)
 
 
@@ -260,30 +260,30 @@ def _pack_ranks(
 
 
 class _Packs:
-    """Whether a rank's groups pack into ``m`` micro-batches, remembered by its groups."""
+    """Whether groups pack together into ``m`` micro-batches, remembered; packs at most
+    ``budget`` samples in all (then every new question is answered False)."""
 
-    def __init__(self, lens: np.ndarray, members: np.ndarray, starts: np.ndarray, m: int, cap: int):
+    def __init__(
+        self, lens: np.ndarray, members: np.ndarray, starts: np.ndarray, m: int, cap: int,
+        budget: int,
+    ):
         self.lens, self.members, self.starts, self.m, self.cap = lens, members, starts, m, cap
-        self.tries = 0
+        self.left = budget
         self._known: dict[bytes, bool] = {}
 
-    def fit(self, rank_of_unit: np.ndarray, r: int) -> bool:
-        units = np.flatnonzero(rank_of_unit == r)
+    def fit(self, chosen: np.ndarray) -> bool:
+        """Whether the groups where ``chosen`` is True (or the group ids in it) pack."""
+        units = np.flatnonzero(chosen) if chosen.dtype == bool else np.sort(chosen)
         key = units.tobytes()
         if key not in self._known:
-            self.tries += 1
             sizes = np.diff(self.starts)[units]
+            if self.left < sizes.sum():
+                return False
+            self.left -= int(sizes.sum())
             first = np.repeat(self.starts[units] - np.cumsum(sizes) + sizes, sizes)
             idx = np.sort(self.members[first + np.arange(first.size)])
             self._known[key] = _pack_rank(self.lens[idx], self.m, self.cap, True) is not None
         return self._known[key]
-
-
-# Repairs pack at most this many samples in all (a few dozen tries at thousands of samples
-# per rank, so an impossible input still fails in well under a second), and at most
-# _REPAIR_TRIES packings.
-_REPAIR_SAMPLES = 1 << 17
-_REPAIR_TRIES = 256
 
 
 def _repair(
@@ -292,7 +292,6 @@ def _repair(
     r: int,
     ut: np.ndarray,
     uc: np.ndarray,
-    dp: int,
     min_count: int,
 ) -> bool:
     """Make rank ``r`` pack by moving one of its groups to another rank, or swapping one for
@@ -301,23 +300,25 @@ def _repair(
     Placement balances cost under a token budget, which does not see how samples fit
     together: three samples pairwise over the cap need three micro-batches whatever their
     total. Only tight inputs get here (a few samples per micro-batch, no more micro-batches
-    allowed); feasibility comes first, so balance is not checked. False if none works
-    within the budget above.
+    allowed); feasibility comes first, so balance is not checked. False if nothing works
+    within the packer's sample budget.
     """
-    per_rank = max(1, int(uc.sum()) // dp)
-    budget = max(4, min(_REPAIR_TRIES, _REPAIR_SAMPLES // per_rank))
-    cnt = np.bincount(rank_of_unit, weights=uc, minlength=dp).astype(np.int64)
-    tok = np.bincount(rank_of_unit, weights=ut, minlength=dp).astype(np.int64)
+    dp = int(rank_of_unit.max()) + 1
     units_of = [np.flatnonzero(rank_of_unit == s) for s in range(dp)]
     mine = units_of[r][np.lexsort((units_of[r], -ut[units_of[r]]))]  # most tokens first
+    if uc[mine[0]] > packs.m and not packs.fit(mine[:1]):
+        return False  # its largest group alone does not pack: no move or swap helps
+    # (With m samples or fewer a group packs alone, one sample per micro-batch; the packer
+    # asks for m non-empty ones, so it is not asked.)
+    cnt = np.bincount(rank_of_unit, weights=uc, minlength=dp).astype(np.int64)
+    tok = np.bincount(rank_of_unit, weights=ut, minlength=dp).astype(np.int64)
     others = [s for s in np.argsort(tok, kind="stable").tolist() if s != r]
-    start, looked = packs.tries, 0
     for u in mine.tolist():
         for s in others:
             theirs = units_of[s]
             for v in [-1] + theirs[ut[theirs] < ut[u]].tolist():  # -1: a move
-                looked += 1
-                if packs.tries - start >= budget or looked > 16 * _REPAIR_TRIES:
+                packs.left -= 1  # a look costs a sample of budget: bounded even if none packs
+                if packs.left <= 0:
                     return False
                 give = uc[u] - (uc[v] if v >= 0 else 0)  # samples r hands to s, net
                 if cnt[r] - give < min_count or cnt[s] + give < min_count:
@@ -325,7 +326,7 @@ def _repair(
                 rank_of_unit[u] = s
                 if v >= 0:
                     rank_of_unit[v] = r
-                if packs.fit(rank_of_unit, r) and packs.fit(rank_of_unit, s):
+                if packs.fit(rank_of_unit == r) and packs.fit(rank_of_unit == s):
                     return True
                 rank_of_unit[u] = r
                 if v >= 0:

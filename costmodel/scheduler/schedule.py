@@ -192,8 +192,9 @@ def _min_bins(lengths: np.ndarray, cap: int) -> int:
     over = lengths > cap
     rest = lengths[~over]
     half = int((rest > cap // 2).sum()) if cap > 1 else rest.size
+    pairs = -(-int((3 * rest > cap).sum()) // 2)  # over a third of the cap: two at most
     fluid = -(-int(rest.sum()) // cap)
-    return int(over.sum()) + max(fluid, half)
+    return int(over.sum()) + max(fluid, half, pairs)
 
 
 def _microbatch_range(
@@ -230,10 +231,12 @@ def _group_min_m(lens: np.ndarray, groups: np.ndarray, cap: int, align: int, m_m
     fits = np.where(over, 0, lens)
     half = (fits > cap // 2) if cap > 1 else ~over
     k = int(groups.max()) + 1
-    need = np.bincount(groups, weights=over, minlength=k).astype(np.int64) + np.maximum(
+    third = (3 * fits > cap) & ~over
+    need = np.bincount(groups, weights=over, minlength=k).astype(np.int64) + np.maximum.reduce([
         np.bincount(groups, weights=half, minlength=k).astype(np.int64),
+        -(-np.bincount(groups, weights=third, minlength=k).astype(np.int64) // 2),
         -(-np.bincount(groups, weights=fits, minlength=k).astype(np.int64) // cap),
-    )
+    ])
     g = int(np.argmax(need))
     m = _round_up(int(need[g]), align)
     if m > m_max:
@@ -578,6 +581,9 @@ def _pack_and_assign(
 
 
 _LAST_TRIES = 8
+# Samples the tight retries may pack in all: a few dozen packings of ranks of thousands of
+# samples, so that an input no heuristic places is refused in well under a second.
+_REPAIR_SAMPLES = 1 << 17
 
 
 def _place_groups(
@@ -620,21 +626,22 @@ def _place_groups(
             # Placement is a heuristic: a failure at one m does not prove the others fail
             # (a rank one sample short at m + 1 may pack at m; a rank that did not pack may
             # after a swap of groups). Before refusing, try again with the tight packer and
-            # group swaps, nearest the first guess first, every count that did not leave a
-            # rank short of samples (rarely reached: tight inputs only).
-            short_of_samples = {x for x, why in failed if why == "samples"}
-            retry = [x for x in range(m_range[0], m_range[2] + 1, align) if x not in short_of_samples]
-            retried = sorted(retry, key=lambda x: (abs(x - tried[0]), x))[:_LAST_TRIES]
+            # group swaps every count below the fewest that left a rank short of samples,
+            # most room first (rarely reached: tight inputs only). One budget for all.
+            short_at = min([x for x, why in failed if why == "samples"], default=m_range[2] + 1)
+            retried = list(range(m_range[0], short_at, align))[::-1][:_LAST_TRIES]
             for x in retried:
-                placed = place_groups(lens, q, groups, dp, x, cap, short, tight=True)
+                placed = place_groups(
+                    lens, q, groups, dp, x, cap, short, tight=_REPAIR_SAMPLES // len(retried)
+                )
                 if not isinstance(placed, str):
                     return placed[0], placed[1], x
+            again = f", then {retried} with a tighter packer and swaps of groups" if retried else ""
             raise ValueError(
                 f"could not pack {lens.size} samples in {n_groups} groups into {dp} ranks × m "
-                f"micro-batches of at most {cap} tokens (tried m = {tried}, then {retried} with "
-                f"a tighter packer and swaps of groups); a group stays on "
-                f"one rank and every rank needs m samples: raise max_tokens_per_microbatch, "
-                f"lower dp_size or align, or use smaller groups"
+                f"micro-batches of at most {cap} tokens (tried m = {tried}{again}); a group "
+                f"stays on one rank and every rank needs m samples: raise "
+                f"max_tokens_per_microbatch, lower dp_size or align, or use smaller groups"
             )
         if placed == "samples" or shrunk:
             m = lo + (hi - lo) // (2 * align) * align  # bisect what is left
