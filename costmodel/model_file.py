@@ -13,8 +13,9 @@ import json
 import logging
 import math
 import os
+import sys
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -25,8 +26,8 @@ if TYPE_CHECKING:
     from costmodel.model import CostModel
 
 __all__ = [
-    "SCHEMA", "check_output_path", "from_document", "read_document", "utc_timestamp",
-    "write_json_atomic",
+    "SCHEMA", "atomic_output", "check_output_path", "from_document", "read_document",
+    "utc_timestamp", "write_json_atomic",
 ]
 
 logger = logging.getLogger(__name__)
@@ -44,6 +45,7 @@ _OPTIONAL_TYPES: dict[str, type] = {
     "validation": Mapping,
 }
 _JSON_TYPE_NAMES = {str: "a string", Mapping: "an object", list: "a list"}
+_FLOAT_MAX = int(sys.float_info.max)
 _REWRITE = "write a new file with `costmodel calibrate` (or restore this one)"
 
 
@@ -68,6 +70,8 @@ def read_document(path: str | os.PathLike) -> dict[str, Any]:
         raise _fail(str(p), "file is empty (an interrupted write?)")
     try:
         return json.loads(text, parse_constant=_reject_constant)
+    except RecursionError:
+        raise _fail(str(p), "JSON nested too deeply to be a cost model") from None
     except json.JSONDecodeError as err:
         hint = " (truncated?)" if err.pos >= len(text.rstrip()) - 1 else ""
         raise _fail(
@@ -75,8 +79,12 @@ def read_document(path: str | os.PathLike) -> dict[str, Any]:
             f"not valid JSON{hint}: {err.msg} at line {err.lineno} column {err.colno} "
             f"(char {err.pos} of {len(text)})",
         ) from None
-    except ValueError:  # NaN / Infinity literals: parse them to say where they are
-        _check_finite(json.loads(text), str(p))
+    except ValueError as err:  # NaN / Infinity literals: parse them to say where they are
+        try:
+            doc = json.loads(text)
+        except ValueError:  # or a number past Python's digit limit
+            raise _fail(str(p), f"not valid JSON: {err}") from None
+        _check_finite(doc, str(p))
         raise
 
 
@@ -87,7 +95,15 @@ def check_output_path(path: str | os.PathLike, flag: str = "output") -> Path:
     measuring), and `write_json_atomic` calls it so a rename never replaces a directory,
     a device (/dev/null) or a pipe.
     """
-    target = Path(path)
+    if not os.fspath(path).strip():
+        raise ValueError(f"{flag} is empty; give a file path")
+    try:
+        return _check_output_path(Path(path), flag)
+    except OSError as err:  # the checks themselves fail: a name too long, a broken mount
+        raise ValueError(f"{flag} {path}: cannot write there ({err.strerror})") from None
+
+
+def _check_output_path(target: Path, flag: str) -> Path:
     if target.is_dir():
         raise ValueError(f"{flag} {target} is a directory; give a file name inside it")
     if target.exists() and not target.is_file():
@@ -101,31 +117,52 @@ def check_output_path(path: str | os.PathLike, flag: str = "output") -> Path:
         raise ValueError(f"{flag} {target}: {existing} is a file, not a folder")
     if not os.access(existing, os.W_OK):
         raise ValueError(f"{flag} {target}: no permission to write in {existing}")
+    if existing == folder:  # try the temp file `atomic_output` will write (/proc, long names)
+        fd, probe = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=folder)
+        os.close(fd)
+        os.unlink(probe)
     return target
 
 
 def write_json_atomic(path: str | os.PathLike, doc: Mapping[str, Any]) -> Path:
-    """Write JSON so that readers see the old file or the whole new one, never a part.
-
-    The text goes to a temp file in the destination folder (same filesystem), is flushed
-    and fsynced, then `os.replace`d over `path`. Any failure removes the temp file.
-    """
-    target = check_output_path(path)
+    """Write JSON so that readers see the old file or the whole new one, never a part
+    (`atomic_output`; the text is also fsynced before the rename)."""
     text = json.dumps(doc, indent=1, allow_nan=False) + "\n"  # serialise before touching disk
+    with atomic_output(path) as tmp, open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    return Path(path)
+
+
+@contextlib.contextmanager
+def atomic_output(path: str | os.PathLike) -> Iterator[Path]:
+    """A temp file in ``path``'s folder (same filesystem) for the block to write; renamed
+    over ``path`` when the block ends without error, removed when it fails or is
+    interrupted. The file gets the mode a plain write would (an existing file's, else what
+    the umask allows), not mkstemp's 0600."""
+    target = check_output_path(path)
     folder = target.parent if str(target.parent) else Path(".")
     folder.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=folder)
+    os.close(fd)
     try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
+        yield Path(tmp)
+        os.chmod(tmp, _new_file_mode(target))
         os.replace(tmp, target)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
-    return target
+
+
+def _new_file_mode(target: Path) -> int:
+    try:
+        return target.stat().st_mode & 0o7777
+    except FileNotFoundError:
+        umask = os.umask(0)  # reading the umask means setting it: put it straight back
+        os.umask(umask)
+        return 0o666 & ~umask
 
 
 # ---- validation -------------------------------------------------------------------------------
@@ -138,6 +175,9 @@ def _check_finite(obj: Any, source: str, where: str = "") -> None:
     if isinstance(obj, float) and not math.isfinite(obj):
         raise _fail(source, f"non-finite number {obj!r} at {where or 'top level'} "
                     "(cost model files hold finite numbers only)")
+    if isinstance(obj, int) and not -_FLOAT_MAX <= obj <= _FLOAT_MAX:
+        raise _fail(source, f"number with {len(str(abs(obj)))} digits at {where or 'top level'}, "
+                    "past any float (cost model files hold finite numbers only)")
     if isinstance(obj, Mapping):
         for k, v in obj.items():
             _check_finite(v, source, f"{where}.{k}" if where else str(k))
@@ -214,13 +254,17 @@ def from_document(
     missing = [k for k in _REQUIRED_FIELDS if k not in doc]
     if missing:
         raise _fail(source, f"missing field(s) {missing} (file truncated or hand-edited?)")
-    _check_finite(doc, source)
+    try:
+        _check_finite(doc, source)
+    except RecursionError:
+        raise _fail(source, "JSON nested too deeply to be a cost model") from None
     for key, kind in _OPTIONAL_TYPES.items():
         if doc.get(key) is not None and not isinstance(doc[key], kind):
             raise _fail(source, f"field {key!r} must be {_JSON_TYPE_NAMES[kind]}, got "
                         f"{type(doc[key]).__name__}")
+    spec_doc = _require(doc, "spec", Mapping, source, "")
     try:
-        file_spec = ModelSpec.from_dict(_require(doc, "spec", Mapping, source, ""))
+        file_spec = ModelSpec.from_dict(spec_doc)
     except ValueError as err:
         raise _fail(source, f"invalid model spec: {err}") from None
     fingerprint = _require(doc, "spec_fingerprint", str, source, "")
@@ -236,8 +280,8 @@ def from_document(
                 source,
                 f"made for model {file_spec.name!r} (shape {file_spec.fingerprint()}), not for "
                 f"{spec.name!r} (shape {spec.fingerprint()}); calibrate for this model (to use "
-                "it anyway: load_cost_model(..., allow_other_shape=True), or `costmodel report "
-                "--allow-other-shape`)",
+                "it anyway: allow_other_shape=True in Python; --cost-model-allow-other-shape in "
+                "bench-schedule and training scripts, --allow-other-shape in report)",
                 fix=None,
             )
         logger.warning(

@@ -92,6 +92,42 @@ def test_report_bad_file(tmp_path, capsys):
     assert "not valid JSON" in capsys.readouterr().err
 
 
+def test_report_names_malformed_informational_fields_and_goes_on(tmp_path, capsys):
+    doc = json.loads(Path("costmodel/profiles/h200/qwen3-8b.json").read_text())
+    doc["flops_check"]["points"] = 5
+    doc["residuals"] = {"train": 5}
+    doc["provenance"]["drift_probe"] = 3
+    doc["measurements"] = [1, "a", None, {"kind": "linear"}]
+    path = tmp_path / "hand-edited.json"
+    path.write_text(json.dumps(doc))
+    assert main(["report", str(path), "--png", str(tmp_path / "p.png")]) == 0
+    out = capsys.readouterr().out
+    for field in ("flops_check", "residuals", "provenance.drift_probe"):
+        assert f"{field}: malformed in this file, not shown" in out
+    assert "cost_model" in out.split("drift_probe: malformed")[1]  # validation still shown
+    assert (tmp_path / "p.png").stat().st_size > 10_000
+
+
+def test_report_plot_is_written_whole_or_not_at_all(tmp_path, capsys, monkeypatch):
+    import matplotlib.figure
+
+    png = tmp_path / "plot.png"
+    png.write_bytes(b"old plot")
+
+    def full_disk(self, fname, **kwargs):
+        Path(fname).write_bytes(b"\x89PNG half")
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", full_disk)
+    assert main(["report", "h200/qwen3-8b", "--png", str(png)]) == 2
+    assert png.read_bytes() == b"old plot" and sorted(tmp_path.iterdir()) == [png]
+    assert "No space left on device" in capsys.readouterr().err
+    # A format matplotlib cannot write is refused before the report, not after it.
+    assert main(["report", "h200/qwen3-8b", "--png", str(tmp_path / "plot.xyz")]) == 2
+    captured = capsys.readouterr()
+    assert "cannot write a .xyz plot" in captured.err and "cost model" not in captured.out
+
+
 def test_validate_needs_a_measured_file(tmp_path, capsys):
     from costmodel.model import load_cost_model
 

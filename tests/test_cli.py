@@ -52,6 +52,55 @@ def test_user_errors_are_one_line(capsys):
     assert "positive" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("target, says", [
+    ("", "is empty; give a file path"),  # was ignored: exit 0 and nothing written
+    ("/proc/costmodel-test.json", "cannot write there"),  # was found only at the write
+    ("y" * 300 + ".json", "cannot write there (File name too long)"),
+])
+def test_output_paths_that_cannot_be_written_are_refused_first(target, says, capsys):
+    for argv in (["schedule", "--n", "64", "--dp", "2", "--json", target],
+                 ["report", "h200/qwen3-8b", "--png", target]):
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and says in err, (argv, err)
+
+
+@pytest.mark.parametrize("argv, says", [
+    # Each was reported only after CUDA started (on a GPU, after the clocks settled), or,
+    # on a machine without one, hidden behind "needs a CUDA GPU".
+    (["calibrate", "--gpu", "h999", "--model", "qwen3-8b", "-o", "x.json"], "unknown GPU 'h999'"),
+    (["calibrate", "--gpu", "h200", "--model", "qwen3-8b", "-o", "x.json", "--max-len", "0"],
+     "max_len must be at least 64"),
+    (["calibrate", "--gpu", "h200", "--model", "qwen3-8b", "-o", "x.json", "--attention", "bogus"],
+     "'bogus' is not an attention backend"),
+    (["validate", "costmodel/profiles/h200/qwen3-8b.json", "--caps", "10", "--no-save"],
+     "at least one cap >= 64"),
+    (["validate", "costmodel/profiles/h200/qwen3-8b.json", "--repeats", "0", "--no-save"],
+     "--repeats must be at least 1"),
+    (["bench-schedule", "--attention", "bogus"], "'bogus' is not an attention backend"),
+    (["bench-schedule", "--warmup", "-5"], "--warmup and --seed must be >= 0"),
+    (["train-demo", "--attention", "bogus"], "'bogus' is not an attention backend"),
+    (["calibrate", "--gpu", "h200", "--model", "qwen3-8b", "-o", "x.json", "--settle-s", "inf"],
+     "expected a finite number of seconds"),  # would wait forever
+])
+def test_flag_errors_come_before_the_gpu(argv, says, capsys):
+    try:
+        rc = main(argv)
+    except SystemExit as exc:  # argparse's own errors (a bad type) exit from parsing
+        rc = exc.code
+    assert rc == 2
+    err = capsys.readouterr().err
+    assert says in err and "CUDA" not in err, err
+
+
+def test_bench_schedule_builds_every_schedule_before_the_gpu(tmp_path, capsys):
+    lengths = tmp_path / "three.txt"
+    lengths.write_text("100\n200\n300\n")
+    argv = ["bench-schedule", "--lengths", str(lengths), "--dp", "8", "--cost-model", "h200/qwen3-8b"]
+    assert main(argv) == 2
+    assert "DP size 8 is larger than the 3 samples" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("target", ["dir", "device", "under-a-file"])
 def test_bad_output_paths_are_refused_before_any_work(tmp_path, capsys, target):
     """-o / --json / --png that cannot take a file: one line, exit 2, nothing replaced

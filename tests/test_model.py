@@ -238,6 +238,29 @@ def test_non_finite_numbers(tmp_path, good_doc):
         doc(good_doc)
 
 
+def test_numbers_past_float_and_deep_nesting_are_named(tmp_path, good_doc):
+    # Each was an OverflowError / RecursionError traceback.
+    text = json.dumps(good_doc)
+    value = good_doc["curves"]["train"]["head"]["ms"][3]
+    huge = text.replace(json.dumps(value), "1" + "0" * 400, 1)
+    with pytest.raises(ValueError, match=r"401 digits at curves\.train\.head\.ms\[3\], past any float"):
+        load_cost_model(_write(tmp_path, huge))
+    with pytest.raises(ValueError, match=r"bad\.json: not valid JSON: Exceeds the limit"):
+        load_cost_model(_write(tmp_path, text.replace(json.dumps(value), "9" * 5000, 1)))
+    with pytest.raises(ValueError, match=r"bad\.json: JSON nested too deeply"):
+        load_cost_model(_write(tmp_path, "[" * 100_000 + "]" * 100_000))
+
+
+def test_malformed_spec_is_named_once(tmp_path, good_doc):
+    good_doc["spec"]["moe_layers"] = 5
+    with pytest.raises(ValueError, match=r"invalid model spec: .*moe_layers must be a list of layer"):
+        load_cost_model(_write(tmp_path, json.dumps(good_doc)))
+    good_doc["spec"] = [1]
+    with pytest.raises(ValueError) as err:
+        load_cost_model(_write(tmp_path, json.dumps(good_doc)))
+    assert str(err.value).count("bad.json") == 1 and str(err.value).count("write a new file") == 1
+
+
 def test_non_monotone_curve(tmp_path, good_doc):
     ms = good_doc["curves"]["train"]["linear"]["dense"]["ms"]
     ms[10], ms[11] = ms[11] * 1.5, ms[11]
@@ -318,11 +341,16 @@ def test_cached_cost_model_reads_each_file_version_once(tmp_path, monkeypatch):
     assert model_module.cached_cost_model(str(path), spec=SPEC.name) is not first  # other key
     assert model_module.cached_cost_model(path) is first
     assert len(reads) == 3
-    # Rewritten in place (a new calibration): read again, and the new numbers are used.
-    _toy(per_mb=2.5).save(path)
+    # Replaced by a new calibration of the same size with the old mtime put back (cp -p,
+    # rsync -t): read again (another inode and ctime), and the new numbers are used.
     st = os.stat(path)
-    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
+    _toy(per_mb=2.5).save(path)
+    assert os.stat(path).st_size == st.st_size
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
     again = model_module.cached_cost_model(path)
     assert again is not first and len(reads) == 4
     diff = again.microbatch_cost([100]) - first.microbatch_cost([100])
     assert diff == pytest.approx(2.0)
+    # A hand-built spec with a list of MoE layers is a key like any other (stored as a tuple).
+    listed = dataclasses.replace(SPEC, moe_layers=[])
+    assert model_module.cached_cost_model(path, spec=listed, allow_other_shape=True) is not again

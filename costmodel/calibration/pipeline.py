@@ -226,7 +226,16 @@ def refit(doc: Mapping[str, Any], *, source: str, command: str | None = None) ->
     if not records:
         raise ValueError(f"{source}: cannot refit: it holds no measurements")
     provenance = doc.get("provenance") or {}
-    sweep = doc.get("sweep") or {k: provenance[k] for k in _SWEEP_KEYS if k in provenance}
+    sweep = doc.get("sweep") or (
+        {k: provenance[k] for k in _SWEEP_KEYS if k in provenance}
+        if isinstance(provenance, Mapping) else {}
+    )
+    # What fit_measurements reads of the sweep: the plan and the drift probe, as objects.
+    bad = (["sweep"] if not isinstance(sweep, Mapping) else
+           [k for k in ("plan", "drift_probe") if not isinstance(sweep.get(k) or {}, Mapping)])
+    if bad:
+        raise ValueError(f"{source}: cannot refit: its sweep record ({', '.join(bad)}) is not "
+                         "an object as `costmodel calibrate` writes it")
     try:
         info = lookup_gpu(gpu_key)
     except ValueError:

@@ -10,6 +10,8 @@ length, and the per-token sample cost. CPU only; numpy/scipy/matplotlib.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -18,8 +20,11 @@ from costmodel import flops
 from costmodel.calibration.validate import format_validation
 from costmodel.gpus import GpuInfo, find_gpu_by_device_name, lookup_gpu
 from costmodel.model import CostModel
+from costmodel.model_file import atomic_output
 
-__all__ = ["format_report", "plot_report"]
+__all__ = ["PLOT_FORMATS", "format_report", "plot_report"]
+
+PLOT_FORMATS = ("png", "pdf", "svg")  # by the file's suffix; none means png
 
 _LENGTHS = (64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536)
 _TOKENS = (16, 128, 512, 1024, 2048, 4096, 8192, 12288, 16384, 32768)
@@ -52,13 +57,13 @@ def format_report(model: CostModel) -> str:
         if model.extra.get(key):
             out.append(f"  {key}: {model.extra[key]}")
     dev = model.extra.get("device") or {}
-    if dev:
+    if dev:  # an object (checked on load)
         out.append(
             "  device: " + ", ".join(f"{k}={dev[k]}" for k in ("name", "sm_count", "compute_capability",
                                                               "l2_cache_bytes", "driver", "torch", "cuda", "triton")
                                      if dev.get(k) is not None)
         )
-    if model.extra.get("kernels"):
+    if model.extra.get("kernels"):  # an object (checked on load)
         kernels = model.extra["kernels"]
         out.append(f"  kernels: {kernels}")
         timing = kernels.get("timing", "eager")  # files from before --timing were eager
@@ -109,35 +114,76 @@ def format_report(model: CostModel) -> str:
         sc = model.sample_cost(np.array([128, 1024, 4096, 16384]), mode)
         out.append(f"  sample_cost at reference {model.reference_tokens} tokens: " + ", ".join(
             f"L={L}: {v:.3f} ms" for L, v in zip((128, 1024, 4096, 16384), sc)))
-    check = model.extra.get("flops_check")
-    if check:
-        eff = check.get("max_efficiency")
-        out.append(
-            f"\nFLOPs check: {'passed' if check.get('checked') else 'not checked'}"
-            + (f", highest efficiency {eff:.1%} of peak" if eff is not None else "")
-            + (f" ({check['note']})" if check.get("note") else "")
-        )
-        for key, rows in (check.get("points") or {}).items():
-            effs = [r["efficiency"] for r in rows if "efficiency" in r]
-            if effs:
-                out.append(f"  {key:22} {len(rows):4d} points, efficiency {min(effs):.1%} .. {max(effs):.1%}")
-    resid = model.extra.get("residuals")
-    if resid:
-        out.append("\nfit residuals (relative):")
-        for mode, kinds in resid.items():
-            for kind, r in kinds.items():
-                out.append(f"  {mode:8} {kind:12} rms {r['rms']:.2%}  worst {r['max_abs']:.2%}")
-    drift = model.provenance.get("drift_probe")
-    if drift:
-        out.append(f"drift probe: {drift['relative_change']:+.2%} "
-                   f"({drift['start_ms']:.4g} -> {drift['end_ms']:.4g} ms)")
+    _optional(out, "flops_check", lambda: _flops_check_lines(model.extra.get("flops_check")))
+    _optional(out, "residuals", lambda: _residual_lines(model.extra.get("residuals")))
+    _optional(out, "provenance.drift_probe", lambda: _drift_lines(model.provenance.get("drift_probe")))
     val = model.extra.get("validation")
-    out.append("\n" + (format_validation(val) if val else "validation: none (run `costmodel validate` on the GPU)"))
+    if not val:
+        out.append("\nvalidation: none (run `costmodel validate` on the GPU)")
+    _optional(out, "validation", lambda: ["\n" + format_validation(val)] if val else [])
     return "\n".join(out)
 
 
+def _optional(out: list[str], field: str, lines) -> None:
+    """Append the report lines of an optional field. The file loaded, so its curves are
+    sound; a malformed informational field (hand-edited, or another tool's) is named and
+    skipped rather than ending the report."""
+    try:
+        out.extend(lines())
+    except (AttributeError, KeyError, TypeError, ValueError, IndexError) as err:
+        out.append(f"\n{field}: malformed in this file, not shown ({type(err).__name__}: {err})")
+
+
+def _flops_check_lines(check: Any) -> list[str]:
+    if not check:
+        return []
+    eff = check.get("max_efficiency")
+    out = [
+        f"\nFLOPs check: {'passed' if check.get('checked') else 'not checked'}"
+        + (f", highest efficiency {eff:.1%} of peak" if eff is not None else "")
+        + (f" ({check['note']})" if check.get("note") else "")
+    ]
+    for key, rows in (check.get("points") or {}).items():
+        effs = [r["efficiency"] for r in rows if "efficiency" in r]
+        if effs:
+            out.append(f"  {key:22} {len(rows):4d} points, efficiency {min(effs):.1%} .. {max(effs):.1%}")
+    return out
+
+
+def _residual_lines(resid: Any) -> list[str]:
+    if not resid:
+        return []
+    out = ["\nfit residuals (relative):"]
+    for mode, kinds in resid.items():
+        for kind, r in kinds.items():
+            out.append(f"  {mode:8} {kind:12} rms {r['rms']:.2%}  worst {r['max_abs']:.2%}")
+    return out
+
+
+def _drift_lines(drift: Any) -> list[str]:
+    if not drift:
+        return []
+    return [f"drift probe: {drift['relative_change']:+.2%} "
+            f"({drift['start_ms']:.4g} -> {drift['end_ms']:.4g} ms)"]
+
+
 def _measured(model: CostModel, kind: str, mode: str) -> list[dict[str, Any]]:
-    return [m for m in (model.extra.get("measurements") or []) if m["kind"] == kind and m["mode"] == mode]
+    """The stored measurements of ``kind`` in ``mode`` that carry tokens and ms (a malformed
+    entry is left out of the plot; the curves were fitted and checked without it here)."""
+    return [
+        m for m in (model.extra.get("measurements") or [])
+        if isinstance(m, Mapping) and m.get("kind") == kind and m.get("mode") == mode
+        and isinstance(m.get("tokens"), (int, float)) and isinstance(m.get("ms"), (int, float))
+    ]
+
+
+def _get(doc: Any, *keys: str) -> Any:
+    """doc[k1][k2]..., or None where a level is missing or not an object."""
+    for key in keys:
+        if not isinstance(doc, Mapping):
+            return None
+        doc = doc.get(key)
+    return doc
 
 
 def plot_report(model: CostModel, path: str) -> str:
@@ -163,8 +209,8 @@ def plot_report(model: CostModel, path: str) -> str:
         L = np.unique(np.geomspace(16, hi, 300).astype(np.int64))
         a = c.attention(L)
         ax_a.loglog(L, a, color=col, label=f"{mode}: {fitted} attn(L)")
-        raw = (model.provenance.get("fit") or {}).get(mode, {}).get("attention", {}).get("per_sequence_ms_raw")
-        if raw:
+        raw = _get(model.provenance, "fit", mode, "attention", "per_sequence_ms_raw")
+        if isinstance(raw, Mapping) and all(isinstance(v, (int, float)) for v in raw.values()):
             xs = np.array([int(k) for k in raw])
             ys = np.array(list(raw.values()))
             ok = ys > 0
@@ -206,6 +252,11 @@ def plot_report(model: CostModel, path: str) -> str:
         title += "  [registry peak x assumed efficiency]"
     fig.suptitle(title, color="red" if model.is_estimate else "black")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    # Through a temp file: a full disk or an interrupt leaves the old plot or none, never a
+    # truncated one.
+    try:
+        with atomic_output(path) as tmp:
+            fig.savefig(tmp, dpi=110, format=Path(path).suffix[1:].lower() or "png")
+    finally:
+        plt.close(fig)
     return path

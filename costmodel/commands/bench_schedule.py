@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from costmodel.commands.common import add_settle_argument, comma_ints
+from costmodel.kernels import check_attention
 
 logger = logging.getLogger(__name__)
 
@@ -117,7 +118,7 @@ def run(args: argparse.Namespace, *, measure=None) -> int:
     from costmodel.spec import ModelSpec
     from costmodel.training import bench
 
-    if args.output:  # before minutes of measuring, not after
+    if args.output is not None:  # before minutes of measuring, not after
         check_output_path(args.output, "-o")
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
     bad = [p for p in policies if p not in bench.POLICIES]
@@ -132,6 +133,9 @@ def run(args: argparse.Namespace, *, measure=None) -> int:
         raise ValueError(f"--repeats must be at least 1, got {args.repeats}")
     if args.time_limit_s is not None and not args.time_limit_s > 0:
         raise ValueError(f"--time-limit-s must be > 0 seconds, got {args.time_limit_s}")
+    if args.warmup < 0 or args.seed < 0:
+        raise ValueError(f"--warmup and --seed must be >= 0, got {args.warmup} and {args.seed}")
+    check_attention(args.attention)
     deadline = None if args.time_limit_s is None else started + args.time_limit_s
     spec = ModelSpec.from_any(args.model)
 
@@ -182,6 +186,12 @@ def run(args: argparse.Namespace, *, measure=None) -> int:
                 "profile; run `costmodel calibrate` for a measured one",
                 file=sys.stderr,
             )
+    # Every schedule is built and checked before the GPU is touched: a bad --cap, --dp or
+    # batch fails in a second, not after the timer's start-up and the clocks' settling.
+    planned = bench.plan_benchmark(
+        lengths_for_dp(dp_sizes[0]), spec=spec, cap=args.cap, dp_sizes=dp_sizes,
+        cost_model=cost_model, policies=policies, lengths_for_dp=lengths_for_dp,
+    )
     device: dict[str, Any]
     if measure is None:
         timer = bench.LayerTimer(spec, attention=args.attention, dtype=args.dtype,
@@ -204,10 +214,8 @@ def run(args: argparse.Namespace, *, measure=None) -> int:
         device = {"measurer": getattr(measure, "__name__", type(measure).__name__) + " (injected)"}
 
     progress = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
-    runs = bench.run_benchmark(
-        lengths_for_dp(dp_sizes[0]),
-        spec=spec, cap=args.cap, dp_sizes=dp_sizes, measure=measure, cost_model=cost_model,
-        policies=policies, lengths_for_dp=lengths_for_dp, repeats=args.repeats,
+    runs = bench.measure_benchmark(
+        planned, measure=measure, spec=spec, cost_model=cost_model, repeats=args.repeats,
         warmup=args.warmup, progress=progress, deadline=deadline,
     )
     measured = {(r.dp_size, r.policy) for r in runs}
@@ -233,7 +241,7 @@ def run(args: argparse.Namespace, *, measure=None) -> int:
         if "no_worse_than_flops" in c:
             parts.append("no worse than flops" if c["no_worse_than_flops"] else "WORSE than flops")
         print("; ".join(parts))
-    if args.output:
+    if args.output is not None:
         base = bench.token_makespans(runs)
         doc = {
             "schema": "costmodel-bench-schedule/1",

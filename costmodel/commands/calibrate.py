@@ -13,7 +13,8 @@ import threading
 from collections.abc import Iterator
 from pathlib import Path
 
-from costmodel.commands.common import add_settle_argument
+from costmodel.commands.common import add_settle_argument, seconds
+from costmodel.kernels import check_attention
 
 _MODES = ("train", "forward")
 
@@ -55,7 +56,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="graph (default): time replays of a CUDA graph of each workload, the "
                    "GPU's own time without Python launch overhead; eager: time plain calls, "
                    "with this process's launch overhead (for stacks that cannot be captured)")
-    p.add_argument("--budget-s", type=float, default=None,
+    p.add_argument("--budget-s", type=seconds, default=None,
                    help="time budget of the sweep in seconds (default 75, --quick 24)")
     add_settle_argument(p, default="10, --quick 3")
     p.add_argument("-o", "--output", required=True,
@@ -72,6 +73,7 @@ def run(args: argparse.Namespace) -> int:
     from costmodel.calibration.pipeline import calibrate
     from costmodel.calibration.plan import make_plan
     from costmodel.calibration.progress import ProgressLine
+    from costmodel.gpus import lookup_gpu
     from costmodel.model_file import check_output_path, write_json_atomic
     from costmodel.spec import ModelSpec
 
@@ -88,6 +90,15 @@ def run(args: argparse.Namespace) -> int:
     spec = ModelSpec.from_any(args.model)
     if spec.dtype != args.dtype:
         spec = dataclasses.replace(spec, dtype=args.dtype)
+    check_attention(args.attention)
+
+    def plan_for(gpu: str):
+        return make_plan(spec, modes=modes, max_len=args.max_len, max_tokens=args.max_tokens,
+                         quick=args.quick, gpu=gpu, budget_s=args.budget_s)
+
+    # The flags that need no GPU are checked before CUDA starts: a known --gpu name, and
+    # the sweep's (the plan is made again below for the GPU found).
+    plan_for(lookup_gpu(args.gpu).key if args.gpu.strip().lower() != "auto" else "h200")
     require_cuda()  # RuntimeError saying what is missing, before any work
     # A wrong --gpu fails here, before the timer checks the backend and captures graphs.
     fingerprint = device_fingerprint()
@@ -96,8 +107,7 @@ def run(args: argparse.Namespace) -> int:
 
     timer = KernelTimer(spec, attention=args.attention, dtype=args.dtype, timing=args.timing,
                         fingerprint=fingerprint)
-    plan = make_plan(spec, modes=modes, max_len=args.max_len, max_tokens=args.max_tokens,
-                     quick=args.quick, gpu=gpu_key if info else "h200", budget_s=args.budget_s)
+    plan = plan_for(gpu_key if info else "h200")
     print(f"calibrating {spec.name} on {fingerprint['name']} ({gpu_key}), attention "
           f"{args.attention}, {args.dtype}, {args.timing} timing: {plan.summary()}", file=sys.stderr)
     partial = output.with_name(output.stem + ".partial.json")

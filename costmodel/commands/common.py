@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import argparse
+import math
+
 
 def comma_ints(text: str, flag: str) -> list[int]:
     """'512,4096' (or '512 4096') -> [512, 4096]; a clear error for junk, empty or < 1."""
@@ -17,7 +20,19 @@ def comma_ints(text: str, flag: str) -> list[int]:
 def add_settle_argument(parser, default: float | str = 10.0) -> None:
     """--settle-s: seconds of heavy GPU work before measuring (costmodel.calibration.device.settle_gpu)."""
     parser.add_argument(
-        "--settle-s", type=float, default=default if isinstance(default, float) else None,
+        "--settle-s", type=seconds, default=default if isinstance(default, float) else None,
         help="seconds of large matrix products before measuring, so that clocks are at the "
         f"level a training run settles to (default {default}; 0: none)",
     )
+
+
+def seconds(text: str) -> float:
+    """argparse type: a finite number of seconds >= 0 (``inf`` would wait forever)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value >= 0):
+        raise argparse.ArgumentTypeError(f"expected a finite number of seconds >= 0, got {text!r}")
+    return value
+

@@ -111,7 +111,7 @@ def run(args: argparse.Namespace) -> int:
     from costmodel.scheduler import build_schedule
     from costmodel.spec import ModelSpec
 
-    if args.json:
+    if args.json is not None:
         check_output_path(args.json, "--json")
     spec = ModelSpec.from_any(args.model)
     lengths, source = batch_lengths(args)
@@ -154,7 +154,7 @@ def run(args: argparse.Namespace) -> int:
         f"lower bound {s.lower_bound:{fmt}} {unit}   makespan/lower bound "
         f"{s.makespan_over_lower_bound:.5f}"
     )
-    if args.json:
+    if args.json is not None:
         doc = s.to_dict()
         doc["input"] = {"source": source, "model": spec.name, "cost": cost_label(cost)}
         write_json_atomic(args.json, doc)

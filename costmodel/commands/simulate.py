@@ -57,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
     from costmodel.scheduler import baseline_microbatches, build_schedule, evaluate_schedule
     from costmodel.spec import ModelSpec
 
-    if args.json:
+    if args.json is not None:
         check_output_path(args.json, "--json")
     spec = ModelSpec.from_any(args.model)
     lengths, source = batch_lengths(args)
@@ -128,7 +128,7 @@ def run(args: argparse.Namespace) -> int:
             f"{r['imbalance']:>9.4f} {r['makespan_over_lower_bound']:>10.4f} {mb_text:>8} "
             f"{r['cap_violations']:>8} {r['schedule_ms']:>9.1f}"
         )
-    if args.json:
+    if args.json is not None:
         doc = {
             "input": {
                 "source": source,

@@ -44,7 +44,7 @@ def run(args: argparse.Namespace) -> int:
     from costmodel.calibration.validate import format_validation, run_validation
     from costmodel.commands.calibrate import parse_modes, print_peak_memory
     from costmodel.model import load_cost_model
-    from costmodel.model_file import read_document, write_json_atomic
+    from costmodel.model_file import check_output_path, read_document, write_json_atomic
 
     path = Path(args.path)
     if not path.is_file():
@@ -58,6 +58,16 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError("--count must be >= 4 and --layers >= 1")
     if args.time_limit_s is not None and not args.time_limit_s > 0:
         raise ValueError(f"--time-limit-s must be > 0 seconds, got {args.time_limit_s}")
+    # Everything that can be checked without the GPU, before CUDA starts and the clocks settle.
+    for mode in modes:
+        if mode not in model.modes:
+            raise ValueError(f"--modes {mode}: {path} has curves for {', '.join(model.modes)} only")
+    if max(caps) < 64:
+        raise ValueError(f"--caps {args.caps}: validation needs at least one cap >= 64 tokens")
+    if args.repeats < 1:
+        raise ValueError(f"--repeats must be at least 1, got {args.repeats}")
+    if not args.no_save:
+        check_output_path(path, "the cost model file (to store the validation; or --no-save)")
     require_cuda()
     # The wrong GPU fails here, before the timer checks the backend and captures graphs.
     fingerprint = device_fingerprint()

@@ -5,4 +5,17 @@ Import-light on purpose: nothing here imports torch or triton at package import 
 (`costmodel.kernels.attention`, ...) to get the torch-backed code.
 """
 
-__all__ = ["attention", "layer", "mlp"]
+__all__ = ["ATTENTION_BACKENDS", "attention", "check_attention", "layer", "mlp"]
+
+# The attention backends by name (`attention.get_attention`); here, torch-free, so commands
+# can check an --attention flag before they import torch or touch the GPU.
+ATTENTION_BACKENDS: tuple[str, ...] = ("triton", "torch-varlen", "sdpa", "flash-attn")
+
+
+def check_attention(name: str, flag: str = "--attention") -> str:
+    """``name`` if it is a known attention backend, else a ValueError listing them (checked
+    before torch is imported or the GPU touched; whether it runs here is checked later)."""
+    if name not in ATTENTION_BACKENDS:
+        raise ValueError(f"{flag} {name!r} is not an attention backend; known: "
+                         f"{', '.join(ATTENTION_BACKENDS)}")
+    return name

@@ -36,6 +36,8 @@ from collections.abc import Callable
 
 import torch
 
+from costmodel.kernels import ATTENTION_BACKENDS  # the names, torch-free
+
 __all__ = [
     "ATTENTION_BACKENDS",
     "TRITON_HEAD_DIMS",
@@ -48,9 +50,6 @@ __all__ = [
 ]
 
 AttentionFn = Callable[..., torch.Tensor]
-
-#: Every backend name, in the order `available_attention_backends` reports them.
-ATTENTION_BACKENDS: tuple[str, ...] = ("triton", "torch-varlen", "sdpa", "flash-attn")
 
 #: Head dims the Triton kernel is compiled and tuned for.
 TRITON_HEAD_DIMS: tuple[int, ...] = (64, 128)

@@ -528,16 +528,42 @@ def run_benchmark(
     """Build every (dp, policy) schedule, measure every distinct micro-batch, sum per rank.
 
     ``lengths_for_dp(dp)`` gives the batch for a DP size (default: ``lengths`` for all).
-    All schedules are built and checked before the first measurement. Measuring stops at
-    ``deadline`` (a `time.perf_counter` value) or on Ctrl-C; only the (dp, policy) runs whose
-    every micro-batch was measured are returned, in order.
+    All schedules are built and checked before the first measurement (`plan_benchmark`).
+    Measuring stops at ``deadline`` (a `time.perf_counter` value) or on Ctrl-C; only the
+    (dp, policy) runs whose every micro-batch was measured are returned, in order.
     """
+    planned = plan_benchmark(
+        lengths, spec=spec, cap=cap, dp_sizes=dp_sizes, cost_model=cost_model,
+        policies=policies, lengths_for_dp=lengths_for_dp, moe_layer=moe_layer,
+    )
+    return measure_benchmark(
+        planned, measure=measure, spec=spec, cost_model=cost_model, repeats=repeats,
+        warmup=warmup, moe_layer=moe_layer, progress=progress, deadline=deadline,
+    )
+
+
+Planned = list[tuple[str, int, Schedule, list[list[list[int]]]]]
+
+
+def plan_benchmark(
+    lengths: np.ndarray,
+    *,
+    spec,
+    cap: int,
+    dp_sizes: Sequence[int],
+    cost_model=None,
+    policies: Sequence[str] = POLICIES,
+    lengths_for_dp: Callable[[int], np.ndarray] | None = None,
+    moe_layer: bool | None = None,
+) -> Planned:
+    """Every (policy, dp, schedule, micro-batch lengths) to measure, built and checked on
+    the CPU: a bad cap, DP size or batch fails here, before a GPU is touched."""
     if cap < 1:
         raise ValueError(f"the token cap must be at least 1, got {cap}")
     if "calibrated" in policies and cost_model is None:
         raise ValueError("policy 'calibrated' needs a cost model: pass --cost-model")
     moe = spec.is_moe if moe_layer is None else moe_layer
-    planned: list[tuple[str, int, Schedule, list[list[list[int]]]]] = []
+    planned: Planned = []
     for dp in dp_sizes:
         batch = lengths if lengths_for_dp is None else lengths_for_dp(dp)
         if dp < 1:
@@ -555,6 +581,23 @@ def run_benchmark(
             check_schedule(sched, batch.size, cap, batch, policy)
             mbs = [[[int(batch[i]) for i in mb] for mb in rank] for rank in sched]
             planned.append((policy, dp, sched, mbs))
+    return planned
+
+
+def measure_benchmark(
+    planned: Planned,
+    *,
+    measure: Measure,
+    spec,
+    cost_model=None,
+    repeats: int = 2,
+    warmup: int = 2,
+    moe_layer: bool | None = None,
+    progress: Callable[[str], None] | None = None,
+    deadline: float | None = None,
+) -> list[PolicyRun]:
+    """Measure the micro-batches of `plan_benchmark`'s schedules and sum them per rank."""
+    moe = spec.is_moe if moe_layer is None else moe_layer
     keys = [_key(mb) for _, _, _, mbs in planned for rank in mbs for mb in rank]
     if progress is not None:
         distinct = set(keys)

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from costmodel.integrations.args import add_arguments, scheduler_from_args, validate_args
+from costmodel.kernels import check_attention
 from costmodel.scheduler.lengths import read_lengths
 from costmodel.spec import ModelSpec
 from costmodel.training.data import LengthSource
@@ -127,8 +128,10 @@ def _check_run_flags(args: argparse.Namespace, dp_size: int) -> None:
         raise ValueError(f"--samples-per-step must be at least 1, got {args.samples_per_step}")
     if not args.lr > 0:
         raise ValueError(f"--lr must be positive, got {args.lr}")
-    if not args.length_scale > 0:
-        raise ValueError(f"--length-scale must be positive, got {args.length_scale}")
+    if args.attention is not None:
+        check_attention(args.attention)  # in the parent, before workers start
+    if not 0 < args.length_scale <= 1e3:  # past that, lengths leave int64 (and any model)
+        raise ValueError(f"--length-scale must be in (0, 1000], got {args.length_scale}")
     if args.max_len < 0:
         raise ValueError(f"--max-len must be 0 (no clip) or positive, got {args.max_len}")
     if dp_size < 1:
@@ -141,7 +144,7 @@ def _check_run_flags(args: argparse.Namespace, dp_size: int) -> None:
         )
     if not args.use_dynamic_batch_size:
         raise ValueError("the reference trainer packs by tokens: add --use-dynamic-batch-size")
-    if args.log_json:
+    if args.log_json is not None:
         # Rank 0 opens it after the process group exists: a bad path must fail every rank
         # here, not rank 0 alone while the others wait in a collective.
         log = Path(args.log_json)
