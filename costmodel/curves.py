@@ -36,6 +36,11 @@ MODES = ("train", "forward")
 
 
 def _knots(x: ArrayLike, y: ArrayLike, xname: str, what: str) -> tuple[np.ndarray, np.ndarray]:
+    for values in (x, y):  # numpy would read "0.004" or True as a number
+        if isinstance(values, (list, tuple)):
+            bad = [v for v in values if isinstance(v, bool) or not isinstance(v, (int, float, np.number))]
+            if bad:
+                raise ValueError(f"{what}: knots must be numbers, got {bad[0]!r}")
     xs = np.asarray(x, dtype=np.float64)
     ys = np.asarray(y, dtype=np.float64)
     if xs.ndim != 1 or ys.shape != xs.shape or xs.size < 2:

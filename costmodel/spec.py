@@ -226,6 +226,9 @@ class ModelSpec:
     def from_any(cls, preset_or_path: str | Path) -> ModelSpec:
         """A preset name, or a path to a HF config.json / its folder."""
         text = str(preset_or_path)
+        if not text.strip():
+            raise ValueError(f"the model is empty; give a preset ({', '.join(PRESETS)}) or a "
+                             "config.json path")
         if text.strip().lower() in PRESETS:
             return cls.from_preset(text)
         if Path(text).exists():

@@ -93,6 +93,16 @@ def test_flag_errors_come_before_the_gpu(argv, says, capsys):
     assert says in err and "CUDA" not in err, err
 
 
+@pytest.mark.parametrize("argv, says", [
+    (["schedule", "--n", "64", "--cost", "flop"], "--cost 'flop' is not 'tokens', 'flops' or a cost model"),
+    (["schedule", "--n", "64", "--model", ""], "the model is empty; give a preset"),
+    (["calibrate", "--refit", "costmodel", "-o", "x.json"], "--refit costmodel: is a folder"),
+])
+def test_typos_get_hints(argv, says, capsys):
+    assert main(argv) == 2
+    assert says in capsys.readouterr().err
+
+
 def test_bench_schedule_builds_every_schedule_before_the_gpu(tmp_path, capsys):
     lengths = tmp_path / "three.txt"
     lengths.write_text("100\n200\n300\n")

@@ -251,6 +251,14 @@ def test_numbers_past_float_and_deep_nesting_are_named(tmp_path, good_doc):
         load_cost_model(_write(tmp_path, "[" * 100_000 + "]" * 100_000))
 
 
+@pytest.mark.parametrize("knot", ["0.004", True, None])
+def test_knots_must_be_numbers(tmp_path, good_doc, knot):
+    # numpy read "0.004" and True as numbers: the file loaded with strings in its curves.
+    good_doc["curves"]["train"]["head"]["ms"][0] = knot
+    with pytest.raises(ValueError, match=rf"curves\.train\.head: knots must be numbers, got {knot!r}"):
+        load_cost_model(_write(tmp_path, json.dumps(good_doc)))
+
+
 def test_malformed_spec_is_named_once(tmp_path, good_doc):
     good_doc["spec"]["moe_layers"] = 5
     with pytest.raises(ValueError, match=r"invalid model spec: .*moe_layers must be a list of layer"):

@@ -165,7 +165,8 @@ def _refit(source: str, output: Path, command: str) -> int:
 
     path = Path(source)
     if not path.is_file():
-        raise FileNotFoundError(f"--refit {source}: no such file")
+        what = "is a folder, not a file" if path.is_dir() else "no such file"
+        raise FileNotFoundError(f"--refit {source}: {what}; give a calibrated or .partial.json file")
     model = refit(read_document(path), source=str(path), command=command)
     model.save(output)
     print(f"wrote {output}: refitted from {len(model.extra['measurements'])} measurements in {path}")

@@ -70,7 +70,10 @@ def resolve_cost(name: str, spec: Any) -> Any:
         return name
     from costmodel.model import load_cost_model
 
-    return load_cost_model(name, spec=spec)
+    try:
+        return load_cost_model(name, spec=spec)
+    except (ValueError, FileNotFoundError) as err:
+        raise ValueError(f"--cost {name!r} is not 'tokens', 'flops' or a cost model ({err})") from None
 
 
 def cost_label(cost: Any) -> str:
