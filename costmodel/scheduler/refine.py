@@ -390,22 +390,42 @@ def _move(st: BinState, i: int, dst: int) -> None:
     st.rank_of[i] = dst // st.m
 
 
-def local_search(st: BinState, *, max_sweeps: int = 64, rel_tol: float = 2.5e-4) -> int:
+# Sweeps without progress on the makespan before the search gives up. Measured on the
+# scheduler benchmark (96 cases, estimate and profile) and on m = 1 per rank (dp = n / 4):
+# 8 changed no benchmark makespan by more than 0.01% and cut n = 65536 at dp 16384 from
+# 0.6-0.75 s to ~0.15 s; 4 lost up to 0.09%.
+_PATIENCE = 8
+
+
+def local_search(
+    st: BinState, *, max_sweeps: int = 64, rel_tol: float = 2.5e-4, patience: int = _PATIENCE
+) -> int:
     """Run sweeps on ``st`` in place. Returns the number of changes applied.
 
     Stops once the most loaded rank is within ``rel_tol`` of the mean: 2.5e-4 is 20 times
     under the 0.5% balance target and below the run-to-run noise of a GPU step, and the
-    sweeps that would go further cost more CPU time than they could save GPU time.
+    sweeps that would go further cost more CPU time than they could save GPU time. Also
+    stops after ``patience`` sweeps in a row that did not lower the most loaded rank by
+    that much: the makespan is pinned (one micro-batch per rank whose samples cannot be
+    traded down further), and more sweeps only shuffle the other ranks.
     """
     if st.dp < 2:
         return 0
     applied = 0
+    best, stale = None, 0
     for sweep in range(max_sweeps):
         load = st.load
         mean = int(load.sum()) / st.dp
         tol = rel_tol * mean
-        if int(load.max()) - mean <= tol:
+        top = int(load.max())
+        if top - mean <= tol:
             break
+        if best is None or top < best - tol:
+            best, stale = top, 0
+        else:
+            stale += 1
+            if stale >= patience:
+                break
         changed = _sweep(st, tol, fold=sweep % 2 == 0)
         if changed == 0:
             break

@@ -360,7 +360,9 @@ def build_schedule(
             than the cap sits alone in its micro-batch (or, with ``strict``, is an error).
         cost: "tokens", "flops" (exact analytic FLOPs of ``spec``), a cost model (object,
             file path, or shipped name such as "h200/qwen3-8b"), or a callable on one
-            micro-batch's lengths.
+            micro-batch's lengths (called about once per distinct length and once per
+            micro-batch, a Python call each: at tens of thousands of samples, prefer a
+            cost model, whose costs are vectorised).
         spec: the model (`ModelSpec` or preset name), for ``cost="flops"``.
         align: micro-batches per rank must be a multiple of this (virtual pipeline stages).
         group_ids: samples sharing an id (one prompt's responses) stay on one rank.
