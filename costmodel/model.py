@@ -144,7 +144,7 @@ class CostModel:
         return f"validated ({mode}, {count} micro-batches): mean error " + ", ".join(parts)
 
     def _mode(self, mode: str) -> ModeCurves:
-        if mode not in self.curves:
+        if not isinstance(mode, str) or mode not in self.curves:
             raise ValueError(
                 f"mode {mode!r} is not in this cost model ({self.label}); it has {self.modes}"
             )
@@ -167,10 +167,10 @@ class CostModel:
         return out
 
     def _tables_for(self, mode: str) -> _Tables:
+        c = self._mode(mode)  # first: a mode that is no key (a list) is a ValueError here
         tables = self._tables.get(mode)
         if tables is not None:
             return tables
-        c = self._mode(mode)
         spec = self.spec
         top = int(min(max(_MIN_TABLE, c.attention.lengths[-1]), _MAX_TABLE))
         table = np.zeros(top + 1)
@@ -276,6 +276,8 @@ class CostModel:
         head: bool = True, microbatch_overhead: bool = False,
     ) -> float:
         """Predicted time of `num_layers` identical layers (+ the head): what `validate` runs."""
+        if isinstance(num_layers, bool) or not isinstance(num_layers, (int, np.integer)) or num_layers < 1:
+            raise ValueError(f"num_layers must be an integer >= 1, got {num_layers!r}")
         L = _as_lengths(lengths)
         if L.size == 0:
             return 0.0

@@ -393,7 +393,8 @@ def _hf_sliding_window(cfg: Mapping[str, Any], model_type: str, layers: int) -> 
         return {"sliding_window": window, "sliding_window_layers": layers}
     if model_type in ("qwen2", "qwen3", "qwen2_moe", "qwen3_moe") and cfg.get("use_sliding_window"):
         # HF Qwen2/3: layers with index >= max_window_layers use the window.
-        first = cfg.get("max_window_layers", layers)
+        first = cfg.get("max_window_layers")
+        first = layers if first is None else first  # null in some configs: no window layers
         return {"sliding_window": window, "sliding_window_layers": max(0, layers - first)}
     return {}
 
@@ -412,6 +413,9 @@ def _from_megatron(ns: Any) -> ModelSpec:
         return get(key)
 
     hidden, heads, layers = need("hidden_size"), need("num_attention_heads"), need("num_layers")
+    for key, value in (("hidden_size", hidden), ("num_attention_heads", heads), ("num_layers", layers)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"Megatron args: {key} must be a positive integer, got {value!r}")
     groups = get("num_query_groups") if get("group_query_attention", True) else None
     vocab = get("padded_vocab_size") or get("vocab_size")
     if vocab is None:
@@ -423,7 +427,8 @@ def _from_megatron(ns: Any) -> ModelSpec:
         num_heads=heads,
         num_kv_heads=groups or heads,
         head_dim=get("kv_channels") or hidden // heads,
-        intermediate_size=get("ffn_hidden_size") or 4 * hidden,
+        # Megatron's own default for SwiGLU (the only MLP here): 2/3 of 4h, a multiple of 64.
+        intermediate_size=get("ffn_hidden_size") or int(4 * hidden * 2 / 3 / 64) * 64,
         vocab_size=vocab,
         tie_word_embeddings=not get("untie_embeddings_and_output_weights", False),
         qk_norm=bool(get("qk_layernorm", False)),
@@ -452,8 +457,11 @@ def _from_megatron(ns: Any) -> ModelSpec:
     window = get("window_size")
     if window:
         left = window[0] if isinstance(window, (tuple, list)) else window
-        if left and left > 0:
-            kw.update(sliding_window=int(left), sliding_window_layers=layers)
+        if isinstance(left, bool) or not isinstance(left, int):
+            raise ValueError(f"Megatron args: window_size must be an int or (left, right) ints, "
+                             f"got {window!r}")
+        if left > 0:
+            kw.update(sliding_window=left, sliding_window_layers=layers)
     return ModelSpec(**kw)
 
 
@@ -462,6 +470,9 @@ def _megatron_moe_layers(freq: Any, layers: int) -> tuple[int, ...]:
     0/1 per layer, or that list as a Python expression such as "([0]*3+[1]*58)"."""
     if isinstance(freq, str):
         freq = _eval_layer_pattern(freq)
+    if isinstance(freq, bool) or not isinstance(freq, (int, list, tuple)):
+        raise ValueError(f"moe_layer_freq must be an int, a 0/1 list per layer, or that list as "
+                         f"a string, got {freq!r:.60}")
     if isinstance(freq, int):
         if freq < 1:
             raise ValueError(f"moe_layer_freq must be >= 1, got {freq}")
@@ -484,8 +495,15 @@ def _eval_layer_pattern(text: str) -> int | list[int]:
             return [ev(e) for e in node.elts]
         if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Add, ast.Mult)):
             left, right = ev(node.left), ev(node.right)
-            return left + right if isinstance(node.op, ast.Add) else left * right
-        raise ValueError(f"moe_layer_freq {text!r}: only ints, lists, + and * are allowed")
+            if isinstance(node.op, ast.Add) and type(left) is type(right):
+                return left + right
+            if isinstance(node.op, ast.Mult) and not (isinstance(left, list) and isinstance(right, list)):
+                size = max(len(x) if isinstance(x, list) else 1 for x in (left, right))
+                count = right if isinstance(left, list) else left
+                if isinstance(count, int) and size * abs(count) <= 1 << 20:  # layers, not memory
+                    return left * right
+        raise ValueError(f"moe_layer_freq {text!r}: a pattern of lists of 0/1 per layer with + "
+                         "and * (e.g. \"[0]*3+[1]*58\")")
 
     try:
         tree = ast.parse(text.strip(), mode="eval")

@@ -87,6 +87,8 @@ def test_cost_model_of_another_shape_is_an_error_unless_opted_in(cost_model_file
     with pytest.raises(ValueError, match="--cost-model-allow-other-shape") as err:
         validate_args(args, spec=OTHER)
     assert cost_model_file in str(err.value)
+    with pytest.raises(ValueError, match="--cost-model-allow-other-shape"):  # by preset name
+        validate_args(parse([*FLOPS_ARGV, "--cost-model", cost_model_file]), spec=OTHER.name)
     args = parse([*FLOPS_ARGV, "--cost-model", cost_model_file, "--cost-model-allow-other-shape"])
     model = validate_args(args, spec=OTHER)
     assert model.spec.fingerprint() == SPEC.fingerprint()

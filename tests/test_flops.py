@@ -208,6 +208,9 @@ def test_lengths_past_2_31_are_refused_not_wrapped(too_long):
     # L(L+1)/2 of 1e10 overflows int64: it printed a wrong (or negative) count before.
     with pytest.raises(ValueError, match=r"at most 2,147,483,647 tokens"):
         calculate_fwd_flops(too_long, ModelSpec.from_preset("qwen3-0.6b"))
+    # An object array of ordinary ints is fine (it raised a bare StopIteration).
+    assert calculate_fwd_flops(np.array([5, 6], dtype=object), "qwen3-0.6b") == calculate_fwd_flops(
+        [5, 6], "qwen3-0.6b")
     longest = calculate_fwd_flops([2**31 - 1], ModelSpec.from_preset("qwen3-0.6b"))
     assert longest > calculate_fwd_flops([2**31 - 2], ModelSpec.from_preset("qwen3-0.6b")) > 0
 

@@ -212,6 +212,22 @@ def test_errors():
         )
 
 
+@pytest.mark.parametrize("cfg, flags, ids, says", [
+    # Each was accepted: a margin of 0 or cp -1 clamped the cap to 1 token (every sample
+    # alone), 2.7 ranks became 2, NaN rollout ids split one rollout.
+    ({"dp_size": 2}, {"packing_safety_margin": 0.0}, None, r"packing_safety_margin must be in \(0, 1\]"),
+    ({"dp_size": 2, "cp_size": -1}, {}, None, "cp_size must be an integer >= 1"),
+    ({"dp_size": 2.7}, {}, None, "dp_size must be an integer >= 1"),
+    ({}, {}, None, "train_parallel_config must be a dict with 'dp_size'"),
+    ({"dp_size": 2}, {}, [float("nan")] * 8, r"rollout_indices\[0\] is NaN"),
+    ({"dp_size": 2}, {}, 7, "rollout_indices must be a sequence"),
+])
+def test_bad_parallel_config_and_flags_are_refused(cfg, flags, ids, says):
+    with pytest.raises(ValueError, match=says):
+        build_dp_schedule(make_args(**flags), cfg, [10] * 8, global_batch_size=2,
+                          rollout_indices=[0, 0, 0, 0, 1, 1, 1, 1] if ids is None else ids)
+
+
 def test_errors_name_the_step_and_bad_lengths():
     # Step 1 has 3 samples for 4 ranks (slime asserts; here a ValueError naming the step).
     lengths = [100] * 8 + [100] * 3

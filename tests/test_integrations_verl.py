@@ -67,6 +67,12 @@ def test_rearrange_rejects_a_sequence_over_the_cap():
         balanced_micro_batches([100, 5000, 200], 1000)
 
 
+@pytest.mark.parametrize("k, lengths", [(2.5, [1, 2, 3]), ("2", [1, 2, 3]), (2, None)])
+def test_balanced_partitions_refuse_fractional_counts_and_non_sequences(k, lengths):
+    with pytest.raises(ValueError, match="must be"):  # 2.5 made 2 partitions
+        get_seqlen_balanced_partitions(lengths, k, equal_size=False)
+
+
 def test_balanced_partitions_with_zero_lengths_are_never_empty():
     # verl's contract: every partition non-empty, zero lengths included.
     parts = get_seqlen_balanced_partitions([0, 0, 0, 0, 5], 4, equal_size=False)

@@ -362,3 +362,11 @@ def test_cached_cost_model_reads_each_file_version_once(tmp_path, monkeypatch):
     # A hand-built spec with a list of MoE layers is a key like any other (stored as a tuple).
     listed = dataclasses.replace(SPEC, moe_layers=[])
     assert model_module.cached_cost_model(path, spec=listed, allow_other_shape=True) is not again
+
+
+def test_layer_counts_and_modes_are_checked(model):
+    for bad in (-3, 0, 2.5, True, float("nan")):  # -3 gave -10.1 ms
+        with pytest.raises(ValueError, match="num_layers must be an integer >= 1"):
+            model.stack_cost([100], num_layers=bad)
+    with pytest.raises(ValueError, match="mode \\['train'\\] is not in this cost model"):
+        model.microbatch_cost([100], mode=["train"])

@@ -3,6 +3,8 @@ that an adversarial search turned up (the input that triggered it is the test's 
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 from test_scheduler import check_schedule
@@ -101,6 +103,18 @@ def test_unhashable_group_ids_are_a_value_error(group_ids):
         build_schedule([10] * 8, dp_size=2, max_tokens_per_microbatch=100, group_ids=group_ids)
 
 
+@pytest.mark.parametrize("group_ids, says", [
+    # NaN != NaN: "the same" NaN ids split over ranks (a float array of them did).
+    (np.array([np.nan] * 4 + [1, 1, 2, 2]), r"group_ids\[0\] is NaN"),
+    ([float("nan")] * 4 + [1, 1, 2, 2], r"group_ids\[0\] is NaN"),
+    (3, "group_ids must be a sequence"),  # a TypeError from len() before
+    ((i for i in range(8)), "group_ids must be a sequence"),
+])
+def test_group_ids_that_cannot_group_are_refused(group_ids, says):
+    with pytest.raises(ValueError, match=says):
+        build_schedule([10] * 8, dp_size=2, max_tokens_per_microbatch=100, group_ids=group_ids)
+
+
 def test_cost_callable_errors_and_zero_costs():
     with pytest.raises(ValueError, match="failed on a micro-batch: division by zero"):
         build_schedule([10] * 8, dp_size=2, max_tokens_per_microbatch=100, cost=lambda x: 1 / 0)
@@ -151,3 +165,30 @@ def test_local_search_gives_up_when_the_makespan_is_pinned(monkeypatch):
     s = build_schedule(lengths, dp_size=1024, max_tokens_per_microbatch=16384)
     check_schedule(s, lengths, dp=1024, cap=16384)
     assert len(sweeps) <= refine._PATIENCE + 1
+
+
+@pytest.mark.parametrize("microbatches, says", [
+    ([[[0, -1]]], "sample index -1 is not in 0..1"),  # wrapped to the last sample: 109 tokens
+    ([[[0, 0]]], "sample 0 is in more than one micro-batch"),  # counted twice
+    ([[[0]]], "sample 1 is in none"),  # a dropped sample made the schedule look cheaper
+    ([[[1.5, 0]]], "each a list of sample indices"),  # truncated to 1
+    ([[[True, 0]]], "each a list of sample indices"),
+    ([[0, 1]], "each a list of sample indices"),
+    ([], "a list of ranks"),
+])
+def test_evaluate_schedule_takes_each_sample_exactly_once(microbatches, says):
+    from costmodel.scheduler import evaluate_schedule
+
+    with pytest.raises(ValueError, match=re.escape(says)):
+        evaluate_schedule(microbatches, [10, 99], max_tokens_per_microbatch=100)
+    s = evaluate_schedule([[[1], [0]], [[]]], [10, 99], max_tokens_per_microbatch=100)
+    assert s.rank_costs == [109.0, 0.0]
+
+
+@pytest.mark.parametrize("cost, says", [
+    (lambda x: {}[1], r"failed on micro-batches \(KeyError"),  # passed through as a KeyError
+    (lambda x: 1e-300, "too small to tell apart"),  # an OverflowError in the scale
+])
+def test_cost_callables_that_fail_or_vanish_are_value_errors(cost, says):
+    with pytest.raises(ValueError, match=says):
+        build_schedule([5, 6], dp_size=1, max_tokens_per_microbatch=10, cost=cost)

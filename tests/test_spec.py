@@ -80,6 +80,13 @@ def test_hf_qwen3_matches_preset(tmp_path):
     assert ModelSpec.from_any(tmp_path / "config.json") == spec
 
 
+def test_hf_sliding_window_with_null_max_window_layers(tmp_path):
+    # A TypeError before; null means no layer past the full-attention ones.
+    cfg = {**QWEN3_8B_HF, "use_sliding_window": True, "sliding_window": 4096,
+           "max_window_layers": None}
+    assert ModelSpec.from_hf_config(_write(tmp_path, cfg)).sliding_window_layers == 0
+
+
 def test_hf_llama_defaults_head_dim(tmp_path):
     cfg = {"model_type": "llama", "hidden_size": 4096, "num_hidden_layers": 32,
            "num_attention_heads": 32, "num_key_value_heads": 8, "intermediate_size": 14336,
@@ -154,6 +161,15 @@ def test_megatron_dense_matches_preset():
     assert spec.fingerprint() == PRESETS["qwen3-8b"].fingerprint()
 
 
+def test_megatron_default_ffn_is_megatrons_swiglu_default():
+    # ffn_hidden_size None is filled by Megatron as int(4h·2/3 / 64)·64 for SwiGLU; 4h
+    # overcounted dense-MLP FLOPs 1.5x.
+    assert ModelSpec.from_megatron_args(_megatron(ffn_hidden_size=None)).intermediate_size == 10880
+    for bad in (dict(num_attention_heads=0), dict(hidden_size="4096"), dict(window_size=4096.7)):
+        with pytest.raises(ValueError, match="Megatron args: "):
+            ModelSpec.from_megatron_args(_megatron(**bad))
+
+
 def test_megatron_moe_layer_patterns():
     moe = dict(num_layers=94, num_attention_heads=64, num_query_groups=4, num_experts=128,
                moe_ffn_hidden_size=1536, moe_router_topk=8)
@@ -163,8 +179,11 @@ def test_megatron_moe_layer_patterns():
     assert expr.num_dense_layers == 3 and expr.moe_layer_ids()[0] == 3
     every_other = ModelSpec.from_megatron_args(_megatron(**moe, moe_layer_freq=2))
     assert every_other.num_moe_layers == 47
-    with pytest.raises(ValueError, match="only ints, lists"):
-        ModelSpec.from_megatron_args(_megatron(**moe, moe_layer_freq="__import__('os')"))
+    for bad in ("__import__('os')", "[0]+1", "[0]*100000000000"):  # code; TypeError; MemoryError
+        with pytest.raises(ValueError, match="a pattern of lists of 0/1 per layer"):
+            ModelSpec.from_megatron_args(_megatron(**moe, moe_layer_freq=bad))
+    with pytest.raises(ValueError, match="moe_layer_freq must be an int"):
+        ModelSpec.from_megatron_args(_megatron(**moe, moe_layer_freq=1.5))
     with pytest.raises(ValueError, match="each of the 94 layers"):
         ModelSpec.from_megatron_args(_megatron(**moe, moe_layer_freq=[1] * 3))
 

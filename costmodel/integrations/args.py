@@ -25,6 +25,7 @@ import logging
 from typing import Any
 
 from costmodel.calibration.device import current_gpu_name
+from costmodel.spec import as_spec
 
 __all__ = ["add_arguments", "scheduler_from_args", "validate_args"]
 
@@ -186,6 +187,8 @@ def validate_args(args: argparse.Namespace, spec=None):
     ``args`` (hidden_size, num_layers, ...) are used. The loaded model is kept on ``args``
     so `scheduler_from_args` does not load it again.
     """
+    if spec is not None:
+        spec = as_spec(spec)  # a preset name or config.json path as well
     dynamic = bool(_flag(args, "use_dynamic_batch_size", False))
     by_flops = bool(_flag(args, "balance_by_flops", False))
     cost_model_arg = _flag(args, "cost_model")

@@ -48,7 +48,7 @@ Differences from slime, all on purpose:
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -57,6 +57,7 @@ from costmodel.flops import as_lengths
 from costmodel.scheduler import build_schedule, karmarkar_karp
 from costmodel.scheduler.baselines import align_bins, first_fit_pack
 from costmodel.scheduler.costs import as_cost
+from costmodel.scheduler.groups import first_appearance_ids
 
 __all__ = ["build_dp_schedule"]
 
@@ -93,12 +94,19 @@ def _resolve_cost(args: Any) -> tuple[Any, Any, bool]:
     return "tokens", None, balance
 
 
-def _steps(rollout_indices: Sequence[Any], global_batch_size: int) -> list[list[int]]:
-    """Sample positions of each step: whole rollouts, global_batch_size per step."""
-    by_rollout: dict[Any, list[int]] = {}
-    for pos, rid in enumerate(rollout_indices):
-        by_rollout.setdefault(rid, []).append(pos)
-    rollouts = list(by_rollout.values())  # first-appearance order
+def _count(value: Any, name: str) -> int:
+    """``value`` as an int >= 1 (numpy ints too); ValueError for 2.5, "4", True, 0."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+    return int(value)
+
+
+def _steps(rollout_ids: np.ndarray, global_batch_size: int) -> list[list[int]]:
+    """Sample positions of each step: whole rollouts, global_batch_size per step.
+    ``rollout_ids``: each sample's rollout, numbered by first appearance."""
+    rollouts: list[list[int]] = [[] for _ in range(int(rollout_ids.max()) + 1 if rollout_ids.size else 0)]
+    for pos, rid in enumerate(rollout_ids.tolist()):
+        rollouts[rid].append(pos)
     num_steps = len(rollouts) // global_batch_size
     if num_steps < 1:
         raise ValueError(
@@ -127,25 +135,27 @@ def build_dp_schedule(
 
     Returns ``(partitions, micro_batch_indices, num_microbatches, global_batch_sizes)``.
     """
-    dp = int(train_parallel_config["dp_size"])
-    cp = int(train_parallel_config.get("cp_size", 1) or 1)
-    vpp = int(train_parallel_config.get("vpp_size", 1) or 1)
-    group = int(train_parallel_config.get("microbatch_group_size_per_vp_stage", 1) or 1)
+    if not isinstance(train_parallel_config, Mapping) or "dp_size" not in train_parallel_config:
+        raise ValueError(f"train_parallel_config must be a dict with 'dp_size' (and optionally "
+                         f"cp_size, vpp_size, ...), got {train_parallel_config!r:.80}")
+    config = train_parallel_config
+    dp = _count(config["dp_size"], "dp_size")
+    cp = _count(config.get("cp_size") or 1, "cp_size")
+    vpp = _count(config.get("vpp_size") or 1, "vpp_size")
+    group = _count(config.get("microbatch_group_size_per_vp_stage") or 1,
+                   "microbatch_group_size_per_vp_stage")
     align = group if vpp > 1 else 1
-    if dp < 1:
-        raise ValueError(f"dp_size must be >= 1, got {dp}")
-    if isinstance(global_batch_size, bool) or int(global_batch_size) < 1:
-        raise ValueError(f"global_batch_size must be >= 1, got {global_batch_size!r}")
+    global_batch_size = _count(global_batch_size, "global_batch_size")
     lengths = as_lengths(total_lengths, "total_lengths")
+
     if sample_is_multimodal is not None and len(sample_is_multimodal) != lengths.size:
         raise ValueError(
             f"sample_is_multimodal has {len(sample_is_multimodal)} entries for {lengths.size} "
             "samples"
         )
-    if len(rollout_indices) != lengths.size:
-        raise ValueError(
-            f"rollout_indices has {len(rollout_indices)} entries for {lengths.size} samples"
-        )
+    rollout_ids = first_appearance_ids(rollout_indices, "rollout_indices")
+    if rollout_ids.size != lengths.size:
+        raise ValueError(f"rollout_indices has {rollout_ids.size} entries for {lengths.size} samples")
     for unsupported in ("global_batch_tokens", "multimodal_aware_packing"):
         if getattr(args, unsupported, None) not in (None, "off"):
             raise ValueError(
@@ -157,20 +167,25 @@ def build_dp_schedule(
     cap = None
     if dynamic:
         per_gpu = getattr(args, "max_tokens_per_gpu", None)
-        if per_gpu is None or int(per_gpu) < 1:
+        if per_gpu is None:
             raise ValueError("use_dynamic_batch_size needs max_tokens_per_gpu >= 1")
+        per_gpu = _count(per_gpu, "max_tokens_per_gpu")
         margin = getattr(args, "packing_safety_margin", None)
-        cap = max(1, int(int(per_gpu) * cp * (1.0 if margin is None else float(margin))))
+        margin = 1.0 if margin is None else margin
+        if isinstance(margin, bool) or not isinstance(margin, (int, float)) or not 0 < margin <= 1:
+            raise ValueError(f"packing_safety_margin must be in (0, 1], got {margin!r}")
+        cap = max(1, int(per_gpu * cp * margin))
     else:
         mbs = getattr(args, "micro_batch_size", None)
-        if mbs is None or int(mbs) < 1:
+        if mbs is None:
             raise ValueError("without use_dynamic_batch_size, micro_batch_size must be >= 1")
+        _count(mbs, "micro_batch_size")
 
     partitions: list[list[int]] = [[] for _ in range(dp)]
     micro_batch_indices: list[list[list[int]]] = [[] for _ in range(dp)]
     num_microbatches: list[int] = []
     global_batch_sizes: list[int] = []
-    for step, samples in enumerate(_steps(rollout_indices, int(global_batch_size))):
+    for step, samples in enumerate(_steps(rollout_ids, global_batch_size)):
         step_lengths = lengths[samples]
         try:
             if dynamic and balance:
@@ -191,7 +206,7 @@ def build_dp_schedule(
         except ValueError as err:
             raise ValueError(f"step {step} ({len(samples)} samples): {err}") from err
         num_microbatches.append(len(per_rank[0]))
-        global_batch_sizes.append(int(global_batch_size))
+        global_batch_sizes.append(global_batch_size)
         for r in range(dp):
             for mb in per_rank[r]:
                 start = len(partitions[r])

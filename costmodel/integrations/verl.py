@@ -54,9 +54,11 @@ def get_seqlen_balanced_partitions(
 ) -> list[list[int]]:
     """``k_partitions`` lists of indices with near-equal sums of ``seqlen_list``; indices
     sorted inside each list; none empty. ``equal_size``: the same number of items in each."""
+    if isinstance(k_partitions, bool) or not isinstance(k_partitions, (int, np.integer)) or k_partitions < 1:
+        raise ValueError(f"k_partitions must be an integer >= 1, got {k_partitions!r}")
+    if isinstance(seqlen_list, (str, bytes)) or not hasattr(seqlen_list, "__len__"):
+        raise ValueError(f"seqlen_list must be a sequence of numbers, got {seqlen_list!r:.60}")
     n = len(seqlen_list)
-    if isinstance(k_partitions, bool) or int(k_partitions) < 1:
-        raise ValueError(f"k_partitions must be >= 1, got {k_partitions!r}")
     if n < k_partitions:
         raise ValueError(f"number of items ({n}) < k_partitions ({k_partitions})")
     parts = karmarkar_karp(seqlen_list, int(k_partitions), equal_size=equal_size)

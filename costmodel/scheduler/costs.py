@@ -92,7 +92,13 @@ class Cost:
     def evaluate(self, lengths: np.ndarray, offsets: np.ndarray) -> np.ndarray:
         """`microbatch_costs`, converted to float64 and checked (finite, >= 0)."""
         k = offsets.size - 1
-        out = np.asarray(self.microbatch_costs(lengths, offsets), dtype=np.float64).reshape(-1)
+        try:
+            out = np.asarray(self.microbatch_costs(lengths, offsets), dtype=np.float64).reshape(-1)
+        except Exception as err:  # a user's cost: whatever it raises is bad input here
+            if isinstance(err, ValueError) and str(err).startswith(f"cost {self.name!r}"):
+                raise
+            raise ValueError(f"cost {self.name!r} failed on micro-batches ({type(err).__name__}: "
+                             f"{err})") from err
         if out.size != k:
             raise ValueError(f"cost {self.name!r} returned {out.size} values for {k} micro-batches")
         _check_values(out, self.name, lengths, offsets)

@@ -19,15 +19,36 @@ pack swaps or hands over one group (`_repair`).
 from __future__ import annotations
 
 import heapq
+from typing import Any
 
 import numpy as np
 
 from costmodel.scheduler.pack import best_fit_pack, pack_tokens
 from costmodel.scheduler.refine import pair_ranks
 
-__all__ = ["place_groups"]
+__all__ = ["first_appearance_ids", "place_groups"]
 
 _NONE = np.iinfo(np.int64).max
+
+
+def first_appearance_ids(ids: Any, what: str) -> np.ndarray:
+    """Dense numbers 0, 1, ... for hashable ids, in the order they first appear (not hash
+    order: the same on every process). ValueError for an id that cannot be one: unhashable,
+    or NaN (never equal to itself, so "the same" NaN ids would split)."""
+    if isinstance(ids, (str, bytes)) or not hasattr(ids, "__len__"):
+        raise ValueError(f"{what} must be a sequence of ids, got {ids!r:.60}")
+    seen: dict[Any, int] = {}
+    out = np.empty(len(ids), dtype=np.int64)
+    for i, g in enumerate(ids):
+        if isinstance(g, float) and g != g:
+            raise ValueError(f"{what}[{i}] is NaN, which cannot name a group: use integers or "
+                             "strings")
+        try:
+            out[i] = seen.setdefault(g, len(seen))
+        except TypeError as err:
+            raise ValueError(f"{what}[{i}] = {g!r:.60} cannot be a group id ({err}): use "
+                             "hashable ids such as integers or strings") from None
+    return out
 
 
 def _units(groups: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

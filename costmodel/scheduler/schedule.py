@@ -42,7 +42,7 @@ from numpy.typing import ArrayLike
 
 from costmodel.flops import MAX_LENGTH, as_lengths
 from costmodel.scheduler.costs import Cost, as_cost
-from costmodel.scheduler.groups import place_groups
+from costmodel.scheduler.groups import first_appearance_ids, place_groups
 from costmodel.scheduler.order import ORDERS, run_order
 from costmodel.scheduler.pack import assign_bins, best_fit_pack, pack_tokens
 from costmodel.scheduler.refine import BinState, local_search
@@ -163,25 +163,19 @@ def _token_cap(value: Any) -> int:
 
 
 def _dense_groups(group_ids: Sequence[Any], n: int) -> np.ndarray:
+    if isinstance(group_ids, (str, bytes)) or not hasattr(group_ids, "__len__"):
+        raise ValueError(f"group_ids must be a sequence with one id per sample, got "
+                         f"{group_ids!r:.60}")
     if len(group_ids) != n:
         raise ValueError(f"group_ids has {len(group_ids)} entries for {n} lengths")
-    arr = np.asarray(group_ids)
+    try:
+        arr = np.asarray(group_ids)
+    except ValueError:  # ragged: ids of different shapes, refused one by one below
+        arr = np.empty(0, dtype=object)
     if arr.ndim == 1 and arr.dtype.kind in "iub":
         _, dense = np.unique(arr, return_inverse=True)
         return dense.astype(np.int64)
-    # Any hashable ids: numbered by first appearance. A dict keyed by id is only used
-    # for lookup; the numbering follows the input order, not hash order.
-    seen: dict[Any, int] = {}
-    out = np.empty(n, dtype=np.int64)
-    for i, g in enumerate(group_ids):
-        try:
-            out[i] = seen.setdefault(g, len(seen))
-        except TypeError as err:
-            raise ValueError(
-                f"group_ids[{i}] = {g!r} cannot be a group id ({err}): use hashable ids such "
-                "as integers or strings"
-            ) from err
-    return out
+    return first_appearance_ids(group_ids, "group_ids")
 
 
 # -- micro-batch count -------------------------------------------------------------------
@@ -431,7 +425,11 @@ def build_schedule(
     if not math.isfinite(total):
         raise ValueError(f"cost {cost_obj.name!r}: the samples' costs sum past the largest "
                          "float; give the cost in larger units (ms, not ns)")
-    scale = 2.0 ** (_QUANT_BITS - math.ceil(math.log2(total))) if total > 0 else 1.0
+    exponent = _QUANT_BITS - math.ceil(math.log2(total)) if total > 0 else 0
+    if exponent > 1000:  # 2.0 ** exponent would overflow
+        raise ValueError(f"cost {cost_obj.name!r}: the samples' costs sum to {total:.3g}, too "
+                         "small to tell apart; give the cost in smaller units (ms, not hours)")
+    scale = 2.0**exponent
     q = np.rint(s * scale).astype(np.int64)
 
     if groups is None:
@@ -717,14 +715,16 @@ def evaluate_schedule(
     """A `Schedule` for micro-batches built elsewhere (a baseline, another framework), with
     its predicted costs under ``cost``, so schedules can be compared on equal terms.
 
-    Unlike `build_schedule`, nothing is guaranteed: ranks may hold different numbers of
+    Unlike `build_schedule`, little is guaranteed: ranks may hold different numbers of
     micro-batches and micro-batches may break the cap (`Schedule.cap_violations` counts
-    those).
+    those). But every sample must be in exactly one micro-batch, as indices into
+    ``lengths`` (ValueError otherwise): a schedule that drops or repeats samples is not
+    comparable.
     """
     lens = as_lengths(lengths, "lengths")
     cap = _token_cap(max_tokens_per_microbatch)
     cost_obj = as_cost(cost, spec, mode)
-    flat = [np.asarray(sorted(mb), dtype=np.int64) for rank in microbatches for mb in rank]
+    flat = _members(microbatches, lens.size)
     sizes = [x.size for x in flat]
     idx = np.concatenate(flat) if flat else np.zeros(0, dtype=np.int64)
     offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
@@ -750,3 +750,35 @@ def evaluate_schedule(
         max_tokens_per_microbatch=cap,
         cost_name=cost_obj.name,
     )
+
+
+def _members(microbatches: Any, n: int) -> list[np.ndarray]:
+    """Each micro-batch's sample indices, sorted, rank by rank; ValueError unless they are
+    integers in 0..n-1 and every sample appears exactly once."""
+    shape = ("microbatches must be a list of ranks, each a list of micro-batches, each a list "
+             "of sample indices")
+    if not isinstance(microbatches, (list, tuple)) or not microbatches:
+        raise ValueError(f"{shape}; got {type(microbatches).__name__} {microbatches!r:.60}")
+    flat = []
+    for r, rank in enumerate(microbatches):
+        if not isinstance(rank, (list, tuple)):
+            raise ValueError(f"{shape}; rank {r} is {type(rank).__name__} {rank!r:.60}")
+        for b, mb in enumerate(rank):
+            try:
+                idx = np.asarray(mb if isinstance(mb, (list, tuple, np.ndarray)) else None)
+            except ValueError:  # ragged nesting
+                idx = np.asarray(None)
+            bools = isinstance(mb, (list, tuple)) and any(type(i) is bool for i in mb)
+            if idx.ndim != 1 or (idx.size and idx.dtype.kind not in "iu") or bools:
+                raise ValueError(f"{shape}; rank {r} micro-batch {b} is {mb!r:.60}")
+            out = idx[(idx < 0) | (idx >= n)]
+            if out.size:
+                raise ValueError(f"rank {r} micro-batch {b}: sample index {out[0]} is not in "
+                                 f"0..{n - 1}")
+            flat.append(np.sort(idx.astype(np.int64)))
+    counts = np.bincount(np.concatenate(flat) if flat else np.zeros(0, np.int64), minlength=n)
+    for bad, what in ((counts > 1, "is in more than one micro-batch"), (counts == 0, "is in none")):
+        if bad.any():
+            raise ValueError(f"sample {int(np.argmax(bad))} {what}: every sample must be in "
+                             f"exactly one micro-batch ({int(bad.sum())} such)")
+    return flat
