@@ -183,3 +183,18 @@ def test_rearrange_agrees_on_the_count_across_a_dp_group(tmp_path):
     )
     assert res.returncode == 0, res.stderr[-2000:]
     assert "counts [8, 8]" in res.stdout
+
+
+def test_rearrange_takes_a_plain_dict_and_names_a_batch_without_a_mask():
+    import torch
+
+    mask = torch.zeros(4, 8, dtype=torch.long)
+    for row, n in enumerate((3, 8, 5, 1)):
+        mask[row, :n] = 1
+    batch = {"attention_mask": mask, "row": torch.arange(4)}
+    micro_batches, idx = rearrange_micro_batches(batch, max_token_len=8)  # a KeyError before
+    assert sorted(i for mb in idx for i in mb) == [0, 1, 2, 3]
+    assert [mb["row"].tolist() for mb in micro_batches] == idx
+    for bad in (None, {}, {"attention_mask": torch.ones(4)}):
+        with pytest.raises(ValueError, match="2-D attention_mask"):
+            rearrange_micro_batches(bad, max_token_len=8)

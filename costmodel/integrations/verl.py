@@ -125,12 +125,20 @@ def rearrange_micro_batches(
 def _effective_lengths(batch: Any) -> np.ndarray:
     """Tokens per sequence of verl's batch, as verl counts them."""
     # keys(): membership on a TensorDict itself is not supported in every release
-    input_ids = batch["input_ids"] if "input_ids" in batch.keys() else None  # noqa: SIM118
+    keys = set(batch.keys()) if callable(getattr(batch, "keys", None)) else set()
+    input_ids = batch["input_ids"] if "input_ids" in keys else None
     if input_ids is not None and getattr(input_ids, "is_nested", False):
         lengths = input_ids.offsets().diff()
     else:
-        lengths = batch["attention_mask"].sum(dim=1)
-    return np.asarray(lengths.cpu().tolist(), dtype=np.int64)
+        mask = batch["attention_mask"] if "attention_mask" in keys else None
+        if getattr(mask, "ndim", 0) != 2 or not hasattr(mask, "sum"):
+            raise ValueError(
+                "batch must be verl's TensorDict (or a dict of tensors) with a 2-D "
+                "attention_mask (batch × sequence) or a nested input_ids; got "
+                f"{type(batch).__name__} with keys {sorted(map(str, keys))[:8]}"
+            )
+        lengths = mask.sum(dim=1) if hasattr(mask, "cpu") else np.asarray(mask).sum(axis=1)
+    return np.asarray(lengths.tolist(), dtype=np.int64)
 
 
 def _select_rows(batch: Any, idx: list[int]) -> Any:
@@ -138,6 +146,9 @@ def _select_rows(batch: Any, idx: list[int]) -> Any:
     nested tensors), else TensorDict indexing."""
     import torch
 
+    if isinstance(batch, dict):  # a plain dict of tensors: each one's rows
+        rows = torch.as_tensor(idx, dtype=torch.long)
+        return {k: v[rows] if hasattr(v, "__getitem__") else v for k, v in batch.items()}
     try:
         from verl.utils.tensordict_utils import index_select_tensor_dict
     except ImportError:
