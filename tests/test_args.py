@@ -138,6 +138,12 @@ def test_context_parallel_multiplies_the_cap():
     args = parse(["--use-dynamic-batch-size", "--max-tokens-per-gpu", "1000"])
     args.context_parallel_size = 4
     assert scheduler_from_args(args, SPEC)["max_tokens_per_microbatch"] == 4000
+    args.context_parallel_size = -2  # a cap of -200 tokens before
+    with pytest.raises(ValueError, match="--context-parallel-size must be at least 1"):
+        scheduler_from_args(args, SPEC)
+    args.context_parallel_size = 1
+    with pytest.raises(ValueError, match="dp_size must be an integer >= 1, got 2.5"):
+        scheduler_from_args(args, SPEC, dp_size=2.5)
 
 
 def test_no_cap_for_the_scheduler():

@@ -198,3 +198,13 @@ def test_rearrange_takes_a_plain_dict_and_names_a_batch_without_a_mask():
     for bad in (None, {}, {"attention_mask": torch.ones(4)}):
         with pytest.raises(ValueError, match="2-D attention_mask"):
             rearrange_micro_batches(bad, max_token_len=8)
+
+
+@pytest.mark.parametrize("kw, name", [
+    (dict(num_batches_divided_by=-1), "num_batches_divided_by"),  # the message said align
+    (dict(min_num_micro_batch=0), "min_num_micro_batch"),  # it said min_num_microbatches
+    (dict(max_token_len=2.5), "max_token_len"),
+])
+def test_balanced_micro_batches_errors_name_verls_parameters(kw, name):
+    with pytest.raises(ValueError, match=f"^{name} must be an integer >= 1"):
+        balanced_micro_batches([10, 20, 30], **{"max_token_len": 64, **kw})

@@ -158,8 +158,10 @@ def _cap(args: argparse.Namespace) -> int | None:
     cap = _flag(args, "max_tokens_per_gpu")
     if cap is None:
         return None
-    cp = _flag(args, "context_parallel_size", 1) or 1
-    return _tokens(cap, "--max-tokens-per-gpu") * _tokens(cp, "--context-parallel-size")
+    cp = _tokens(_flag(args, "context_parallel_size", 1) or 1, "--context-parallel-size")
+    if cp < 1:  # -2 made a cap of -200 tokens
+        raise ValueError(f"--context-parallel-size must be at least 1, got {cp}")
+    return _tokens(cap, "--max-tokens-per-gpu") * cp
 
 
 def _spec_from_args(args: argparse.Namespace):
@@ -328,5 +330,7 @@ def scheduler_from_args(
         "mode": "train",
     }
     if dp_size is not None:
-        kwargs["dp_size"] = int(dp_size)
+        if isinstance(dp_size, bool) or not isinstance(dp_size, int) or dp_size < 1:
+            raise ValueError(f"dp_size must be an integer >= 1, got {dp_size!r}")  # 2.5 gave 2
+        kwargs["dp_size"] = dp_size
     return kwargs

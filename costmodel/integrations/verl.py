@@ -211,6 +211,14 @@ def balanced_micro_batches(
         micro-batches, and ``reverse_idx`` maps every sequence to its position in all
         ranks' micro-batches laid end to end, rank after rank.
     """
+    # Checked here so that errors name verl's parameters, not build_schedule's.
+    for name, value in (("max_token_len", max_token_len),
+                        ("num_batches_divided_by", num_batches_divided_by),
+                        ("min_num_micro_batch", min_num_micro_batch)):
+        if value is not None and (
+            isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1
+        ):
+            raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
     lengths = np.asarray(seq_lengths)
     order = "pipeline" if use_dynamic_bsz_balance else "none"
     kwargs = dict(
