@@ -38,6 +38,7 @@ import numpy as np
 from numpy.typing import ArrayLike
 
 from costmodel import gpus
+from costmodel.checks import positive_int
 from costmodel.curves import MODES, ModeCurves, TokenCurve
 from costmodel.flops import as_lengths, causal_pairs
 from costmodel.model_file import (
@@ -276,8 +277,7 @@ class CostModel:
         head: bool = True, microbatch_overhead: bool = False,
     ) -> float:
         """Predicted time of `num_layers` identical layers (+ the head): what `validate` runs."""
-        if isinstance(num_layers, bool) or not isinstance(num_layers, (int, np.integer)) or num_layers < 1:
-            raise ValueError(f"num_layers must be an integer >= 1, got {num_layers!r}")
+        num_layers = positive_int(num_layers, "num_layers")
         L = _as_lengths(lengths)
         if L.size == 0:
             return 0.0

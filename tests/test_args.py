@@ -139,7 +139,7 @@ def test_context_parallel_multiplies_the_cap():
     args.context_parallel_size = 4
     assert scheduler_from_args(args, SPEC)["max_tokens_per_microbatch"] == 4000
     args.context_parallel_size = -2  # a cap of -200 tokens before
-    with pytest.raises(ValueError, match="--context-parallel-size must be at least 1"):
+    with pytest.raises(ValueError, match="--context-parallel-size must be an integer >= 1"):
         scheduler_from_args(args, SPEC)
     args.context_parallel_size = 1
     with pytest.raises(ValueError, match="dp_size must be an integer >= 1, got 2.5"):

@@ -25,6 +25,7 @@ import logging
 from typing import Any
 
 from costmodel.calibration.device import current_gpu_name
+from costmodel.checks import positive_int
 from costmodel.spec import as_spec
 
 __all__ = ["add_arguments", "scheduler_from_args", "validate_args"]
@@ -158,9 +159,8 @@ def _cap(args: argparse.Namespace) -> int | None:
     cap = _flag(args, "max_tokens_per_gpu")
     if cap is None:
         return None
-    cp = _tokens(_flag(args, "context_parallel_size", 1) or 1, "--context-parallel-size")
-    if cp < 1:  # -2 made a cap of -200 tokens
-        raise ValueError(f"--context-parallel-size must be at least 1, got {cp}")
+    # -2 made a cap of -200 tokens
+    cp = positive_int(_flag(args, "context_parallel_size", 1) or 1, "--context-parallel-size")
     return _tokens(cap, "--max-tokens-per-gpu") * cp
 
 
@@ -330,7 +330,5 @@ def scheduler_from_args(
         "mode": "train",
     }
     if dp_size is not None:
-        if isinstance(dp_size, bool) or not isinstance(dp_size, int) or dp_size < 1:
-            raise ValueError(f"dp_size must be an integer >= 1, got {dp_size!r}")  # 2.5 gave 2
-        kwargs["dp_size"] = dp_size
+        kwargs["dp_size"] = positive_int(dp_size, "dp_size")  # 2.5 became 2 through int()
     return kwargs

@@ -53,6 +53,7 @@ from typing import Any
 
 import numpy as np
 
+from costmodel.checks import positive_int
 from costmodel.flops import as_lengths
 from costmodel.scheduler import build_schedule, karmarkar_karp
 from costmodel.scheduler.baselines import align_bins, first_fit_pack
@@ -94,13 +95,6 @@ def _resolve_cost(args: Any) -> tuple[Any, Any, bool]:
     return "tokens", None, balance
 
 
-def _count(value: Any, name: str) -> int:
-    """``value`` as an int >= 1 (numpy ints too); ValueError for 2.5, "4", True, 0."""
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-        raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
-    return int(value)
-
-
 def _steps(rollout_ids: np.ndarray, global_batch_size: int) -> list[list[int]]:
     """Sample positions of each step: whole rollouts, global_batch_size per step.
     ``rollout_ids``: each sample's rollout, numbered by first appearance."""
@@ -139,13 +133,13 @@ def build_dp_schedule(
         raise ValueError(f"train_parallel_config must be a dict with 'dp_size' (and optionally "
                          f"cp_size, vpp_size, ...), got {train_parallel_config!r:.80}")
     config = train_parallel_config
-    dp = _count(config["dp_size"], "dp_size")
-    cp = _count(config.get("cp_size") or 1, "cp_size")
-    vpp = _count(config.get("vpp_size") or 1, "vpp_size")
-    group = _count(config.get("microbatch_group_size_per_vp_stage") or 1,
+    dp = positive_int(config["dp_size"], "dp_size")
+    cp = positive_int(config.get("cp_size") or 1, "cp_size")
+    vpp = positive_int(config.get("vpp_size") or 1, "vpp_size")
+    group = positive_int(config.get("microbatch_group_size_per_vp_stage") or 1,
                    "microbatch_group_size_per_vp_stage")
     align = group if vpp > 1 else 1
-    global_batch_size = _count(global_batch_size, "global_batch_size")
+    global_batch_size = positive_int(global_batch_size, "global_batch_size")
     lengths = as_lengths(total_lengths, "total_lengths")
 
     if sample_is_multimodal is not None and len(sample_is_multimodal) != lengths.size:
@@ -169,7 +163,7 @@ def build_dp_schedule(
         per_gpu = getattr(args, "max_tokens_per_gpu", None)
         if per_gpu is None:
             raise ValueError("use_dynamic_batch_size needs max_tokens_per_gpu >= 1")
-        per_gpu = _count(per_gpu, "max_tokens_per_gpu")
+        per_gpu = positive_int(per_gpu, "max_tokens_per_gpu")
         margin = getattr(args, "packing_safety_margin", None)
         margin = 1.0 if margin is None else margin
         if isinstance(margin, bool) or not isinstance(margin, (int, float)) or not 0 < margin <= 1:
@@ -179,7 +173,7 @@ def build_dp_schedule(
         mbs = getattr(args, "micro_batch_size", None)
         if mbs is None:
             raise ValueError("without use_dynamic_batch_size, micro_batch_size must be >= 1")
-        _count(mbs, "micro_batch_size")
+        positive_int(mbs, "micro_batch_size")
 
     partitions: list[list[int]] = [[] for _ in range(dp)]
     micro_batch_indices: list[list[list[int]]] = [[] for _ in range(dp)]

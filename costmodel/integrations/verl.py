@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from costmodel.checks import positive_int
 from costmodel.scheduler import build_schedule, karmarkar_karp
 from costmodel.scheduler.costs import AdditiveCost
 
@@ -54,8 +55,7 @@ def get_seqlen_balanced_partitions(
 ) -> list[list[int]]:
     """``k_partitions`` lists of indices with near-equal sums of ``seqlen_list``; indices
     sorted inside each list; none empty. ``equal_size``: the same number of items in each."""
-    if isinstance(k_partitions, bool) or not isinstance(k_partitions, (int, np.integer)) or k_partitions < 1:
-        raise ValueError(f"k_partitions must be an integer >= 1, got {k_partitions!r}")
+    k_partitions = positive_int(k_partitions, "k_partitions")
     if isinstance(seqlen_list, (str, bytes)) or not hasattr(seqlen_list, "__len__"):
         raise ValueError(f"seqlen_list must be a sequence of numbers, got {seqlen_list!r:.60}")
     n = len(seqlen_list)
@@ -215,10 +215,8 @@ def balanced_micro_batches(
     for name, value in (("max_token_len", max_token_len),
                         ("num_batches_divided_by", num_batches_divided_by),
                         ("min_num_micro_batch", min_num_micro_batch)):
-        if value is not None and (
-            isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1
-        ):
-            raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+        if value is not None:
+            positive_int(value, name)
     lengths = np.asarray(seq_lengths)
     order = "pipeline" if use_dynamic_bsz_balance else "none"
     kwargs = dict(

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
+from costmodel.checks import positive_int
 from costmodel.flops import MAX_LENGTH
 
 __all__ = ["DISTRIBUTIONS", "generate_lengths", "read_lengths", "parse_lengths"]
@@ -35,8 +36,8 @@ def generate_lengths(
 ) -> np.ndarray:
     """``n`` (at most `MAX_GENERATED`) sample lengths (prompt + response tokens) from a
     built-in distribution."""
-    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or not 1 <= n <= MAX_GENERATED:
-        raise ValueError(f"n must be an integer in 1..{MAX_GENERATED:,} (a step of an RL run has "
+    if positive_int(n, "n") > MAX_GENERATED:
+        raise ValueError(f"n must be at most {MAX_GENERATED:,} (a step of an RL run has "
                          f"thousands to tens of thousands of samples), got {n!r}")
     if max_response < 1:
         raise ValueError(f"max_response must be >= 1, got {max_response}")

@@ -40,6 +40,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import ArrayLike
 
+from costmodel.checks import positive_int
 from costmodel.flops import MAX_LENGTH, as_lengths
 from costmodel.scheduler.costs import Cost, as_cost
 from costmodel.scheduler.groups import first_appearance_ids, place_groups
@@ -148,14 +149,8 @@ class Schedule:
 # -- input checks ----------------------------------------------------------------------
 
 
-def _positive_int(value: Any, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-        raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
-    return int(value)
-
-
 def _token_cap(value: Any) -> int:
-    cap = _positive_int(value, "max_tokens_per_microbatch")
+    cap = positive_int(value, "max_tokens_per_microbatch")
     if cap > MAX_LENGTH:  # no sample is longer; larger caps would overflow int64 budgets
         raise ValueError(f"max_tokens_per_microbatch must be at most {MAX_LENGTH:,} (2^31 - 1, "
                          f"the longest sample allowed), got {cap:,}")
@@ -369,15 +364,15 @@ def build_schedule(
         A `Schedule`.
     """
     lens = as_lengths(lengths, "lengths")
-    dp = _positive_int(dp_size, "dp_size")
+    dp = positive_int(dp_size, "dp_size")
     cap = _token_cap(max_tokens_per_microbatch)
-    align = _positive_int(align, "align")
+    align = positive_int(align, "align")
     if order not in ORDERS:
         raise ValueError(f"order must be one of {ORDERS}, got {order!r}")
     min_m = (
         1
         if min_num_microbatches is None
-        else _positive_int(min_num_microbatches, "min_num_microbatches")
+        else positive_int(min_num_microbatches, "min_num_microbatches")
     )
     n = lens.size
     over = lens > cap
