@@ -13,8 +13,8 @@ import json
 import logging
 import math
 import os
+import secrets
 import sys
-import tempfile
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -117,11 +117,37 @@ def _check_output_path(target: Path, flag: str) -> Path:
         raise ValueError(f"{flag} {target}: {existing} is a file, not a folder")
     if not os.access(existing, os.W_OK):
         raise ValueError(f"{flag} {target}: no permission to write in {existing}")
-    if existing == folder:  # try the temp file `atomic_output` will write (/proc, long names)
-        fd, probe = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=folder)
-        os.close(fd)
-        os.unlink(probe)
+    if len(os.fsencode(target.name)) > _name_max(existing):
+        raise ValueError(f"{flag} {target}: the file name is longer than this filesystem "
+                         "allows; give a shorter one")
+    # Try a temp file like the one `atomic_output` writes, where the folder chain starts to
+    # exist (/proc and other filesystems that take no new files fail here, not at the end).
+    fd, probe = _create_temp(existing)
+    os.close(fd)
+    os.unlink(probe)
     return target
+
+
+def _name_max(folder: Path) -> int:
+    try:
+        return os.pathconf(folder, "PC_NAME_MAX")
+    except (AttributeError, ValueError, OSError):  # no pathconf (Windows), or unknown
+        return 255
+
+
+def _create_temp(folder: Path) -> tuple[int, Path]:
+    """A new empty file ``folder/.costmodel-XXXXXXXX.tmp``, opened for writing: (fd, path).
+
+    Created with mode 0o666, so the umask applies as to any file a program writes (not
+    mkstemp's 0600, and without setting the process-wide umask to read it). The name does
+    not grow with the target's, so a long target name cannot make it too long."""
+    for _ in range(100):
+        path = folder / f".costmodel-{secrets.token_hex(4)}.tmp"
+        try:
+            return os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o666), path
+        except FileExistsError:
+            continue
+    raise FileExistsError(f"no free temp file name in {folder}")
 
 
 def write_json_atomic(path: str | os.PathLike, doc: Mapping[str, Any]) -> Path:
@@ -144,25 +170,18 @@ def atomic_output(path: str | os.PathLike) -> Iterator[Path]:
     target = check_output_path(path)
     folder = target.parent if str(target.parent) else Path(".")
     folder.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=folder)
+    fd, tmp = _create_temp(folder)
     os.close(fd)
     try:
-        yield Path(tmp)
-        os.chmod(tmp, _new_file_mode(target))
+        yield tmp
+        if target.exists():  # a rewrite keeps the file's mode
+            with contextlib.suppress(PermissionError):  # some filesystems refuse chmod
+                os.chmod(tmp, target.stat().st_mode & 0o7777)
         os.replace(tmp, target)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
-
-
-def _new_file_mode(target: Path) -> int:
-    try:
-        return target.stat().st_mode & 0o7777
-    except FileNotFoundError:
-        umask = os.umask(0)  # reading the umask means setting it: put it straight back
-        os.umask(umask)
-        return 0o666 & ~umask
 
 
 # ---- validation -------------------------------------------------------------------------------

@@ -57,6 +57,15 @@ def _segment_sums(values: np.ndarray, offsets: np.ndarray) -> np.ndarray:
     return np.bincount(_segment_ids(offsets), weights=values, minlength=k)
 
 
+class CostError(ValueError):
+    """A cost failed on the lengths it was given (raised once, with the cost's name)."""
+
+
+# What a cost raises on lengths it cannot price. Not RuntimeError or MemoryError: a missing
+# GPU or package, or a machine out of memory, is not bad input and keeps its type.
+_INPUT_ERRORS = (TypeError, ValueError, ArithmeticError, LookupError, AttributeError)
+
+
 class Cost:
     """Base class: a vectorised micro-batch cost. Subclasses set ``name`` and ``additive``."""
 
@@ -94,11 +103,11 @@ class Cost:
         k = offsets.size - 1
         try:
             out = np.asarray(self.microbatch_costs(lengths, offsets), dtype=np.float64).reshape(-1)
-        except Exception as err:  # a user's cost: whatever it raises is bad input here
-            if isinstance(err, ValueError) and str(err).startswith(f"cost {self.name!r}"):
-                raise
-            raise ValueError(f"cost {self.name!r} failed on micro-batches ({type(err).__name__}: "
-                             f"{err})") from err
+        except CostError:
+            raise
+        except _INPUT_ERRORS as err:  # a user's cost failing on these lengths: bad input here
+            raise CostError(f"cost {self.name!r} failed on micro-batches ({type(err).__name__}: "
+                            f"{err})") from err
         if out.size != k:
             raise ValueError(f"cost {self.name!r} returned {out.size} values for {k} micro-batches")
         _check_values(out, self.name, lengths, offsets)
@@ -249,8 +258,9 @@ class CallableCost(Cost):
         for k in range(out.size):
             try:
                 out[k] = float(self.fn(lengths[offsets[k] : offsets[k + 1]]))
-            except (TypeError, ValueError, ArithmeticError) as err:
-                raise ValueError(f"cost {self.name!r} failed on a micro-batch: {err}") from err
+            except _INPUT_ERRORS as err:
+                raise CostError(f"cost {self.name!r} failed on a micro-batch "
+                                f"({type(err).__name__}: {err})") from err
         return out
 
     def sample_costs(self, lengths: np.ndarray) -> np.ndarray:
