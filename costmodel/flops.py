@@ -59,7 +59,9 @@ def as_lengths(seqlens: ArrayLike, what: str = "sequence lengths") -> np.ndarray
         raise ValueError(f"{what} must be a 1-D list of integers, got shape {arr.shape}")
     if arr.size == 0:
         return np.zeros(0, dtype=np.int64)
-    if arr.dtype.kind == "O" and all(type(x) is int for x in arr.tolist()):  # maybe past int64
+    if arr.dtype.kind == "O" and all(  # Python ints, maybe past int64
+        isinstance(x, (int, np.integer)) and not isinstance(x, bool) for x in arr.tolist()
+    ):
         i = next((i for i, x in enumerate(arr.tolist()) if not 1 <= x <= MAX_LENGTH), None)
         if i is not None:
             raise _length_out_of_range(what, arr[i], i)

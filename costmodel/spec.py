@@ -480,7 +480,8 @@ def _megatron_moe_layers(freq: Any, layers: int) -> tuple[int, ...]:
     pattern = list(freq)
     if len(pattern) != layers or any(p not in (0, 1) for p in pattern):
         raise ValueError(
-            f"moe_layer_freq pattern must list 0/1 for each of the {layers} layers, got {pattern}"
+            f"moe_layer_freq pattern must list 0/1 for each of the {layers} layers, got "
+            f"{len(pattern)} entries: {pattern!r:.80}"
         )
     return tuple(i for i, p in enumerate(pattern) if p)
 

@@ -10,7 +10,7 @@ length, and the per-token sample cost. CPU only; numpy/scipy/matplotlib.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -22,9 +22,19 @@ from costmodel.gpus import GpuInfo, find_gpu_by_device_name, lookup_gpu
 from costmodel.model import CostModel
 from costmodel.model_file import atomic_output
 
-__all__ = ["PLOT_FORMATS", "format_report", "plot_report"]
+__all__ = ["format_report", "plot_format", "plot_report"]
 
-PLOT_FORMATS = ("png", "pdf", "svg")  # by the file's suffix; none means png
+PLOT_FORMATS = ("png", "pdf", "svg")
+
+
+def plot_format(path: str | Path, flag: str = "--png") -> str:
+    """The format a plot at ``path`` is written in, by its suffix (none: png); ValueError
+    for one matplotlib is not asked to write here."""
+    fmt = Path(path).suffix[1:].lower() or "png"
+    if fmt not in PLOT_FORMATS:
+        raise ValueError(f"{flag} {path}: cannot write a .{fmt} plot; name the file "
+                         f".{', .'.join(PLOT_FORMATS)}")
+    return fmt
 
 _LENGTHS = (64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536)
 _TOKENS = (16, 128, 512, 1024, 2048, 4096, 8192, 12288, 16384, 32768)
@@ -124,14 +134,14 @@ def format_report(model: CostModel) -> str:
     return "\n".join(out)
 
 
-def _optional(out: list[str], field: str, lines) -> None:
+def _optional(out: list[str], field: str, lines: Callable[[], list[str]]) -> None:
     """Append the report lines of an optional field. The file loaded, so its curves are
     sound; a malformed informational field (hand-edited, or another tool's) is named and
     skipped rather than ending the report."""
     try:
         out.extend(lines())
     except (AttributeError, KeyError, TypeError, ValueError, IndexError) as err:
-        out.append(f"\n{field}: malformed in this file, not shown ({type(err).__name__}: {err})")
+        out.append(f"{field}: malformed in this file, not shown ({type(err).__name__}: {err})")
 
 
 def _flops_check_lines(check: Any) -> list[str]:
@@ -210,7 +220,9 @@ def plot_report(model: CostModel, path: str) -> str:
         a = c.attention(L)
         ax_a.loglog(L, a, color=col, label=f"{mode}: {fitted} attn(L)")
         raw = _get(model.provenance, "fit", mode, "attention", "per_sequence_ms_raw")
-        if isinstance(raw, Mapping) and all(isinstance(v, (int, float)) for v in raw.values()):
+        if isinstance(raw, Mapping) and all(
+            str(k).isdigit() and isinstance(v, (int, float)) for k, v in raw.items()
+        ):
             xs = np.array([int(k) for k in raw])
             ys = np.array(list(raw.values()))
             ok = ys > 0
@@ -256,7 +268,7 @@ def plot_report(model: CostModel, path: str) -> str:
     # truncated one.
     try:
         with atomic_output(path) as tmp:
-            fig.savefig(tmp, dpi=110, format=Path(path).suffix[1:].lower() or "png")
+            fig.savefig(tmp, dpi=110, format=plot_format(path))
     finally:
         plt.close(fig)
     return path

@@ -142,9 +142,6 @@ def run(args: argparse.Namespace, *, measure=None) -> int:
     # Lengths: a file is one batch; a distribution is drawn per DP size (samples per rank).
     if args.samples is not None and not 1 <= args.samples <= MAX_GENERATED:
         raise ValueError(f"--samples must be in 1..{MAX_GENERATED:,}, got {args.samples}")
-    if not 1 <= args.samples_per_rank * max(dp_sizes) <= MAX_GENERATED:
-        raise ValueError(f"--samples-per-rank must be at least 1 and at most {MAX_GENERATED:,} "
-                         f"in all at the largest --dp, got {args.samples_per_rank}")
     fixed_batch = args.samples is not None or args.lengths not in DISTRIBUTIONS
     if args.lengths not in DISTRIBUTIONS:
         if not Path(args.lengths).exists():
@@ -165,6 +162,9 @@ def run(args: argparse.Namespace, *, measure=None) -> int:
         lengths_for_dp = lambda dp: batch  # noqa: E731
     else:
         per_rank = args.samples_per_rank
+        if not 1 <= per_rank * max(dp_sizes) <= MAX_GENERATED:
+            raise ValueError(f"--samples-per-rank must be at least 1 and at most "
+                             f"{MAX_GENERATED:,} in all at the largest --dp, got {per_rank}")
         cache: dict[int, np.ndarray] = {}
 
         def lengths_for_dp(dp: int) -> np.ndarray:

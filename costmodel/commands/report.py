@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import os
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -26,17 +25,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from costmodel.calibration.report import PLOT_FORMATS, format_report, plot_report
+    from costmodel.calibration.report import format_report, plot_format, plot_report
     from costmodel.model import load_cost_model
     from costmodel.model_file import check_output_path
     from costmodel.spec import ModelSpec
 
     if args.png is not None:  # before loading and printing, not after
         check_output_path(args.png, "--png")
-        fmt = os.path.splitext(args.png)[1][1:].lower() or "png"
-        if fmt not in PLOT_FORMATS:
-            raise ValueError(f"--png {args.png}: cannot write a .{fmt} plot; name the file "
-                             f".{', .'.join(PLOT_FORMATS)}")
+        plot_format(args.png)
     spec = ModelSpec.from_any(args.spec) if args.spec else None
     model = load_cost_model(args.model, spec=spec, allow_other_shape=args.allow_other_shape)
     print(format_report(model))

@@ -67,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
     if args.repeats < 1:
         raise ValueError(f"--repeats must be at least 1, got {args.repeats}")
     if not args.no_save:
-        check_output_path(path, "the cost model file (to store the validation; or --no-save)")
+        check_output_path(path, "--no-save not given, so the validation goes into")
     require_cuda()
     # The wrong GPU fails here, before the timer checks the backend and captures graphs.
     fingerprint = device_fingerprint()

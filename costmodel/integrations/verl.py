@@ -132,10 +132,12 @@ def _effective_lengths(batch: Any) -> np.ndarray:
     else:
         mask = batch["attention_mask"] if "attention_mask" in keys else None
         if getattr(mask, "ndim", 0) != 2 or not hasattr(mask, "sum"):
+            found = (f"an attention_mask of shape {tuple(getattr(mask, 'shape', ()))}"
+                     if mask is not None else f"keys {sorted(map(str, keys))[:8]}")
             raise ValueError(
                 "batch must be verl's TensorDict (or a dict of tensors) with a 2-D "
-                "attention_mask (batch × sequence) or a nested input_ids; got "
-                f"{type(batch).__name__} with keys {sorted(map(str, keys))[:8]}"
+                f"attention_mask (batch × sequence) or a nested input_ids; got "
+                f"{type(batch).__name__} with {found}"
             )
         lengths = mask.sum(dim=1) if hasattr(mask, "cpu") else np.asarray(mask).sum(axis=1)
     return np.asarray(lengths.tolist(), dtype=np.int64)

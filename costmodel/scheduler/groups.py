@@ -40,7 +40,7 @@ def first_appearance_ids(ids: Any, what: str) -> np.ndarray:
     seen: dict[Any, int] = {}
     out = np.empty(len(ids), dtype=np.int64)
     for i, g in enumerate(ids):
-        if isinstance(g, float) and g != g:
+        if isinstance(g, (float, np.floating)) and g != g:
             raise ValueError(f"{what}[{i}] is NaN, which cannot name a group: use integers or "
                              "strings")
         try:
@@ -249,7 +249,7 @@ def place_groups(
     if bin_of is None and tight:
         packs = _Packs(lens, members, starts, m, cap, tight)
         for r in range(dp):
-            if not packs.fit(rank_of_unit == r) and not _repair(packs, rank_of_unit, r, ut, uc, m):
+            if not packs.fit(rank_of_unit == r) and not _repair(packs, rank_of_unit, r, ut, uc, dp, m):
                 return "tokens"
         rank_of[members] = np.repeat(rank_of_unit, uc)
         bin_of = _pack_ranks(lens, rank_of, dp, m, cap, True)
@@ -313,6 +313,7 @@ def _repair(
     r: int,
     ut: np.ndarray,
     uc: np.ndarray,
+    dp: int,
     min_count: int,
 ) -> bool:
     """Make rank ``r`` pack by moving one of its groups to another rank, or swapping one for
@@ -324,7 +325,6 @@ def _repair(
     allowed); feasibility comes first, so balance is not checked. False if nothing works
     within the packer's sample budget.
     """
-    dp = int(rank_of_unit.max()) + 1
     units_of = [np.flatnonzero(rank_of_unit == s) for s in range(dp)]
     mine = units_of[r][np.lexsort((units_of[r], -ut[units_of[r]]))]  # most tokens first
     if uc[mine[0]] > packs.m and not packs.fit(mine[:1]):

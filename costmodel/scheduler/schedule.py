@@ -575,6 +575,8 @@ def _pack_and_assign(
     return bin_of // m, bin_of, m, renumbered_q
 
 
+# Counts tried again tightly: enough to walk down from a count one sample short to the
+# fewest that fit in the tight cases found (m of 2-6), few enough to bound the time.
 _LAST_TRIES = 8
 # Samples the tight retries may pack in all: a few dozen packings of ranks of thousands of
 # samples, so that an input no heuristic places is refused in well under a second.
@@ -604,11 +606,9 @@ def _place_groups(
     tokens = int(np.minimum(lens, cap).sum())
     need = tokens * 1.01 + dp * tokens / (2 * n_groups)
     m = max(m, min(_round_up(math.ceil(need / (dp * (cap - short + 1))), align), hi))
-    tried: list[int] = []
-    failed: list[tuple[int, str]] = []
+    failed: list[tuple[int, str]] = []  # (m, why) of every try so far
     shrunk = False
     while True:
-        tried.append(m)
         placed = place_groups(lens, q, groups, dp, m, cap, short)
         if not isinstance(placed, str):
             return placed[0], placed[1], m
@@ -618,30 +618,47 @@ def _place_groups(
         else:
             lo = m + align
         if lo > hi:
-            # Placement is a heuristic: a failure at one m does not prove the others fail
-            # (a rank one sample short at m + 1 may pack at m; a rank that did not pack may
-            # after a swap of groups). Before refusing, try again with the tight packer and
-            # group swaps every count below the fewest that left a rank short of samples,
-            # most room first (rarely reached: tight inputs only). One budget for all.
-            short_at = min([x for x, why in failed if why == "samples"], default=m_range[2] + 1)
-            retried = list(range(m_range[0], short_at, align))[::-1][:_LAST_TRIES]
-            for x in retried:
-                placed = place_groups(
-                    lens, q, groups, dp, x, cap, short, tight=_REPAIR_SAMPLES // len(retried)
-                )
-                if not isinstance(placed, str):
-                    return placed[0], placed[1], x
-            again = f", then {retried} with a tighter packer and swaps of groups" if retried else ""
-            raise ValueError(
-                f"could not pack {lens.size} samples in {n_groups} groups into {dp} ranks × m "
-                f"micro-batches of at most {cap} tokens (tried m = {tried}{again}); a group "
-                f"stays on one rank and every rank needs m samples: raise "
-                f"max_tokens_per_microbatch, lower dp_size or align, or use smaller groups"
-            )
+            return _place_groups_tight(lens, q, groups, dp, m_range, align, cap, short, failed)
         if placed == "samples" or shrunk:
             m = lo + (hi - lo) // (2 * align) * align  # bisect what is left
         else:
             m = min(_next_m(m, 0, dp, align, cap), hi)
+
+
+def _place_groups_tight(
+    lens: np.ndarray,
+    q: np.ndarray,
+    groups: np.ndarray,
+    dp: int,
+    m_range: tuple[int, int, int],
+    align: int,
+    cap: int,
+    short: int,
+    failed: list[tuple[int, str]],
+) -> tuple[np.ndarray, np.ndarray, int]:
+    """The last resort of `_place_groups`, or the ValueError that says what to change.
+
+    Placement is a heuristic: a failure at one m does not prove the others fail (a rank one
+    sample short at m + 1 may pack at m; a rank that did not pack may after a swap of
+    groups). So every count below the fewest that left a rank short of samples is tried
+    again, most room first, with the tight packer and group swaps, under one budget for
+    all. Rarely reached: tight inputs only (a few samples per micro-batch).
+    """
+    short_at = min([x for x, why in failed if why == "samples"], default=m_range[2] + 1)
+    retried = list(range(m_range[0], short_at, align))[::-1][:_LAST_TRIES]
+    for m in retried:
+        placed = place_groups(
+            lens, q, groups, dp, m, cap, short, tight=_REPAIR_SAMPLES // len(retried)
+        )
+        if not isinstance(placed, str):
+            return placed[0], placed[1], m
+    again = f", then {retried} with a tighter packer and swaps of groups" if retried else ""
+    raise ValueError(
+        f"could not pack {lens.size} samples in {int(groups.max()) + 1} groups into {dp} "
+        f"ranks × m micro-batches of at most {cap} tokens (tried m = {[x for x, _ in failed]}"
+        f"{again}); a group stays on one rank and every rank needs m samples: raise "
+        f"max_tokens_per_microbatch, lower dp_size or align, or use smaller groups"
+    )
 
 
 def _imbalance(load: np.ndarray) -> float:
@@ -763,7 +780,7 @@ def _members(microbatches: Any, n: int) -> list[np.ndarray]:
                 idx = np.asarray(mb if isinstance(mb, (list, tuple, np.ndarray)) else None)
             except ValueError:  # ragged nesting
                 idx = np.asarray(None)
-            bools = isinstance(mb, (list, tuple)) and any(type(i) is bool for i in mb)
+            bools = isinstance(mb, (list, tuple)) and any(isinstance(i, (bool, np.bool_)) for i in mb)
             if idx.ndim != 1 or (idx.size and idx.dtype.kind not in "iu") or bools:
                 raise ValueError(f"{shape}; rank {r} micro-batch {b} is {mb!r:.60}")
             out = idx[(idx < 0) | (idx >= n)]

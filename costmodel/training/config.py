@@ -130,7 +130,7 @@ def _check_run_flags(args: argparse.Namespace, dp_size: int) -> None:
         raise ValueError(f"--lr must be positive, got {args.lr}")
     if args.attention is not None:
         check_attention(args.attention)  # in the parent, before workers start
-    if not 0 < args.length_scale <= 1e3:  # past that, lengths leave int64 (and any model)
+    if not 0 < args.length_scale <= 1e3:  # a sanity limit: 1000x is ~100k-token samples
         raise ValueError(f"--length-scale must be in (0, 1000], got {args.length_scale}")
     if args.max_len < 0:
         raise ValueError(f"--max-len must be 0 (no clip) or positive, got {args.max_len}")

@@ -192,7 +192,9 @@ def train(args: argparse.Namespace) -> TrainResult:
         if own_group and world > 1:
             # Leave together: a rank that tears gloo down while its peer still talks to it
             # can abort the peer at exit ("terminate called without an active exception",
-            # seen on a loaded 2-core machine in 2 of 17 runs).
+            # seen on a loaded 2-core machine in 2 of 17 runs). Only after success: a rank
+            # that failed never arrives, and its launcher (torchrun, train-demo) stops the
+            # others rather than leave them in this barrier.
             dist.barrier()
         return result
     finally:
