@@ -37,7 +37,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -542,7 +542,16 @@ def run_benchmark(
     )
 
 
-Planned = list[tuple[str, int, Schedule, list[list[list[int]]]]]
+class PlannedRun(NamedTuple):
+    """One (policy, DP size) schedule to measure: its micro-batches as lists of lengths."""
+
+    policy: str
+    dp_size: int
+    schedule: Schedule
+    microbatch_lengths: list[list[list[int]]]
+
+
+Planned = list[PlannedRun]
 
 
 def plan_benchmark(
@@ -580,7 +589,7 @@ def plan_benchmark(
         for policy, sched in schedules.items():
             check_schedule(sched, batch.size, cap, batch, policy)
             mbs = [[[int(batch[i]) for i in mb] for mb in rank] for rank in sched]
-            planned.append((policy, dp, sched, mbs))
+            planned.append(PlannedRun(policy, dp, sched, mbs))
     return planned
 
 
@@ -598,7 +607,7 @@ def measure_benchmark(
 ) -> list[PolicyRun]:
     """Measure the micro-batches of `plan_benchmark`'s schedules and sum them per rank."""
     moe = spec.is_moe if moe_layer is None else moe_layer
-    keys = [_key(mb) for _, _, _, mbs in planned for rank in mbs for mb in rank]
+    keys = [_key(mb) for run in planned for rank in run.microbatch_lengths for mb in rank]
     if progress is not None:
         distinct = set(keys)
         progress(
