@@ -52,7 +52,11 @@ BREAKDOWN_KEYS = (
 
 def as_lengths(seqlens: ArrayLike, what: str = "sequence lengths") -> np.ndarray:
     """Validate lengths: a 1-D sequence of integers in 1..`MAX_LENGTH`, returned as int64."""
-    arr = np.asarray(seqlens)
+    try:
+        arr = np.asarray(seqlens)
+    except ValueError:  # ragged nesting: numpy's "inhomogeneous shape" says little
+        raise ValueError(f"{what} must be a flat list of integers, got nested lists of "
+                         "different lengths") from None
     if arr.ndim == 0:
         arr = arr.reshape(1)
     if arr.ndim != 1:

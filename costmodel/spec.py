@@ -279,7 +279,7 @@ def _read_json(path: str | Path) -> dict[str, Any]:
         raise FileNotFoundError(f"no config.json at {p}")
     try:
         data = json.loads(p.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+    except (ValueError, UnicodeDecodeError, RecursionError) as err:  # incl. JSONDecodeError
         raise ValueError(f"{p} is not valid JSON: {err}") from None
     if not isinstance(data, dict):
         raise ValueError(f"{p}: expected a JSON object at top level")

@@ -197,7 +197,7 @@ def test_quadratic_term_and_monotone(L, spec):
     assert f(L + 1) > f(L)
 
 
-@pytest.mark.parametrize("bad", [[0], [-3], [1.5], [float("nan")], [[1, 2]], ["a"]])
+@pytest.mark.parametrize("bad", [[0], [-3], [1.5], [float("nan")], [[1, 2]], ["a"], [[1, 2], [3]]])
 def test_bad_lengths_rejected(bad):
     with pytest.raises(ValueError):
         calculate_fwd_flops(bad, ModelSpec.from_preset("qwen3-0.6b"))
