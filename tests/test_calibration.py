@@ -80,6 +80,34 @@ def test_flops_check_catches_impossible_speed():
         _calibrate(shape=fast, quick=True, max_len=4096)
 
 
+@pytest.mark.parametrize("ms", [-1.0, 0.0, float("nan")])
+def test_a_timer_returning_an_impossible_time_stops_the_sweep(ms):
+    # -1 ms fitted silently (the FLOPs check passed a negative efficiency); 0 was a
+    # ZeroDivisionError, NaN scipy's "must not contain infs or NaNs".
+    from costmodel.calibration.timer import Measurement
+
+    class Broken(SyntheticTimer):
+        def measure(self, point, *, repeats=5, warmup=1):
+            real = super().measure(point, repeats=repeats, warmup=warmup)
+            return Measurement(ms, real.spread, repeats) if point.kind == "linear" else real
+
+    plan = make_plan(SPEC, quick=True, max_len=2048, gpu="h200")
+    timer = Broken(SPEC, SHAPE, noise=0.005, seed=1)
+    with pytest.raises(ValueError, match="the timer's result for linear .* is impossible"):
+        calibrate(SPEC, timer=timer, plan=plan, gpu_key="h200", gpu_info=H200,
+                  attention="torch-varlen", command="test")
+
+
+@pytest.mark.parametrize("peak", [0.0, float("nan"), -1e15, "989e12"])
+def test_flops_check_needs_a_real_peak(peak):
+    from costmodel.calibration.check import flops_check
+    from costmodel.calibration.fit import Record
+
+    records = [Record("linear", "train", (4096,), 1e-6)]  # impossibly fast
+    with pytest.raises(ValueError, match="peak_flops must be a finite number > 0"):
+        flops_check(records, SPEC, peak_flops=peak, gpu_name="x")
+
+
 def test_drift_probe_warns(caplog):
     with caplog.at_level(logging.WARNING, logger="costmodel.calibration.pipeline"):
         m = _calibrate(quick=True, max_len=2048, drift=0.2, expected_calls=100)

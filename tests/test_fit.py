@@ -57,3 +57,35 @@ def test_best_scale_minimises_mape():
     assert np.mean(np.abs(s * x / y - 1)) <= min(mape) + 1e-12
     m = error_metrics(2 * y, y)
     assert m["mape"] == pytest.approx(1.0) and m["spearman"] == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize("slow", [1.3, 2.0, 5.0])
+def test_one_slow_pack_does_not_tilt_attention(slow):
+    # Two pack sizes at the longest lengths: a slow n=1 pack put the time into a(L) and cut
+    # b(L) by 30-64% (b = 0 at 5x), and the L^2 tail with it.
+    a = 0.06
+    b = lambda L: 1e-7 * L**2
+    recs = []
+    for L in (1024, 2048, 4096, 8192):
+        for n in (1, 2) if L == 8192 else (1, 4, 16):
+            ms = a + n * b(L)
+            recs.append(Record("attention", "train", (L,) * n, ms * (slow if (L, n) == (8192, 1) else 1)))
+    curve, call_ms, details = fit_attention(recs)
+    assert call_ms == pytest.approx(a, rel=1e-6)
+    assert details["refit_with_median_call_lengths"] == [8192]
+    # Through the median a, from the pack the slowdown spared.
+    assert float(curve(8192)) == pytest.approx(b(8192), rel=1e-6)
+    assert float(curve(16384)) == pytest.approx(4 * b(8192), rel=1e-6)
+
+
+@pytest.mark.parametrize("where", [-1, 20])
+def test_a_slow_token_point_is_not_a_step(where):
+    # One point 10x slow set the whole tail when last (curve 10x too high from there on) and
+    # a flat +180% shelf after it inside the grid.
+    T = np.arange(1024, 16385, 512)
+    ms = T * 1e-3
+    ms[where] *= 10
+    recs = [Record("linear", "train", (int(t),), float(x), 0.01) for t, x in zip(T, ms)]
+    curve = fit_token_curve(recs, "test")
+    for t in (T[where], T[where] + 100 if where >= 0 else 2 * T[-1]):
+        assert float(curve(t)) == pytest.approx(t * 1e-3, rel=0.01)

@@ -11,6 +11,7 @@ an error. The result lists TFLOP/s and efficiency per length/token count for the
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from typing import Any
 
@@ -56,6 +57,14 @@ def flops_check(
     With `peak_flops=None` (a GPU missing from the registry) TFLOP/s are reported and the
     peak check is skipped (the result says so).
     """
+    if peak_flops is not None and (
+        isinstance(peak_flops, bool) or not isinstance(peak_flops, (int, float))
+        or not math.isfinite(peak_flops) or peak_flops <= 0
+    ):
+        raise ValueError(f"peak_flops must be a finite number > 0 (or None: no check), got "
+                         f"{peak_flops!r}")  # 0 or NaN passed a 100x-too-fast point
+    if not (math.isfinite(tolerance) and tolerance >= 0):
+        raise ValueError(f"tolerance must be a finite number >= 0, got {tolerance!r}")
     rows: dict[str, list[dict[str, Any]]] = defaultdict(list)
     violations = []
     best = 0.0

@@ -75,10 +75,16 @@ class Record:
         if not lengths or min(lengths) < 1:
             raise ValueError("it holds no sequence, or a length below 1")
         ms, spread = float(d["ms"]), float(d.get("spread", 0.0))
-        if not 0.0 < ms < _MAX_MS or not 0.0 <= spread < math.inf:
-            raise ValueError(f"ms={ms!r}, spread={spread!r}: a time must be > 0 and below "
-                             f"{_MAX_MS:.0e} ms, a spread finite and >= 0")
+        check_time(ms, spread)
         return cls(d["kind"], d["mode"], lengths, ms, spread, bool(d.get("moe", False)))
+
+
+def check_time(ms: float, spread: float) -> None:
+    """ValueError unless ``ms`` is a possible kernel time and ``spread`` a possible spread
+    (for stored measurements and for what a timer returns alike)."""
+    if not 0.0 < ms < _MAX_MS or not 0.0 <= spread < math.inf:
+        raise ValueError(f"ms={ms!r}, spread={spread!r}: a time must be > 0 and below "
+                         f"{_MAX_MS:.0e} ms, a spread finite and >= 0")
 
 
 # No kernel call of a calibration sweep takes anywhere near this long (~3 hours).
@@ -110,6 +116,22 @@ def fit_attention(records: list[Record]) -> tuple[AttentionCurve, float, dict[st
         else:
             single.append(L)
     call_ms = float(np.median(list(per_call.values()))) if per_call else 0.0
+    # A per-call cost far above the others is a slow measurement, not a real cost: with two
+    # or three pack sizes, one slow n = 1 pack tilts the line to a large a(L) and a small
+    # b(L) (a 30% slow pack at the longest length cut b there by 30%). Such lengths take
+    # the median a, and b from their fastest pack: interference only ever slows a pack
+    # down, so the smallest (t - a) / n is the one it spared. "Far": 5x the median and 10
+    # median deviations; the H200 profile's a(L) creeps from 0.14 to 0.52 ms at 13k (one
+    # long sequence fills fewer SMs), a trend this leaves alone.
+    spread = float(np.median([abs(a - call_ms) for a in per_call.values()])) if per_call else 0.0
+    tilted = [L for L, a in per_call.items() if a - call_ms > max(10 * spread, 4 * call_ms)]
+    for L in tilted:
+        n = np.array([len(r.lengths) for r in by_len[L]], dtype=np.float64)
+        t = np.array([r.ms for r in by_len[L]])
+        per_seq[L] = float(max(np.min((t - call_ms) / n), 0.0))
+    if tilted:
+        logger.warning("attention: per-call cost at L=%s far from the others' %.4f ms (a slow "
+                       "measurement?); fitted those lengths with it", tilted, call_ms)
     for L in single:
         rs = by_len[L]
         per_seq[L] = float(np.median([(r.ms - call_ms) / len(r.lengths) for r in rs]))
@@ -123,6 +145,7 @@ def fit_attention(records: list[Record]) -> tuple[AttentionCurve, float, dict[st
         "per_sequence_ms_raw": {str(int(L)): float(v) for L, v in zip(lengths, raw)},
         "call_ms": call_ms,
         "single_pack_lengths": single,
+        "refit_with_median_call_lengths": sorted(tilted),
     }
     return AttentionCurve(lengths, mono, what="attention fit"), call_ms, details
 
@@ -137,9 +160,39 @@ def fit_token_curve(records: list[Record], what: str) -> TokenCurve:
     tokens = np.array(sorted(by_t), dtype=np.float64)
     ms = np.array([np.median([r.ms for r in by_t[int(t)]]) for t in tokens])
     spreads = np.array([np.median([r.spread for r in by_t[int(t)]]) for t in tokens])
+    ms = _without_spikes(tokens, ms, what)
     mono = isotonic_regression(ms, weights=_weights(spreads), increasing=True).x
     mono = np.maximum.accumulate(np.maximum(mono, _MIN_MS))
     return TokenCurve(tokens, mono, what=what)
+
+
+# A knot this far above what its neighbours predict is a slow measurement (a clock dip, a
+# stray process), not a GEMM step: those are a few percent (6% on an H200 at 11.6k vs 16k
+# tokens). Isotonic regression cannot undo it: it only pools points that fall.
+_SPIKE = 1.5
+
+
+def _without_spikes(tokens: np.ndarray, ms: np.ndarray, what: str) -> np.ndarray:
+    """``ms`` with each knot far above its neighbours' line replaced by that line: between
+    the two neighbours inside the grid, extrapolated from the two before it at the end
+    (one spike at the last knot set the whole tail: 10x slow made the curve 10x too high
+    from there on)."""
+    out = ms.copy()
+    for i in range(1, tokens.size):
+        if i + 1 < tokens.size:
+            lo, hi = i - 1, i + 1
+        elif i >= 2:
+            lo, hi = i - 2, i - 1
+        else:
+            continue
+        slope = max((out[hi] - out[lo]) / (tokens[hi] - tokens[lo]), 0.0)
+        expected = out[lo] + slope * (tokens[i] - tokens[lo])
+        if expected > 0 and out[i] > _SPIKE * expected:
+            logger.warning("%s: the point at %d tokens (%.4g ms) is %.1fx its neighbours' line; "
+                           "taken as a slow measurement and replaced by that line",
+                           what, int(tokens[i]), out[i], out[i] / expected)
+            out[i] = expected
+    return out
 
 
 def fit_mode(records: list[Record], mode: str, *, needs: tuple[str, ...]) -> tuple[ModeCurves, dict[str, Any]]:

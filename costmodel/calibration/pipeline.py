@@ -20,7 +20,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from costmodel.calibration.check import flops_check
-from costmodel.calibration.fit import Record, fit_mode, residuals
+from costmodel.calibration.fit import Record, check_time, fit_mode, residuals
 from costmodel.calibration.plan import SweepPlan, SweepPoint
 from costmodel.calibration.timer import Timer
 from costmodel.gpus import GpuInfo, lookup_gpu
@@ -111,6 +111,11 @@ def _run_sweep(timer: Timer, plan: SweepPlan, records: list[Record], sweep: dict
                 progress(i, i, plan.points[i - 1], elapsed)  # ends the progress line
             break
         m = timer.measure(point, repeats=s.repeats, warmup=s.warmup)
+        try:  # a broken timer (0, negative or NaN ms) would fit a curve silently
+            check_time(m.median_ms, m.spread)
+        except ValueError as err:
+            raise ValueError(f"the timer's result for {point.kind} {point.mode} of "
+                             f"{point.tokens} tokens is impossible: {err}") from None
         records.append(Record(point.kind, point.mode, point.lengths, m.median_ms, m.spread, point.moe))
         if progress is not None:
             progress(i + 1, total, point, time.perf_counter() - t0)
