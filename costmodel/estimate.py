@@ -16,7 +16,7 @@ from costmodel import flops
 from costmodel.curves import AttentionCurve, ModeCurves, TokenCurve
 from costmodel.gpus import GpuInfo, lookup_gpu
 from costmodel.model import CostModel
-from costmodel.spec import ModelSpec
+from costmodel.spec import ModelSpec, as_spec
 
 __all__ = ["estimate_cost_model"]
 
@@ -100,13 +100,14 @@ def _estimate_attention_ms(spec: ModelSpec, gpu: GpuInfo, lengths: np.ndarray, *
     return fwd_ms * (_ATTN_TRAIN_TIME_FACTOR if mode == "train" else 1.0)
 
 
-def estimate_cost_model(spec: ModelSpec, gpu: str | GpuInfo) -> CostModel:
+def estimate_cost_model(spec: ModelSpec | str, gpu: str | GpuInfo) -> CostModel:
     """A CostModel from the registry's peak rates times assumed efficiency curves.
 
     Same curves and file format as a measured model (the estimate is sampled on the same
     kind of grid a calibration measures), but `is_estimate=True` and the provenance says
     what it was built from. Use `costmodel calibrate` on the GPU for a measured one.
     """
+    spec = as_spec(spec)  # a preset name or config.json path too, as everywhere
     info = lookup_gpu(gpu)
     curves = {}
     for mode in ("train", "forward"):

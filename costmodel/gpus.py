@@ -157,11 +157,13 @@ def find_gpu_by_device_name(device_name: str, *, allow_suffix: bool = False) -> 
     words ("NVIDIA H200 144GB" -> h200; the longest such name wins; "NVIDIA H20" never
     matches "NVIDIA H200", whole words only). Callers should say when that happened.
     """
+    if not isinstance(device_name, str):
+        raise ValueError(f"a GPU's device name is a string, got {device_name!r}")
     wanted = _normalise(device_name)
     for info in GPUS.values():
         if any(_normalise(n) == wanted for n in info.names):
             return info
-    if allow_suffix:
+    if allow_suffix and " mig " not in f" {wanted} ":  # a MIG slice is not the whole GPU
         prefixes = [(len(n), info) for info in GPUS.values() for n in map(_normalise, info.names)
                     if wanted.startswith(n + " ")]
         if prefixes:

@@ -280,3 +280,29 @@ def test_validation_micro_batches_are_varied_at_every_cap():
     assert sum(1 for mb in small if mb == (768,)) <= 1
     drawn = rl_lengths(rng, 20000, 768)
     assert drawn.min() >= 16 and drawn.max() <= 768 and (drawn == 768).mean() < 0.01
+
+
+def test_inputs_that_hung_or_planned_for_a_month_are_refused():
+    from costmodel.calibration.validate import random_microbatches
+
+    rng = np.random.default_rng(0)
+    for caps, max_len in (((0,), 4096), ((2048,), 0)):  # a cap of 0 never closed a batch
+        with pytest.raises(ValueError, match="caps and max_len must be integers >= 16"):
+            random_microbatches(rng, count=5, caps=caps, max_len=max_len)
+    with pytest.raises(ValueError, match="max_len must be an integer number of tokens"):
+        make_plan(SPEC, max_len=2**31)  # ran for minutes, estimated 31 days
+    plan = make_plan(SPEC, quick=True, max_len=2048, modes=("train", "train"))
+    assert {p.mode for p in plan.points} == {"train"}
+    assert len(plan.points) == len(make_plan(SPEC, quick=True, max_len=2048, modes=("train",)).points)
+
+
+def test_registry_names_and_estimates_by_name():
+    from costmodel.estimate import estimate_cost_model
+    from costmodel.gpus import find_gpu_by_device_name
+
+    assert find_gpu_by_device_name("NVIDIA H100 80GB HBM3 144GB", allow_suffix=True).key == "h100"
+    # A MIG slice is a fraction of the GPU: not the whole GPU's peak (7x off for 1g).
+    assert find_gpu_by_device_name("NVIDIA H100 80GB HBM3 MIG 1g.10gb", allow_suffix=True) is None
+    with pytest.raises(ValueError, match="device name is a string"):
+        find_gpu_by_device_name(None)
+    assert estimate_cost_model("qwen3-8b", "h200").spec == SPEC  # by preset name, as everywhere

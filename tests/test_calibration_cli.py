@@ -416,7 +416,9 @@ def test_sigterm_during_calibrate_saves_a_partial_file_that_refits(tmp_path, mon
 
 
 @pytest.mark.parametrize("change, message", [
-    ({"ms": -3.36}, "ms=-3.36"), ({"ms": 1e300}, "below 1e+07 ms"), ({"n": 0}, "no sequence"),
+    ({"ms": -3.36}, "ms=-3.36"), ({"ms": 1e300}, "below 1e+07 ms"),
+    ({"n": 0}, "n must be a whole number"), ({"moe": "false"}, "moe must be true or false"),
+    ({"n": 10**9}, "n must be a whole number in 1..1,048,576"),
     ({"kind": "attn"}, "unknown kind 'attn'"),
 ])
 def test_refit_refuses_impossible_measurements(tmp_path, capsys, change, message):

@@ -70,7 +70,7 @@ def test_output_paths_that_cannot_be_written_are_refused_first(target, says, cap
     # on a machine without one, hidden behind "needs a CUDA GPU".
     (["calibrate", "--gpu", "h999", "--model", "qwen3-8b", "-o", "x.json"], "unknown GPU 'h999'"),
     (["calibrate", "--gpu", "h200", "--model", "qwen3-8b", "-o", "x.json", "--max-len", "0"],
-     "max_len must be at least 64"),
+     "max_len must be an integer number of tokens in 64"),
     (["calibrate", "--gpu", "h200", "--model", "qwen3-8b", "-o", "x.json", "--attention", "bogus"],
      "'bogus' is not an attention backend"),
     (["validate", "costmodel/profiles/h200/qwen3-8b.json", "--caps", "10", "--no-save"],

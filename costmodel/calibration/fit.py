@@ -27,6 +27,7 @@ from scipy.optimize import isotonic_regression, nnls
 
 from costmodel.calibration.plan import KINDS
 from costmodel.curves import MODES, AttentionCurve, ModeCurves, TokenCurve
+from costmodel.flops import MAX_LENGTH
 
 __all__ = ["Record", "fit_attention", "fit_mode", "fit_token_curve", "residuals"]
 
@@ -67,16 +68,32 @@ class Record:
         if d["kind"] not in KINDS or d["mode"] not in MODES:
             raise ValueError(f"unknown kind {d['kind']!r} or mode {d['mode']!r}")
         if d["kind"] == "attention":
-            lengths = (int(d["length"]),) * int(d["n"])
+            lengths = (_whole(d["length"], "length"),) * _whole(d["n"], "n", _MAX_PACK)
         elif "lengths" in d:
-            lengths = tuple(int(x) for x in d["lengths"])
+            if not isinstance(d["lengths"], list):
+                raise ValueError(f"lengths must be a list, got {d['lengths']!r:.40}")
+            lengths = tuple(_whole(x, "a length") for x in d["lengths"])
         else:
-            lengths = (int(d["tokens"]),)
-        if not lengths or min(lengths) < 1:
-            raise ValueError("it holds no sequence, or a length below 1")
+            lengths = (_whole(d["tokens"], "tokens"),)
+        if not lengths:
+            raise ValueError("it holds no sequence")
+        moe = d.get("moe", False)
+        if not isinstance(moe, bool):  # "false" would read as True
+            raise ValueError(f"moe must be true or false, got {moe!r}")
         ms, spread = float(d["ms"]), float(d.get("spread", 0.0))
         check_time(ms, spread)
-        return cls(d["kind"], d["mode"], lengths, ms, spread, bool(d.get("moe", False)))
+        return cls(d["kind"], d["mode"], lengths, ms, spread, moe)
+
+
+# The most sequences one measured pack holds (1M tokens of 1-token sequences).
+_MAX_PACK = 1 << 20
+
+
+def _whole(value: Any, what: str, most: int = MAX_LENGTH) -> int:
+    """An int in 1..``most`` as stored (1.7 and "123" are not lengths)."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= most:
+        raise ValueError(f"{what} must be a whole number in 1..{most:,}, got {value!r:.40}")
+    return value
 
 
 def check_time(ms: float, spread: float) -> None:

@@ -268,6 +268,11 @@ def plan_seconds(points: list[SweepPoint], model, s: PlanSettings) -> float:
     return work + PER_POINT_OVERHEAD_S * len(points)
 
 
+# The longest sequence and the largest micro-batch a sweep measures: 1M tokens is past any
+# context window and any token cap of a training step.
+_MAX_SWEEP_TOKENS = 1 << 20
+
+
 def make_plan(
     spec: ModelSpec,
     *,
@@ -284,10 +289,15 @@ def make_plan(
     from costmodel.estimate import estimate_cost_model
     from costmodel.gpus import lookup_gpu
 
-    if not modes or any(m not in ("train", "forward") for m in modes):
-        raise ValueError(f"modes must be a non-empty subset of train, forward; got {modes}")
-    if max_len < 64:
-        raise ValueError(f"max_len must be at least 64 tokens, got {max_len}")
+    if isinstance(modes, str) or not modes or any(m not in ("train", "forward") for m in modes):
+        raise ValueError(f"modes must be a non-empty subset of train, forward; got {modes!r}")
+    modes = tuple(dict.fromkeys(modes))  # ("train", "train") measured everything twice
+    for name, value in (("max_len", max_len), ("max_tokens", max_tokens)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, np.integer))
+                                  or not 64 <= value <= _MAX_SWEEP_TOKENS):
+            # 2^31 planned for minutes and estimated a month: refuse, do not warn.
+            raise ValueError(f"{name} must be an integer number of tokens in 64.."
+                             f"{_MAX_SWEEP_TOKENS:,}, got {value!r}")
     max_tokens = int(max_tokens or max(max_len, 16384))
     if max_tokens < max_len:
         raise ValueError(f"max_tokens ({max_tokens}) must be >= max_len ({max_len})")

@@ -55,6 +55,10 @@ def random_microbatches(
     rng: np.random.Generator, *, count: int, caps: Sequence[int], max_len: int
 ) -> list[tuple[int, ...]]:
     """`count` micro-batches, an equal share per cap, each packed in order up to its cap."""
+    bad = [c for c in (*caps, max_len) if not (isinstance(c, (int, np.integer)) and c >= 16)]
+    if bad or not caps:  # a cap of 0 (or NaN) never closes a micro-batch: an endless loop
+        raise ValueError(f"caps and max_len must be integers >= 16 tokens, got caps={list(caps)} "
+                         f"and max_len={max_len!r}")
     out: list[tuple[int, ...]] = []
     per_cap = [count // len(caps) + (i < count % len(caps)) for i in range(len(caps))]
     for cap, want in zip(caps, per_cap):
