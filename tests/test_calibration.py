@@ -306,3 +306,11 @@ def test_registry_names_and_estimates_by_name():
     with pytest.raises(ValueError, match="device name is a string"):
         find_gpu_by_device_name(None)
     assert estimate_cost_model("qwen3-8b", "h200").spec == SPEC  # by preset name, as everywhere
+
+
+def test_validation_count_and_a_mode_given_as_text(fitted):
+    timer = SyntheticTimer(SPEC, SHAPE, noise=0.005, seed=7)
+    with pytest.raises(ValueError, match="count >= 4"):  # measured everything, then failed
+        run_validation(fitted, timer, count=2, num_layers=1)
+    result = run_validation(fitted, timer, count=4, caps=(2048,), modes="train", num_layers=1)
+    assert list(result["modes"]) == ["train"]  # not "t", "r", "a", ...

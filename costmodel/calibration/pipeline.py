@@ -23,6 +23,7 @@ from costmodel.calibration.check import flops_check
 from costmodel.calibration.fit import Record, check_time, fit_mode, residuals
 from costmodel.calibration.plan import SweepPlan, SweepPoint
 from costmodel.calibration.timer import Timer
+from costmodel.curves import MODES
 from costmodel.gpus import GpuInfo, lookup_gpu
 from costmodel.model import CostModel
 from costmodel.model_file import utc_timestamp
@@ -155,7 +156,9 @@ def fit_measurements(
     needs = tuple(k for k, n in (("dense", spec.num_dense_layers), ("moe", spec.num_moe_layers)) if n)
     curves, fit_details, resid, errors = {}, {}, {}, {}
     planned = (sweep.get("plan") or {}).get("modes") or []
-    for mode in dict.fromkeys([*planned, *(r.mode for r in records)]):
+    if isinstance(planned, str) or not isinstance(planned, (list, tuple)):
+        planned = []  # a hand-edited record ("train" would be read letter by letter)
+    for mode in dict.fromkeys([*(m for m in planned if m in MODES), *(r.mode for r in records)]):
         try:
             curves[mode], fit_details[mode] = fit_mode(records, mode, needs=needs)
         except ValueError as err:

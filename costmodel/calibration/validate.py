@@ -145,6 +145,10 @@ def run_validation(
     import time
 
     spec = model.spec
+    if isinstance(count, bool) or not isinstance(count, int) or count < 4:
+        raise ValueError(f"validation needs count >= 4 micro-batches, got {count!r}")
+    if isinstance(modes, str):  # "train" would be read letter by letter
+        modes = [modes]
     modes = list(modes or model.modes)
     for mode in modes:
         model._mode(mode)  # ValueError for a mode the model lacks
