@@ -178,12 +178,25 @@ def _dense_groups(group_ids: Sequence[Any], n: int) -> np.ndarray:
 
 def _min_bins(lengths: np.ndarray, cap: int) -> int:
     """A lower bound on the micro-batches needed for these samples under the cap."""
+    return int(_min_bins_per_group(lengths, np.zeros(lengths.size, dtype=np.int64), cap)[0])
+
+
+def _min_bins_per_group(lengths: np.ndarray, groups: np.ndarray, cap: int) -> np.ndarray:
+    """For each group (dense ids), a lower bound on the micro-batches its samples need under
+    the cap: one per sample over the cap, plus the most of the others' tokens over the cap,
+    their samples over half the cap (one per micro-batch) and those over a third (two)."""
+    k = int(groups.max()) + 1
     over = lengths > cap
-    rest = lengths[~over]
-    half = int((rest > cap // 2).sum()) if cap > 1 else rest.size
-    pairs = -(-int((3 * rest > cap).sum()) // 2)  # over a third of the cap: two at most
-    fluid = -(-int(rest.sum()) // cap)
-    return int(over.sum()) + max(fluid, half, pairs)
+    fits = np.where(over, 0, lengths)  # an oversized sample's tokens are its own micro-batch
+
+    def per_group(weights: np.ndarray) -> np.ndarray:
+        return np.bincount(groups, weights=weights, minlength=k).astype(np.int64)
+
+    return per_group(over) + np.maximum.reduce([
+        -(-per_group(fits) // cap),
+        per_group(fits > cap // 2),
+        -(-per_group(3 * fits > cap) // 2),
+    ])
 
 
 def _microbatch_range(
@@ -216,16 +229,7 @@ def _group_min_m(lens: np.ndarray, groups: np.ndarray, cap: int, align: int, m_m
     """The fewest micro-batches per rank the largest group allows (`_min_bins` per group:
     a group shares one rank, so that rank needs at least that many); ValueError when some
     group alone needs more than any rank can run."""
-    over = lens > cap
-    fits = np.where(over, 0, lens)
-    half = (fits > cap // 2) if cap > 1 else ~over
-    k = int(groups.max()) + 1
-    third = (3 * fits > cap) & ~over
-    need = np.bincount(groups, weights=over, minlength=k).astype(np.int64) + np.maximum.reduce([
-        np.bincount(groups, weights=half, minlength=k).astype(np.int64),
-        -(-np.bincount(groups, weights=third, minlength=k).astype(np.int64) // 2),
-        -(-np.bincount(groups, weights=fits, minlength=k).astype(np.int64) // cap),
-    ])
+    need = _min_bins_per_group(lens, groups, cap)
     g = int(np.argmax(need))
     m = _round_up(int(need[g]), align)
     if m > m_max:
