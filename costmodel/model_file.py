@@ -92,18 +92,25 @@ def check_output_path(path: str | os.PathLike, flag: str = "output") -> Path:
     """`path` as a Path if a file can be written there; else a ValueError naming `flag`.
 
     Commands call this before any work, so a bad -o fails at once (not after minutes of
-    measuring), and `write_json_atomic` calls it so a rename never replaces a directory,
-    a device (/dev/null) or a pipe.
+    measuring), and `atomic_output` runs the same checks (less the temp-file probe, as it
+    writes one itself) so a rename never replaces a directory, a device (/dev/null) or a
+    pipe.
     """
+    return _checked_output_path(path, flag, probe=True)
+
+
+def _checked_output_path(path: str | os.PathLike, flag: str, *, probe: bool) -> Path:
+    """`check_output_path`; without ``probe`` no temp file is tried (for `atomic_output`,
+    which creates its own in the same folder at once)."""
     if not os.fspath(path).strip():
         raise ValueError(f"{flag} is empty; give a file path")
     try:
-        return _check_output_path(Path(path), flag)
+        return _check_output_path(Path(path), flag, probe)
     except OSError as err:  # the checks themselves fail: a name too long, a broken mount
         raise ValueError(f"{flag} {path}: cannot write there ({err.strerror})") from None
 
 
-def _check_output_path(target: Path, flag: str) -> Path:
+def _check_output_path(target: Path, flag: str, probe: bool) -> Path:
     if target.is_dir():
         raise ValueError(f"{flag} {target} is a directory; give a file name inside it")
     if target.exists() and not target.is_file():
@@ -120,11 +127,11 @@ def _check_output_path(target: Path, flag: str) -> Path:
     if len(os.fsencode(target.name)) > _name_max(existing):
         raise ValueError(f"{flag} {target}: the file name is longer than this filesystem "
                          "allows; give a shorter one")
-    # Try a temp file like the one `atomic_output` writes, where the folder chain starts to
-    # exist (/proc and other filesystems that take no new files fail here, not at the end).
-    fd, probe = _create_temp(existing)
-    os.close(fd)
-    os.unlink(probe)
+    if probe:  # a temp file like `atomic_output`'s, where the folder chain starts to exist
+        # (/proc and other filesystems that take no new files fail here, not at the end)
+        fd, tmp = _create_temp(existing)
+        os.close(fd)
+        os.unlink(tmp)
     return target
 
 
@@ -167,7 +174,7 @@ def atomic_output(path: str | os.PathLike) -> Iterator[Path]:
     over ``path`` when the block ends without error, removed when it fails or is
     interrupted. The file gets the mode a plain write would (an existing file's, else what
     the umask allows), not mkstemp's 0600."""
-    target = check_output_path(path)
+    target = _checked_output_path(path, "output", probe=False)  # the temp file below probes
     folder = target.parent if str(target.parent) else Path(".")
     folder.mkdir(parents=True, exist_ok=True)
     fd, tmp = _create_temp(folder)
