@@ -24,8 +24,10 @@ import dataclasses
 import datetime
 import functools
 import json
+import math
 import os
 import platform
+import re
 import shlex
 import sys
 from pathlib import Path
@@ -34,7 +36,9 @@ DEFAULT_LENGTHS = [512, 1024, 2048, 4096, 8192, 16384, 32768]
 QUICK_LENGTHS = [1024, 4096, 16384]
 
 # Configs `--tune` times against each other (per kernel, the others at their defaults).
-# Tuples are (BLOCK_M, BLOCK_N, num_warps, num_stages[, FUSE_DQ]); see
+# Tuples are (BLOCK_M, BLOCK_N, num_warps, num_stages[, FUSE_DQ[, MASK_BLOCK]]): FUSE_DQ 1 =
+# dq by atomics inside the dk/dv kernel (no dq kernel); MASK_BLOCK (default 16) is the step
+# across the diagonal block (MASK_BLOCK_M of dk/dv, MASK_BLOCK_N of dq). See
 # triton_attention._CONFIGS.
 TUNE_CANDIDATES: dict[str, dict[int, list[tuple[int, ...]]]] = {
     "fwd": {
@@ -43,17 +47,23 @@ TUNE_CANDIDATES: dict[str, dict[int, list[tuple[int, ...]]]] = {
     },
     "dkdv": {
         64: [(32, 128, 8, 2), (64, 128, 8, 2), (32, 64, 4, 2), (64, 64, 4, 2), (32, 128, 4, 3)],
-        # d=128: those an sm_90 AOT build (triton 3.6, --aot) shows spilling under 256 B
-        # (64x64 and 64x128 with 8 warps: 72 B and 192 B); a 5th entry 1 = FUSE_DQ (dq by
-        # atomics inside this kernel, no dq kernel)
-        128: [(32, 64, 8, 2), (32, 64, 8, 3), (16, 128, 8, 2), (32, 128, 8, 2), (32, 128, 8, 3),
-              (64, 64, 8, 2), (64, 128, 8, 2),
-              (32, 64, 8, 2, 1), (32, 128, 8, 2, 1), (64, 64, 8, 2, 1)],
+        # d=128, from an sm_90a AOT build (triton 3.6, `--aot`, which reports each build's
+        # smallest wgmma instruction N and its spills): the current first choice, 32x64 with
+        # 8 warps, splits its 64-row Sᵀ and dPᵀ tiles over 2 warpgroups along N, so both run
+        # as m64n16 wgmmas (n8 across the diagonal) — narrow instructions that keep tensor
+        # cores far below peak. These give N >= 32 (BLOCK_N = 128 rows: one warpgroup per
+        # 64 rows, N = BLOCK_M) with stack frames of 0-224 B, and a diagonal step of 32-64;
+        # the last one fuses dq (a FUSE_DQ build at 32x128 falls back to mma.sync for dq).
+        128: [(32, 64, 8, 2), (32, 128, 8, 1, 0, 32), (32, 128, 8, 2, 0, 32),
+              (64, 128, 8, 1, 0, 32), (64, 128, 8, 1, 0, 64), (64, 128, 8, 2, 0, 64),
+              (64, 128, 8, 1, 1, 64)],
     },
     "dq": {
         64: [(128, 32, 8, 3), (128, 64, 8, 2), (64, 64, 4, 2), (64, 32, 4, 3)],
-        128: [(64, 64, 4, 2), (64, 64, 8, 3), (128, 64, 8, 2), (128, 64, 8, 3), (128, 32, 8, 3),
-              (128, 32, 8, 2)],
+        # d=128: the first choice's diagonal step (16) runs n16 wgmmas; wider ones, and
+        # 128-row tiles over 2 warpgroups (N = BLOCK_N = 64), no spills.
+        128: [(64, 64, 4, 2), (64, 64, 4, 2, 0, 32), (128, 64, 8, 2, 0, 64),
+              (128, 64, 8, 3, 0, 64), (128, 128, 8, 2, 0, 64)],
     },
 }
 
@@ -61,18 +71,23 @@ TUNE_CANDIDATES: dict[str, dict[int, list[tuple[int, ...]]]] = {
 def _config(kernel: str, cand: tuple[int, ...]) -> dict[str, int]:
     block_m, block_n, warps, stages = cand[:4]
     cfg = dict(BLOCK_M=block_m, BLOCK_N=block_n, num_warps=warps, num_stages=stages)
+    mask_block = cand[5] if len(cand) > 5 else 16
     if kernel == "dkdv":
-        cfg["MASK_BLOCK_M"] = 16
+        cfg["MASK_BLOCK_M"] = mask_block
         if len(cand) > 4 and cand[4]:
             cfg["FUSE_DQ"] = 1
     elif kernel == "dq":
-        cfg["MASK_BLOCK_N"] = 16
+        cfg["MASK_BLOCK_N"] = mask_block
     return cfg
 
 
 # fwd + bwd hardware FLOPs, in units of the forward: a flash backward recomputes QKᵀ and
 # runs 4 more matmuls (dV, dP, dQ, dK) = 5 vs the forward's 2, i.e. 2.5 × forward.
 FWD_BWD_FLOPS_FACTOR = 1.0 + 2.5
+# Tuning compares each candidate's output and gradients with the first-choice configs'
+# (bf16 inputs, fp32 accumulation in both: a correct candidate differs by rounding only,
+# ~1e-3); above this it is recorded as wrong and never chosen.
+MAX_TUNE_REL_ERR = 1e-2
 
 
 def attention_flops(
@@ -158,7 +173,7 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
         "--aot",
         action="store_true",
         help="instead (no GPU needed): compile every config for sm_90a and report shared "
-        "memory and stack (register spill) bytes per thread",
+        "memory, stack (register spill) bytes per thread and the wgmma instruction widths",
     )
     args = p.parse_args(argv)
     if args.quick:
@@ -297,8 +312,21 @@ def tune(
     h, hkv, d = args.num_heads, args.num_kv_heads, args.head_dim
     rows: list[dict] = []
 
+    def results(ins, do, configs):
+        out = flash_attn_varlen(*ins, configs=configs)
+        return (out.detach(), *torch.autograd.grad(out, ins[:3], do))
+
     def time_configs(L, lengths, ins, do, kernel, cand, configs):
         mode = "fwd" if kernel == "fwd" else "fwd+bwd"
+        try:  # a fast but wrong config must never win: checked against the first choices
+            err = max(map(_rel_err, results(ins, do, configs), reference))
+            why = None if err <= MAX_TUNE_REL_ERR else f"wrong results: relative error {err:.1e}"
+        except Exception as exc:  # OutOfResources & co: recorded, not hidden
+            why = f"{type(exc).__name__}: {exc}"
+        if why is not None:
+            rows.append({"L": L, "kernel": kernel, "config": cand, "error": why})
+            print(f"tune L={L} {kernel} {cand}: {why}", file=sys.stderr, flush=True)
+            return
         if mode == "fwd":
 
             def step():
@@ -318,13 +346,14 @@ def tune(
             return
         flops = attention_flops(lengths, h, hkv, d, mode)
         rows.append({"L": L, "kernel": kernel, "config": cand, "mode": mode, "ms": ms,
-                     "tflops": flops / ms / 1e9})
+                     "tflops": flops / ms / 1e9, "rel_err": err})
         # As it goes: a session cut short by its timeout still logs what was timed.
         print(f"tune L={L} {kernel} {cand}: {ms:.3f} ms {mode}", file=sys.stderr, flush=True)
 
     for L in [8192] if args.quick else [4096, 16384]:
         lengths, cu, q, k, v, do = _packed(L, args.total_tokens, h, hkv, d, "cuda")
         ins = (q, k, v, cu, L)
+        reference = results(ins, do, None)
         for kernel in kernels:
             for cand in TUNE_CANDIDATES[kernel][d]:
                 time_configs(L, lengths, ins, do, kernel, cand, {kernel: _config(kernel, cand)})
@@ -337,6 +366,13 @@ def tune(
         del q, k, v, do, ins
         torch.cuda.empty_cache()
     return {"provenance": _provenance(argv), "tune_rows": rows, "best": choose_best(rows)}
+
+
+def _rel_err(got, want) -> float:
+    """‖got − want‖ / ‖want‖ in float32 (inf when got has a NaN or inf)."""
+    got, want = got.float(), want.float()
+    err = float((got - want).norm() / want.norm().clamp_min(1e-30))
+    return err if math.isfinite(err) else math.inf
 
 
 def choose_best(rows: list[dict]) -> dict[str, dict[str, int]]:
@@ -377,8 +413,10 @@ def _fastest(rows: list[dict], kernel: str, L: int, keep=lambda cand: True) -> t
 def aot_report(head_dims: list[int]) -> list[dict]:
     """Compile each config of `_CONFIGS` and `TUNE_CANDIDATES` for sm_90a, without a GPU.
 
-    Reports shared memory and the stack frame (≈ register spill bytes per thread, from
-    cuobjdump) of bf16 kernels. Uses triton.compile(ASTSource(...)) (triton >= 3.2 API);
+    Reports shared memory, the stack frame (≈ register spill bytes per thread, from
+    cuobjdump) and the instruction widths of the tensor-core dots of bf16 kernels: "wgmma_n",
+    the N of each Hopper wgmma (m64nNk16; narrow N runs far below peak), and "mma_v2" when a
+    dot fell back to the pre-Hopper mma.sync. Uses triton.compile(ASTSource(...)) (triton >= 3.2 API);
     run it with TRITON_INTERPRET unset.
     """
     import inspect
@@ -440,6 +478,7 @@ def aot_report(head_dims: list[int]) -> list[dict]:
                     "config": cfg,
                     "shared_bytes": compiled.metadata.shared,
                     "default": cfg in ta._CONFIGS[name][d][:1],
+                    **_dot_shapes(compiled.asm["ttgir"]),
                 }
                 if cuobjdump.exists():
                     with tempfile.TemporaryDirectory() as tmp:
@@ -455,6 +494,15 @@ def aot_report(head_dims: list[int]) -> list[dict]:
                             row[tok.split(":")[0].lower()] = int(tok.split(":")[1])
                 rows.append(row)
     return rows
+
+
+def _dot_shapes(ttgir: str) -> dict:
+    """The tensor-core instruction shapes in a kernel's TritonGPU IR: the N of each wgmma
+    (`#ttg.nvidia_mma<{versionMajor = 3, ..., instrShape = [16, N, 16]}>`), and whether a
+    dot uses mma v2 (mma.sync, the pre-Hopper path)."""
+    shapes = re.findall(r"nvidia_mma<\{versionMajor = (\d)[^}]*instrShape = \[([\d, ]+)\]", ttgir)
+    wgmma_n = sorted({int(shape.split(",")[1]) for major, shape in shapes if major == "3"})
+    return {"wgmma_n": wgmma_n, "mma_v2": any(major == "2" for major, _ in shapes)}
 
 
 def _table(result: dict) -> str:
@@ -497,7 +545,8 @@ def main(argv: list[str] | None = None) -> int:
                 mark = "*" if r["default"] else " "
                 print(
                     f"{mark} d={r['head_dim']} {r['kernel']:<5} {r['config']} "
-                    f"smem={r['shared_bytes']} regs={r.get('reg')} stack={r.get('stack')}"
+                    f"smem={r['shared_bytes']} regs={r.get('reg')} stack={r.get('stack')} "
+                    f"wgmma_n={r['wgmma_n']}{' +mma_v2' if r['mma_v2'] else ''}"
                 )
             print("* = first choice in triton_attention._CONFIGS")
             return 0

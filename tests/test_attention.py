@@ -389,3 +389,49 @@ def test_tuning_keeps_the_fastest_backward(load_benchmark):
     rows.append({"L": 8192, "kernel": "dkdv+dq", "config": [list(split), list(dq)], "ms": 7.5})
     best = bench.choose_best(rows)
     assert "FUSE_DQ" not in best["dkdv"] and best["dq"]["BLOCK_M"] == 64  # the tuned pair wins
+
+
+def test_tune_candidates_are_valid_configs(load_benchmark):
+    bench = load_benchmark("bench_attention")
+    for kernel, by_dim in bench.TUNE_CANDIDATES.items():
+        for cands in by_dim.values():
+            for cand in cands:
+                ta._check_config(kernel, bench._config(kernel, cand))
+    assert bench._config("dkdv", (64, 128, 8, 1, 0, 32))["MASK_BLOCK_M"] == 32
+    assert bench._config("dq", (64, 64, 4, 2))["MASK_BLOCK_N"] == 16
+
+
+def test_tuning_error_of_a_nan_result_is_infinite(load_benchmark):
+    bench = load_benchmark("bench_attention")
+    want = torch.ones(4)
+    assert bench._rel_err(torch.full((4,), 1.001), want) == pytest.approx(1e-3, rel=1e-3)
+    assert bench._rel_err(torch.tensor([1.0, float("nan"), 1.0, 1.0]), want) == math.inf
+
+
+def test_aot_report_reads_wgmma_widths(load_benchmark):
+    ttgir = (
+        "#mma = #ttg.nvidia_mma<{versionMajor = 3, versionMinor = 0, warpsPerCTA = [4, 2], "
+        "instrShape = [16, 16, 16]}>\n"
+        "#mma1 = #ttg.nvidia_mma<{versionMajor = 3, versionMinor = 0, warpsPerCTA = [4, 1], "
+        "instrShape = [16, 128, 16]}>\n"
+        "#mma2 = #ttg.nvidia_mma<{versionMajor = 2, versionMinor = 0, warpsPerCTA = [8, 1], "
+        "instrShape = [16, 8]}>\n"
+    )
+    shapes = load_benchmark("bench_attention")._dot_shapes(ttgir)
+    assert shapes == {"wgmma_n": [16, 128], "mma_v2": True}
+
+
+@pytest.mark.parametrize(
+    "cand", [(64, 128, 8, 1, 0, 64), (32, 128, 8, 1, 0, 32), (64, 128, 8, 1, 1, 64)],
+    ids=["64x128", "32x128", "64x128-fused-dq"],
+)
+def test_wide_backward_candidates_match_reference(poisoned, load_benchmark, cand):
+    """The tuning candidates' widest tiles and diagonal steps, across several blocks: 300
+    tokens cross three 128-row K/V blocks and the 64-row query steps (d=128, GQA 4)."""
+    bench = load_benchmark("bench_attention")
+    lengths = [1, 300, 64, 129]
+    q, k, v, do = _inputs(lengths, 4, 1, 128, torch.float32, seed=sum(cand))
+    cu = _cu(lengths)
+    configs = {"dkdv": bench._config("dkdv", cand), "dq": bench._config("dq", (128, 64, 8, 2, 0, 64))}
+    got = _run_triton(q, k, v, do, cu, max(lengths), configs)
+    _check(got, _reference(q, k, v, do, cu), 1e-2 if CUDA else 1e-5)

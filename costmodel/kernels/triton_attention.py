@@ -67,6 +67,9 @@ _GRID_YZ_MAX = 65535  # CUDA limit on grid dims y and z (heads, sequences)
 # Measured on the H200 (benchmarks/results/bench_attention_h200.json): with these first
 # choices the backward takes 6.3-7.0x the forward for L >= 4k (flash attention's FLOPs
 # say 2.5x, torch's varlen kernel takes 2.6-2.7x): the dk/dv and dq tiles come first.
+# A likely cause, seen in the AOT build (`--aot` prints each build's wgmma widths): the d=128
+# dk/dv first choice runs its Sᵀ and dPᵀ dots as m64n16 wgmmas (8 warps over a 64x32 tile),
+# n8 across the diagonal; the tuning candidates with 128-row K/V blocks run n32-n64.
 # TO TUNE on the H200: `python benchmarks/bench_attention.py --tune` times the candidates in
 # bench_attention.TUNE_CANDIDATES at L=4k and 16k and prints the fastest per kernel;
 # `--tune-first` tunes the backward at L=8k, then benchmarks with the winners.
