@@ -190,6 +190,7 @@ def test_no_torch_needed_to_import():
         "'--max-tokens-per-gpu', '10'])\n"
         "validate_args(a)\n"
         "import costmodel.training, costmodel.training.config, costmodel.training.bench\n"
+        "import costmodel.training.bench_report, costmodel.training.microbatch_timer\n"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr

@@ -15,6 +15,7 @@ from costmodel.commands import bench_schedule
 from costmodel.estimate import estimate_cost_model
 from costmodel.spec import ModelSpec
 from costmodel.training import bench
+from costmodel.training import microbatch_timer as timer_mod
 
 SPEC = ModelSpec.from_preset("qwen3-8b")
 TRUTH = estimate_cost_model(SPEC, "h200")
@@ -86,8 +87,8 @@ def test_each_distinct_microbatch_is_measured_once_per_round():
         return float(sum(lengths))
 
     keys = [(1, 2), (2, 1), (5,), (5,), (3, 3)]
-    times, stopped, noise = bench.measure_microbatches(
-        [bench._key(k) for k in keys], counting, repeats=3, warmup=0
+    times, stopped, noise = timer_mod.measure_microbatches(
+        [timer_mod.microbatch_key(k) for k in keys], counting, repeats=3, warmup=0
     )
     assert len(calls) == 3 * 3 and times[(1, 2)] == 3.0 and times[(5,)] == 5.0
     assert stopped is None and noise == 0.0  # the same time every round
@@ -103,30 +104,30 @@ def test_rounds_in_other_orders_cancel_clock_drift():
         return 10.0 * (1 + 0.001 * len(calls))
 
     keys = [(i,) for i in range(1, 51)]
-    times, _, _ = bench.measure_microbatches(keys, drifting, repeats=2, warmup=0)
+    times, _, _ = timer_mod.measure_microbatches(keys, drifting, repeats=2, warmup=0)
     assert max(times.values()) == pytest.approx(min(times.values()))
     assert calls[:50] == keys and calls[50:] == keys[::-1]
-    third = bench.round_order(keys, 2)
-    assert sorted(third) == keys and third != keys and third == bench.round_order(keys, 2)
-    assert bench.measure_microbatches([], drifting) == ({}, None, None)
+    third = timer_mod.round_order(keys, 2)
+    assert sorted(third) == keys and third != keys and third == timer_mod.round_order(keys, 2)
+    assert timer_mod.measure_microbatches([], drifting) == ({}, None, None)
 
 
 def test_timing_noise_and_the_noise_floor():
     rng = np.random.default_rng(1)
     sigma = 0.02  # per sample; the reported time is the median (= mean) of 2
     samples = {(i,): (100.0 * (1 + sigma * rng.standard_normal(2))).tolist() for i in range(4000)}
-    noise = bench.timing_noise(samples)
+    noise = timer_mod.timing_noise(samples)
     assert noise == pytest.approx(sigma / np.sqrt(2), rel=0.1)
     for r in (3, 5):  # the sd of the reported median of r rounds, as simulated
         samples = {(i,): (100.0 * (1 + sigma * rng.standard_normal(r))).tolist()
                    for i in range(4000)}
         medians = np.array([np.median(v) for v in samples.values()]) / 100.0
-        assert bench.timing_noise(samples) == pytest.approx(medians.std(), rel=0.1)
-    assert bench.timing_noise({(1,): [5.0]}) is None
+        assert timer_mod.timing_noise(samples) == pytest.approx(medians.std(), rel=0.1)
+    assert timer_mod.timing_noise({(1,): [5.0]}) is None
     # 64 ranks of 4 equal micro-batches, 1% noise each: rank noise 0.5%, E[max of 64] ~ 2.4 sd
-    floor = bench.noise_floor([[10.0] * 4] * 64, 0.01)
+    floor = timer_mod.noise_floor([[10.0] * 4] * 64, 0.01)
     assert 1.009 < floor < 1.016
-    assert bench.noise_floor([[10.0] * 4] * 64, 0.0) == pytest.approx(1.0)
+    assert timer_mod.noise_floor([[10.0] * 4] * 64, 0.0) == pytest.approx(1.0)
 
 
 class FakeTimer:
@@ -211,7 +212,7 @@ def test_real_layer_timer_path_on_cpu(tmp_path):
     pytest.importorskip("torch")
     tiny = ModelSpec(name="tiny", num_layers=2, hidden_size=32, num_heads=2, num_kv_heads=1,
                      head_dim=16, intermediate_size=64, vocab_size=64, dtype="fp32")
-    timer = bench.LayerTimer(tiny, attention="sdpa", dtype="fp32", device="cpu")
+    timer = timer_mod.LayerTimer(tiny, attention="sdpa", dtype="fp32", device="cpu")
     assert timer([40, 7]) > 0 and timer.measure_rank([[40, 7], [12]]) > 0
     runs = bench.run_benchmark(
         np.array([40, 7, 90, 12, 33, 64, 5, 20]), spec=tiny, cap=128, dp_sizes=[2],
@@ -227,7 +228,7 @@ def test_layer_timer_on_the_gpu():
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
     for timing in ("graph", "eager"):  # eager: the first call must not pay CUDA's start-up
-        timer = bench.LayerTimer(ModelSpec.from_preset("qwen3-0.6b"), timing=timing)
+        timer = timer_mod.LayerTimer(ModelSpec.from_preset("qwen3-0.6b"), timing=timing)
         small, large = timer([256] * 2), timer([4096] * 4)
         assert 0 < small < large, (timing, small, large)
         rank = timer.measure_rank([[256] * 2, [4096] * 4])
@@ -259,6 +260,7 @@ def clock(monkeypatch):
     """The clock, and how many micro-batches (= seconds) a whole run measures."""
     clock = Clock()
     monkeypatch.setattr(bench, "time", clock)
+    monkeypatch.setattr(timer_mod, "time", clock)
     monkeypatch.setattr(bench_schedule, "time", clock)
     assert _run(LIMITED, measure=clock.measure) == 0
     total, clock.t = clock.t, 0.0

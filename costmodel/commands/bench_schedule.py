@@ -116,7 +116,8 @@ def run(args: argparse.Namespace, *, measure=None) -> int:
         read_lengths,
     )
     from costmodel.spec import ModelSpec
-    from costmodel.training import bench
+    from costmodel.training import bench, bench_report
+    from costmodel.training.microbatch_timer import LayerTimer
 
     if args.output is not None:  # before minutes of measuring, not after
         check_output_path(args.output, "-o")
@@ -194,7 +195,7 @@ def run(args: argparse.Namespace, *, measure=None) -> int:
     )
     device: dict[str, Any]
     if measure is None:
-        timer = bench.LayerTimer(spec, attention=args.attention, dtype=args.dtype,
+        timer = LayerTimer(spec, attention=args.attention, dtype=args.dtype,
                                  timing=args.timing)  # RuntimeError without a GPU
         measure = timer
         device = timer.describe()
@@ -231,8 +232,8 @@ def run(args: argparse.Namespace, *, measure=None) -> int:
             + ", ".join(f"dp {dp} {p}" for dp, p in unmeasured),
             file=sys.stderr,
         )
-    print(bench.format_report(runs, per_rank=args.per_rank))
-    checks = bench.target_checks(runs)
+    print(bench_report.format_report(runs, per_rank=args.per_rank))
+    checks = bench_report.target_checks(runs)
     for c in checks:
         parts = [f"dp {c['dp_size']}: calibrated max/mean {c['calibrated_max_over_mean']:.3f}"]
         if "makespan_cut_vs_tokens" in c:
@@ -242,10 +243,10 @@ def run(args: argparse.Namespace, *, measure=None) -> int:
             parts.append("no worse than flops" if c["no_worse_than_flops"] else "WORSE than flops")
         print("; ".join(parts))
     if args.output is not None:
-        base = bench.token_makespans(runs)
+        base = bench_report.token_makespans(runs)
         doc = {
             "schema": "costmodel-bench-schedule/1",
-            "provenance": bench.provenance(),
+            "provenance": bench_report.provenance(),
             "device": device,
             "model": spec.to_dict(),
             "cost_model": None if cost_model is None else {
