@@ -6,10 +6,12 @@ data-parallel ranks so the slowest rank finishes as early as the cost allows;
 """
 
 from costmodel.scheduler.baselines import baseline_microbatches
+from costmodel.scheduler.bounds import lower_bound
 from costmodel.scheduler.costs import Cost, as_cost
+from costmodel.scheduler.evaluate import evaluate_schedule
 from costmodel.scheduler.lengths import generate_lengths, parse_lengths, read_lengths
 from costmodel.scheduler.partition import karmarkar_karp, lpt_partition
-from costmodel.scheduler.schedule import Schedule, build_schedule, evaluate_schedule, lower_bound
+from costmodel.scheduler.schedule import Schedule, build_schedule
 
 __all__ = [
     "Cost",

@@ -42,13 +42,14 @@ from numpy.typing import ArrayLike
 
 from costmodel.checks import positive_int
 from costmodel.flops import MAX_LENGTH, as_lengths
+from costmodel.scheduler.bounds import lower_bound, microbatch_range, round_up
 from costmodel.scheduler.costs import Cost, as_cost
 from costmodel.scheduler.groups import first_appearance_ids, place_groups
 from costmodel.scheduler.order import ORDERS, run_order
 from costmodel.scheduler.pack import assign_bins, best_fit_pack, pack_tokens
 from costmodel.scheduler.refine import BinState, local_search
 
-__all__ = ["Schedule", "build_schedule", "evaluate_schedule", "lower_bound"]
+__all__ = ["Schedule", "build_schedule", "token_cap"]
 
 # Quantised costs sum to about 2**44: exact integer sums with room (2**9) for
 # non-additive micro-batch costs up to 2**53 (float64-exact integers).
@@ -149,7 +150,7 @@ class Schedule:
 # -- input checks ----------------------------------------------------------------------
 
 
-def _token_cap(value: Any) -> int:
+def token_cap(value: Any) -> int:
     cap = positive_int(value, "max_tokens_per_microbatch")
     if cap > MAX_LENGTH:  # no sample is longer; larger caps would overflow int64 budgets
         raise ValueError(f"max_tokens_per_microbatch must be at most {MAX_LENGTH:,} (2^31 - 1, "
@@ -171,160 +172,6 @@ def _dense_groups(group_ids: Sequence[Any], n: int) -> np.ndarray:
         _, dense = np.unique(arr, return_inverse=True)
         return dense.astype(np.int64)
     return first_appearance_ids(group_ids, "group_ids")
-
-
-# -- micro-batch count -------------------------------------------------------------------
-
-
-def _min_bins(lengths: np.ndarray, cap: int) -> int:
-    """A lower bound on the micro-batches needed for these samples under the cap."""
-    return int(_min_bins_per_group(lengths, np.zeros(lengths.size, dtype=np.int64), cap)[0])
-
-
-def _min_bins_per_group(lengths: np.ndarray, groups: np.ndarray, cap: int) -> np.ndarray:
-    """For each group (dense ids), a lower bound on the micro-batches its samples need under
-    the cap: one per sample over the cap, plus the most of the others' tokens over the cap,
-    their samples over half the cap (one per micro-batch) and those over a third (two)."""
-    k = int(groups.max()) + 1
-    over = lengths > cap
-    fits = np.where(over, 0, lengths)  # an oversized sample's tokens are its own micro-batch
-
-    def per_group(weights: np.ndarray) -> np.ndarray:
-        return np.bincount(groups, weights=weights, minlength=k).astype(np.int64)
-
-    return per_group(over) + np.maximum.reduce([
-        -(-per_group(fits) // cap),
-        per_group(fits > cap // 2),
-        -(-per_group(3 * fits > cap) // 2),
-    ])
-
-
-def _microbatch_range(
-    lens: np.ndarray, cap: int, dp: int, align: int, min_m: int, groups: np.ndarray | None
-) -> tuple[int, int]:
-    """(fewest, most) micro-batches per rank: at least what the cap needs (and each group
-    on its rank), at most one sample each; ValueError saying what to change if none fit."""
-    n = lens.size
-    m_max = (n // dp) // align * align
-    m_cap = _round_up(-(-_min_bins(lens, cap) // dp), align)
-    m_lb = max(m_cap, _round_up(min_m, align))
-    if m_lb > m_max:
-        if m_lb > m_cap:
-            why = f"min_num_microbatches={min_m} asks for {m_lb}"
-            fix = "lower min_num_microbatches, dp_size or align"
-        else:
-            why = f"the cap of {cap} tokens needs at least {m_lb}"
-            fix = "raise max_tokens_per_microbatch, or lower dp_size or align"
-        raise ValueError(
-            f"cannot make {dp} ranks × m non-empty micro-batches from {n} samples: {why} "
-            f"micro-batches per rank (a multiple of align={align}), but {n} samples fill at "
-            f"most {m_max}; {fix}"
-        )
-    if groups is not None:
-        m_lb = max(m_lb, _group_min_m(lens, groups, cap, align, m_max))
-    return m_lb, m_max
-
-
-def _group_min_m(lens: np.ndarray, groups: np.ndarray, cap: int, align: int, m_max: int) -> int:
-    """The fewest micro-batches per rank the largest group allows (`_min_bins` per group:
-    a group shares one rank, so that rank needs at least that many); ValueError when some
-    group alone needs more than any rank can run."""
-    need = _min_bins_per_group(lens, groups, cap)
-    g = int(np.argmax(need))
-    m = _round_up(int(need[g]), align)
-    if m > m_max:
-        members = np.flatnonzero(groups == g)
-        raise ValueError(
-            f"the group of sample {int(members[0])} ({members.size} samples, "
-            f"{int(lens[members].sum())} tokens) needs at least {int(need[g])} micro-batches of "
-            f"at most {cap} tokens on its rank, but every rank must run the same number and "
-            f"{lens.size} samples over the ranks allow at most {m_max}: raise "
-            f"max_tokens_per_microbatch, lower dp_size or align, or split the group"
-        )
-    return m
-
-
-def _round_up(x: int, multiple: int) -> int:
-    return -(-x // multiple) * multiple
-
-
-# -- lower bound -------------------------------------------------------------------------
-
-
-def lower_bound(
-    cost: Cost,
-    lengths: np.ndarray,
-    cap: int,
-    dp: int,
-    *,
-    order: np.ndarray | None = None,
-    sample_costs: np.ndarray | None = None,
-) -> float:
-    """max(Σ cost of micro-batches filled to the cap / dp, costliest single sample).
-
-    For a separable cost (a calibrated model) a true bound instead
-    (`_separable_lower_bound`): its token curve need not be cheapest per token at the cap.
-    "Filled to the cap": samples, longest first, laid end to end and cut every ``cap``
-    tokens (a sample belongs to the micro-batch where it starts; longer than the cap, it is
-    alone). That is the fewest micro-batches the tokens allow, each as full as it can be:
-    what a schedule pays if splitting to balance wasted nothing. ``order`` (longest first)
-    and, for an additive cost, ``sample_costs`` save recomputing them.
-    """
-    n = lengths.size
-    if n == 0:
-        return 0.0
-    over = lengths > cap
-    n_over = int(over.sum())
-    if cost.separable and min(cap, int(lengths[~over].sum())) <= _SEPARABLE_BOUND_MAX_T:
-        desc = lengths[order] if order is not None else np.sort(lengths)[::-1]
-        return _separable_lower_bound(cost, desc, cap, dp)
-    if cost.additive:
-        s = cost.sample_costs(lengths) if sample_costs is None else sample_costs
-        n_bins = n_over + -(-int(lengths[~over].sum()) // cap)
-        fixed = getattr(cost, "fixed", 0.0)
-        total = math.fsum(s.tolist()) + fixed * n_bins
-        return max(total / dp, fixed + float(s.max()))
-    if order is None:
-        order = np.lexsort((np.arange(n), -lengths))
-    lo = lengths[order]
-    fits = lo[n_over:]  # longest first: the oversized ones lead
-    starts = np.cumsum(fits) - fits
-    bins = np.concatenate([np.arange(n_over), n_over + starts // cap])
-    offsets = np.concatenate([[0], np.cumsum(np.bincount(bins))]).astype(np.int64)
-    total = math.fsum(cost.evaluate(lo, offsets).tolist())
-    uniq = lo[np.r_[True, lo[1:] != lo[:-1]]]
-    single = float(cost.evaluate(uniq, np.arange(uniq.size + 1, dtype=np.int64)).max())
-    return max(total / dp, single)
-
-
-# The separable bound evaluates the token curve at every fill up to the cap (exact, so a
-# true bound); past this many tokens per micro-batch it falls back to the reference.
-_SEPARABLE_BOUND_MAX_T = 1 << 17
-
-
-def _separable_lower_bound(cost: Cost, desc: np.ndarray, cap: int, dp: int) -> float:
-    """A true lower bound for a separable cost (fixed + Σ sequence costs + token curve);
-    ``desc``: the lengths, longest first.
-
-    Every schedule pays the sequences' own costs, at least the fewest micro-batches' fixed
-    costs, each over-cap sample's token cost alone, and for the other tokens at least the
-    cheapest token cost per token the curve offers at any fill up to the cap (a calibrated
-    GPU curve has steps: on an H200 it can be cheapest per token well below the cap, so
-    the cap-filled reference is not a bound there). Reported only, never decided on, so
-    plain numpy sums.
-    """
-    over = desc > cap
-    fits = int(desc[~over].sum())
-    n_bins = int(over.sum()) + -(-fits // cap)
-    total = n_bins * cost.fixed_cost() + float(cost.sequence_costs(desc).sum())
-    if over.any():
-        total += float(cost.token_costs(desc[over].astype(np.float64)).sum())
-    if fits:
-        fill = np.arange(1, min(cap, fits) + 1, dtype=np.float64)
-        total += fits * float(np.min(cost.token_costs(fill) / fill))
-    uniq = desc[np.r_[True, desc[1:] != desc[:-1]]]
-    single = float(cost.evaluate(uniq, np.arange(uniq.size + 1, dtype=np.int64)).max())
-    return max(total / dp, single)
 
 
 # -- the scheduler -----------------------------------------------------------------------
@@ -369,7 +216,7 @@ def build_schedule(
     """
     lens = as_lengths(lengths, "lengths")
     dp = positive_int(dp_size, "dp_size")
-    cap = _token_cap(max_tokens_per_microbatch)
+    cap = token_cap(max_tokens_per_microbatch)
     align = positive_int(align, "align")
     if order not in ORDERS:
         raise ValueError(f"order must be one of {ORDERS}, got {order!r}")
@@ -405,7 +252,7 @@ def build_schedule(
             groups = None  # every sample alone: the fast path applies
     cost_obj = as_cost(cost, spec, mode)
 
-    m_lb, m_max = _microbatch_range(lens, cap, dp, align, min_m, groups)
+    m_lb, m_max = microbatch_range(lens, cap, dp, align, min_m, groups)
 
     by_length = np.lexsort((np.arange(n), -lens))  # longest first, ties by index
     m_start, short = _start_m(lens[by_length], dp, cap, m_lb, m_max, align)
@@ -486,7 +333,7 @@ def _start_m(
         # emptiest micro-batch at most cap − short full, room for `short`. ("cap − short"
         # alone asked for twice the micro-batches needed with cap 2 and 1-token samples.)
         need = -(-(-(-tokens // (cap - short + 1)) + n_over) // dp)
-        m = max(m_lb, min(_round_up(need, align), m_max))
+        m = max(m_lb, min(round_up(need, align), m_max))
     return m, min(short, cap - 1)
 
 
@@ -495,7 +342,7 @@ def _next_m(m: int, left_tokens: int, dp: int, align: int, cap: int) -> int:
     # fill converges in a few tries.
     extra_bins = -(-left_tokens // cap) + 1
     grow = max(-(-extra_bins // dp), -(-m // 100), 1)
-    return m + _round_up(grow, align)
+    return m + round_up(grow, align)
 
 
 _FEWER_MAX_M = 64
@@ -609,7 +456,7 @@ def _place_groups(
     n_groups = int(groups.max()) + 1
     tokens = int(np.minimum(lens, cap).sum())
     need = tokens * 1.01 + dp * tokens / (2 * n_groups)
-    m = max(m, min(_round_up(math.ceil(need / (dp * (cap - short + 1))), align), hi))
+    m = max(m, min(round_up(math.ceil(need / (dp * (cap - short + 1))), align), hi))
     failed: list[tuple[int, str]] = []  # (m, why) of every try so far
     shrunk = False
     while True:
@@ -717,84 +564,3 @@ def _finish(
         cost_name=cost.name,
         stats=stats,
     )
-
-
-def evaluate_schedule(
-    microbatches: Sequence[Sequence[Sequence[int]]],
-    lengths: ArrayLike,
-    *,
-    max_tokens_per_microbatch: int,
-    cost: Any = "tokens",
-    spec: Any = None,
-    mode: str = "train",
-) -> Schedule:
-    """A `Schedule` for micro-batches built elsewhere (a baseline, another framework), with
-    its predicted costs under ``cost``, so schedules can be compared on equal terms.
-
-    Unlike `build_schedule`, little is guaranteed: ranks may hold different numbers of
-    micro-batches and micro-batches may break the cap (`Schedule.cap_violations` counts
-    those). But every sample must be in exactly one micro-batch, as indices into
-    ``lengths`` (ValueError otherwise): a schedule that drops or repeats samples is not
-    comparable.
-    """
-    lens = as_lengths(lengths, "lengths")
-    cap = _token_cap(max_tokens_per_microbatch)
-    cost_obj = as_cost(cost, spec, mode)
-    flat = _members(microbatches, lens.size)
-    sizes = [x.size for x in flat]
-    idx = np.concatenate(flat) if flat else np.zeros(0, dtype=np.int64)
-    offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
-    costs = cost_obj.evaluate(lens[idx], offsets).tolist()
-    tokens = np.bincount(
-        np.repeat(np.arange(len(sizes)), sizes), weights=lens[idx], minlength=len(sizes)
-    )
-    mbs, mb_costs, mb_tokens, rank_costs = [], [], [], []
-    k = 0
-    for rank in microbatches:
-        c = costs[k : k + len(rank)]
-        mbs.append([x.tolist() for x in flat[k : k + len(rank)]])
-        mb_costs.append(c)
-        mb_tokens.append([int(t) for t in tokens[k : k + len(rank)]])
-        rank_costs.append(math.fsum(c))
-        k += len(rank)
-    return Schedule(
-        microbatches=mbs,
-        microbatch_costs=mb_costs,
-        microbatch_tokens=mb_tokens,
-        rank_costs=rank_costs,
-        lower_bound=lower_bound(cost_obj, lens, cap, len(microbatches)),
-        max_tokens_per_microbatch=cap,
-        cost_name=cost_obj.name,
-    )
-
-
-def _members(microbatches: Any, n: int) -> list[np.ndarray]:
-    """Each micro-batch's sample indices, sorted, rank by rank; ValueError unless they are
-    integers in 0..n-1 and every sample appears exactly once."""
-    shape = ("microbatches must be a list of ranks, each a list of micro-batches, each a list "
-             "of sample indices")
-    if not isinstance(microbatches, (list, tuple)) or not microbatches:
-        raise ValueError(f"{shape}; got {type(microbatches).__name__} {microbatches!r:.60}")
-    flat = []
-    for r, rank in enumerate(microbatches):
-        if not isinstance(rank, (list, tuple)):
-            raise ValueError(f"{shape}; rank {r} is {type(rank).__name__} {rank!r:.60}")
-        for b, mb in enumerate(rank):
-            try:
-                idx = np.asarray(mb if isinstance(mb, (list, tuple, np.ndarray)) else None)
-            except ValueError:  # ragged nesting
-                idx = np.asarray(None)
-            bools = isinstance(mb, (list, tuple)) and any(isinstance(i, (bool, np.bool_)) for i in mb)
-            if idx.ndim != 1 or (idx.size and idx.dtype.kind not in "iu") or bools:
-                raise ValueError(f"{shape}; rank {r} micro-batch {b} is {mb!r:.60}")
-            out = idx[(idx < 0) | (idx >= n)]
-            if out.size:
-                raise ValueError(f"rank {r} micro-batch {b}: sample index {out[0]} is not in "
-                                 f"0..{n - 1}")
-            flat.append(np.sort(idx.astype(np.int64)))
-    counts = np.bincount(np.concatenate(flat) if flat else np.zeros(0, np.int64), minlength=n)
-    for bad, what in ((counts > 1, "is in more than one micro-batch"), (counts == 0, "is in none")):
-        if bad.any():
-            raise ValueError(f"sample {int(np.argmax(bad))} {what}: every sample must be in "
-                             f"exactly one micro-batch ({int(bad.sum())} such)")
-    return flat

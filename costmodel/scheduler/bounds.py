@@ -1,0 +1,166 @@
+"""Bounds for `build_schedule`: how many micro-batches per rank the cap needs (and allows),
+and `lower_bound`, the makespan no schedule can beat (reported next to each schedule)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from costmodel.scheduler.costs import Cost
+
+__all__ = [
+    "lower_bound",
+    "microbatch_range",
+    "min_microbatches",
+    "min_microbatches_per_group",
+    "round_up",
+]
+
+
+def min_microbatches(lengths: np.ndarray, cap: int) -> int:
+    """A lower bound on the micro-batches needed for these samples under the cap."""
+    return int(min_microbatches_per_group(lengths, np.zeros(lengths.size, dtype=np.int64), cap)[0])
+
+
+def min_microbatches_per_group(lengths: np.ndarray, groups: np.ndarray, cap: int) -> np.ndarray:
+    """For each group (dense ids), a lower bound on the micro-batches its samples need under
+    the cap: one per sample over the cap, plus the most of the others' tokens over the cap,
+    their samples over half the cap (one per micro-batch) and those over a third (two)."""
+    k = int(groups.max()) + 1
+    over = lengths > cap
+    fits = np.where(over, 0, lengths)  # an oversized sample's tokens are its own micro-batch
+
+    def per_group(weights: np.ndarray) -> np.ndarray:
+        return np.bincount(groups, weights=weights, minlength=k).astype(np.int64)
+
+    return per_group(over) + np.maximum.reduce([
+        -(-per_group(fits) // cap),
+        per_group(fits > cap // 2),
+        -(-per_group(3 * fits > cap) // 2),
+    ])
+
+
+def microbatch_range(
+    lens: np.ndarray, cap: int, dp: int, align: int, min_m: int, groups: np.ndarray | None
+) -> tuple[int, int]:
+    """(fewest, most) micro-batches per rank: at least what the cap needs (and each group
+    on its rank), at most one sample each; ValueError saying what to change if none fit."""
+    n = lens.size
+    m_max = (n // dp) // align * align
+    m_cap = round_up(-(-min_microbatches(lens, cap) // dp), align)
+    m_lb = max(m_cap, round_up(min_m, align))
+    if m_lb > m_max:
+        if m_lb > m_cap:
+            why = f"min_num_microbatches={min_m} asks for {m_lb}"
+            fix = "lower min_num_microbatches, dp_size or align"
+        else:
+            why = f"the cap of {cap} tokens needs at least {m_lb}"
+            fix = "raise max_tokens_per_microbatch, or lower dp_size or align"
+        raise ValueError(
+            f"cannot make {dp} ranks × m non-empty micro-batches from {n} samples: {why} "
+            f"micro-batches per rank (a multiple of align={align}), but {n} samples fill at "
+            f"most {m_max}; {fix}"
+        )
+    if groups is not None:
+        m_lb = max(m_lb, _group_min_m(lens, groups, cap, align, m_max))
+    return m_lb, m_max
+
+
+def _group_min_m(lens: np.ndarray, groups: np.ndarray, cap: int, align: int, m_max: int) -> int:
+    """The fewest micro-batches per rank the largest group allows (`min_microbatches` per group:
+    a group shares one rank, so that rank needs at least that many); ValueError when some
+    group alone needs more than any rank can run."""
+    need = min_microbatches_per_group(lens, groups, cap)
+    g = int(np.argmax(need))
+    m = round_up(int(need[g]), align)
+    if m > m_max:
+        members = np.flatnonzero(groups == g)
+        raise ValueError(
+            f"the group of sample {int(members[0])} ({members.size} samples, "
+            f"{int(lens[members].sum())} tokens) needs at least {int(need[g])} micro-batches of "
+            f"at most {cap} tokens on its rank, but every rank must run the same number and "
+            f"{lens.size} samples over the ranks allow at most {m_max}: raise "
+            f"max_tokens_per_microbatch, lower dp_size or align, or split the group"
+        )
+    return m
+
+
+def round_up(x: int, multiple: int) -> int:
+    return -(-x // multiple) * multiple
+
+
+def lower_bound(
+    cost: Cost,
+    lengths: np.ndarray,
+    cap: int,
+    dp: int,
+    *,
+    order: np.ndarray | None = None,
+    sample_costs: np.ndarray | None = None,
+) -> float:
+    """max(Σ cost of micro-batches filled to the cap / dp, costliest single sample).
+
+    For a separable cost (a calibrated model) a true bound instead
+    (`_separable_lower_bound`): its token curve need not be cheapest per token at the cap.
+    "Filled to the cap": samples, longest first, laid end to end and cut every ``cap``
+    tokens (a sample belongs to the micro-batch where it starts; longer than the cap, it is
+    alone). That is the fewest micro-batches the tokens allow, each as full as it can be:
+    what a schedule pays if splitting to balance wasted nothing. ``order`` (longest first)
+    and, for an additive cost, ``sample_costs`` save recomputing them.
+    """
+    n = lengths.size
+    if n == 0:
+        return 0.0
+    over = lengths > cap
+    n_over = int(over.sum())
+    if cost.separable and min(cap, int(lengths[~over].sum())) <= _SEPARABLE_BOUND_MAX_T:
+        desc = lengths[order] if order is not None else np.sort(lengths)[::-1]
+        return _separable_lower_bound(cost, desc, cap, dp)
+    if cost.additive:
+        s = cost.sample_costs(lengths) if sample_costs is None else sample_costs
+        n_bins = n_over + -(-int(lengths[~over].sum()) // cap)
+        fixed = getattr(cost, "fixed", 0.0)
+        total = math.fsum(s.tolist()) + fixed * n_bins
+        return max(total / dp, fixed + float(s.max()))
+    if order is None:
+        order = np.lexsort((np.arange(n), -lengths))
+    lo = lengths[order]
+    fits = lo[n_over:]  # longest first: the oversized ones lead
+    starts = np.cumsum(fits) - fits
+    bins = np.concatenate([np.arange(n_over), n_over + starts // cap])
+    offsets = np.concatenate([[0], np.cumsum(np.bincount(bins))]).astype(np.int64)
+    total = math.fsum(cost.evaluate(lo, offsets).tolist())
+    uniq = lo[np.r_[True, lo[1:] != lo[:-1]]]
+    single = float(cost.evaluate(uniq, np.arange(uniq.size + 1, dtype=np.int64)).max())
+    return max(total / dp, single)
+
+
+# The separable bound evaluates the token curve at every fill up to the cap (exact, so a
+# true bound); past this many tokens per micro-batch it falls back to the reference.
+_SEPARABLE_BOUND_MAX_T = 1 << 17
+
+
+def _separable_lower_bound(cost: Cost, desc: np.ndarray, cap: int, dp: int) -> float:
+    """A true lower bound for a separable cost (fixed + Σ sequence costs + token curve);
+    ``desc``: the lengths, longest first.
+
+    Every schedule pays the sequences' own costs, at least the fewest micro-batches' fixed
+    costs, each over-cap sample's token cost alone, and for the other tokens at least the
+    cheapest token cost per token the curve offers at any fill up to the cap (a calibrated
+    GPU curve has steps: on an H200 it can be cheapest per token well below the cap, so
+    the cap-filled reference is not a bound there). Reported only, never decided on, so
+    plain numpy sums.
+    """
+    over = desc > cap
+    fits = int(desc[~over].sum())
+    n_bins = int(over.sum()) + -(-fits // cap)
+    total = n_bins * cost.fixed_cost() + float(cost.sequence_costs(desc).sum())
+    if over.any():
+        total += float(cost.token_costs(desc[over].astype(np.float64)).sum())
+    if fits:
+        fill = np.arange(1, min(cap, fits) + 1, dtype=np.float64)
+        total += fits * float(np.min(cost.token_costs(fill) / fill))
+    uniq = desc[np.r_[True, desc[1:] != desc[:-1]]]
+    single = float(cost.evaluate(uniq, np.arange(uniq.size + 1, dtype=np.int64)).max())
+    return max(total / dp, single)
