@@ -192,3 +192,30 @@ def test_evaluate_schedule_takes_each_sample_exactly_once(microbatches, says):
 def test_cost_callables_that_fail_or_vanish_are_value_errors(cost, says):
     with pytest.raises(ValueError, match=says):
         build_schedule([5, 6], dp_size=1, max_tokens_per_microbatch=10, cost=cost)
+
+
+def test_min_num_microbatches_is_met_exactly_when_it_binds():
+    """Ranks scheduling their own samples agree on a count through it (verl's
+    same_micro_num_in_dp): this batch packs into 15 by itself, and asked for 16 it made 17
+    before (levelling failed at 16 and the count grew), so its rank ran one more
+    micro-batch than a rank that could make exactly 16."""
+    lengths = [2999, 2759, 260, 2686, 1817, 2525, 3075, 2430, 984, 4207, 2304, 1334, 2480,
+               1795, 2870, 3632, 2398, 2366, 1898, 3086, 1370, 1703, 2307, 1371]
+    counts = {}
+    for want in (None, 15, 16, 17, 24):
+        s = build_schedule(lengths, dp_size=1, max_tokens_per_microbatch=4247,
+                           min_num_microbatches=want)
+        counts[want] = len(s.microbatches[0])
+        assert max(s.microbatch_tokens[0]) <= 4247
+        assert sorted(i for mb in s.microbatches[0] for i in mb) == list(range(24))
+    assert counts == {None: 15, 15: 15, 16: 16, 17: 17, 24: 24}
+    rng = np.random.default_rng(0)
+    for _ in range(200):  # natural count + 1..3, exactly (21 of 11,471 missed before)
+        n, cap = int(rng.integers(4, 60)), int(rng.integers(50, 5000))
+        lens = rng.integers(1, cap + 1, n)
+        natural = len(build_schedule(lens, dp_size=1, max_tokens_per_microbatch=cap)
+                      .microbatches[0])
+        for want in range(natural + 1, min(natural + 3, n) + 1):
+            s = build_schedule(lens, dp_size=1, max_tokens_per_microbatch=cap,
+                               min_num_microbatches=want)
+            assert len(s.microbatches[0]) == want, (n, cap, natural, want)

@@ -209,7 +209,10 @@ def build_schedule(
         order: run order inside a rank: "none", "longest-first" or "pipeline".
         strict: raise instead of letting an over-cap sample sit alone.
         mode: "train" (forward + backward) or "forward", passed to cost models.
-        min_num_microbatches: at least this many micro-batches per rank.
+        min_num_microbatches: at least this many micro-batches per rank, and exactly this
+            many (rounded up to ``align``) whenever the cap needs no more and a packing into
+            that many is found: ranks that schedule their own samples use it to agree on one
+            count (verl's ``same_micro_num_in_dp``).
 
     Returns:
         A `Schedule`.
@@ -256,6 +259,11 @@ def build_schedule(
 
     by_length = np.lexsort((np.arange(n), -lens))  # longest first, ties by index
     m_start, short = _start_m(lens[by_length], dp, cap, m_lb, m_max, align)
+    # A binding min_num_microbatches is a count the caller must get (ranks agreeing on one):
+    # start there, and pack it tightly if levelling fails, before taking more.
+    exact = min_num_microbatches is not None and m_lb == round_up(min_m, align)
+    if exact and groups is None:
+        m_start = m_lb
     fill_tokens = min(cap, max(1, int(lens.sum()) // (dp * m_start)))
     s = cost_obj.marginal_costs(lens, fill_tokens)
     # The scale comes from an upper bound of every schedule's total cost: the marginal
@@ -280,7 +288,7 @@ def build_schedule(
 
     if groups is None:
         rank_of, bin_of, m, bin_q = _pack_and_assign(
-            lens, by_length, q, dp, m_lb, m_start, m_max, align, cap, cost_obj, scale
+            lens, by_length, q, dp, m_lb, m_start, m_max, align, cap, cost_obj, scale, exact
         )
     else:
         rank_of, bin_of, m = _place_groups(
@@ -360,9 +368,12 @@ def _pack_and_assign(
     cap: int,
     cost: Cost,
     scale: float,
+    exact: bool = False,
 ) -> tuple[np.ndarray, np.ndarray, int, np.ndarray]:
     """Pack by tokens into dp × m micro-batches (fewest m that works), then give each
     rank m of them balancing their true costs. Returns (rank_of, bin_of, m, bin costs).
+    ``exact``: ``m_start`` is a count the caller asked for; when levelling fails there,
+    best-fit packing is tried at that count too before growing.
 
     The search starts at ``m_start`` (a guess that leaves room for a level fill) and grows
     on failure. When the guess packs at once, fewer micro-batches are tried down to
@@ -389,7 +400,7 @@ def _pack_and_assign(
     while True:
         tried.append(m)
         bins, left = pack_tokens(lens, dp * m, cap, by_length)
-        if bins is None and m >= m_max:  # no more micro-batches allowed: a tighter packing
+        if bins is None and (m >= m_max or (exact and m == m_start)):  # a tighter packing
             bins = best_fit_pack(lens, dp * m, cap, by_length)
         if bins is not None:
             break
