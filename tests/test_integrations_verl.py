@@ -142,34 +142,40 @@ def test_rearrange_reads_nested_input_ids():
 
 
 _TWO_RANKS = """
+import json
 import sys
-import numpy as np
-import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 sys.path.insert(0, sys.argv[2])
 from tests.test_integrations_verl import _padded_batch
 from costmodel.integrations.verl import rearrange_micro_batches
 
-def run(rank, init):
+def run(rank, init, cases):
     dist.init_process_group("gloo", init_method=f"file://{init}", rank=rank, world_size=2)
-    lengths = [100] * 8 if rank == 0 else [900] * 8  # rank 1 needs 8 micro-batches of 1000
-    _, idx = rearrange_micro_batches(_padded_batch(lengths, 1000), 1000)
-    counts = [None, None]
-    dist.all_gather_object(counts, len(idx))
-    if rank == 0:
-        print("counts", counts)
+    for lengths, cap in cases:
+        try:
+            _, idx = rearrange_micro_batches(_padded_batch(lengths[rank], cap), cap)
+            outcome = len(idx)
+        except ValueError as exc:
+            outcome = "ValueError: " + str(exc)
+        outcomes = [None, None]
+        dist.all_gather_object(outcomes, outcome)
+        if rank == 0:
+            print(json.dumps(outcomes))
     dist.destroy_process_group()
 
 if __name__ == "__main__":
-    mp.spawn(run, nprocs=2, args=(sys.argv[1],))
+    mp.spawn(run, nprocs=2, args=(sys.argv[1], json.loads(sys.argv[3])))
 """
 
 
 def test_rearrange_agrees_on_the_count_across_a_dp_group(tmp_path):
-    """Two gloo ranks, one needing 1 micro-batch and one 8: both make 8 (verl's all-reduce
-    of the count, same_micro_num_in_dp=True)."""
+    """Two gloo ranks (verl's all-reduce of the count, same_micro_num_in_dp=True): one
+    needing 1 micro-batch and one 8 both make 8; a rank that packs 15 and is asked for 16
+    makes exactly 16 (it made 17 once, and the ranks ran different counts: a hang in
+    training); a rank that cannot make the count makes both ranks raise, none waits."""
     pytest.importorskip("torch.distributed")
+    import json
     import subprocess
     import sys
     from pathlib import Path
@@ -177,12 +183,31 @@ def test_rearrange_agrees_on_the_count_across_a_dp_group(tmp_path):
     root = Path(__file__).resolve().parents[1]
     script = tmp_path / "two_ranks.py"
     script.write_text(_TWO_RANKS)
+    tight = [2999, 2759, 260, 2686, 1817, 2525, 3075, 2430, 984, 4207, 2304, 1334, 2480, 1795,
+             2870, 3632, 2398, 2366, 1898, 3086, 1370, 1703, 2307, 1371]
+    cases = [
+        ([[100] * 8, [900] * 8], 1000),
+        ([tight, [4247] * 16], 4247),
+        ([[100] * 2, [900] * 8], 1000),  # rank 0 has 2 samples, rank 1 needs 8
+    ]
     res = subprocess.run(
-        [sys.executable, str(script), str(tmp_path / "init"), str(root)],
+        [sys.executable, str(script), str(tmp_path / "init"), str(root), json.dumps(cases)],
         capture_output=True, text=True, timeout=120,
     )
     assert res.returncode == 0, res.stderr[-2000:]
-    assert "counts [8, 8]" in res.stdout
+    basic, tight_case, short = (json.loads(line) for line in res.stdout.splitlines())
+    assert basic == [8, 8]
+    assert tight_case == [16, 16]
+    assert all(o.startswith("ValueError: same_micro_num_in_dp") for o in short), short
+    assert "cannot make 8 micro-batches" in short[0]
+
+
+def test_rearrange_refuses_force_group_size():
+    batch = _padded_batch([3, 5, 2, 4], 8)
+    with pytest.raises(ValueError, match="force_group_size=2.*verl's own"):
+        rearrange_micro_batches(batch, 8, same_micro_num_in_dp=False, force_group_size=2)
+    _, idx = rearrange_micro_batches(batch, 8, same_micro_num_in_dp=False, force_group_size=1)
+    assert sorted(i for mb in idx for i in mb) == [0, 1, 2, 3]
 
 
 def test_rearrange_takes_a_plain_dict_and_names_a_batch_without_a_mask():

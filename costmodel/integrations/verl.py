@@ -4,14 +4,16 @@
   contract as verl's (k lists of indices, each sorted, none empty; Karmarkar-Karp), with a
   ValueError instead of an assertion on bad input.
 - `rearrange_micro_batches(batch, max_token_len, dp_group=None, num_batches_divided_by=None,
-  same_micro_num_in_dp=True, min_num_micro_batch=None, use_dynamic_bsz_balance=True)`:
+  same_micro_num_in_dp=True, min_num_micro_batch=None, use_dynamic_bsz_balance=True,
+  force_group_size=1)`:
   verl's signature and return value ``(micro_batches, micro_bsz_idx)``, where ``batch`` is
   the TensorDict verl passes (lengths from its ``attention_mask``, or the offsets of a
   nested ``input_ids``). Where verl splits the batch into ``ceil(Σ L / max_token_len)``
   partitions balanced by a workload proxy (which can exceed the token cap), this packs
   under the cap with `costmodel.scheduler.build_schedule`, balancing the chosen cost, so it
   may make more micro-batches; with ``same_micro_num_in_dp`` the ranks of ``dp_group``
-  agree on the largest count (an all-reduce, as verl does).
+  agree on the largest count (an all-reduce, as verl does, repeated until every rank has
+  it). ``force_group_size`` > 1 is refused.
 - `balanced_micro_batches(seq_lengths, max_token_len, ...)`: the same on a plain list of
   lengths, and with ``dp_size > 1`` it schedules the whole batch over the ranks at once (no
   all-reduce needed: every rank gets the same count).
@@ -84,6 +86,7 @@ def rearrange_micro_batches(
     same_micro_num_in_dp: bool = True,
     min_num_micro_batch: int | None = None,
     use_dynamic_bsz_balance: bool = True,
+    force_group_size: int = 1,
     *,
     cost: Any = None,
     spec: Any = None,
@@ -100,6 +103,8 @@ def rearrange_micro_batches(
             ``dp_group`` makes as many micro-batches as the rank that needs the most.
         min_num_micro_batch: at least this many micro-batches.
         use_dynamic_bsz_balance: cheap micro-batches at both ends of the run order.
+        force_group_size: 1 (verl's default); larger (groups of rows kept in one
+            micro-batch) is refused with a ValueError.
         cost, spec: what to balance (keyword-only extensions; default verl's workload).
 
     Returns:
@@ -107,6 +112,12 @@ def rearrange_micro_batches(
         indices into ``batch``, in run order (verl's `get_reverse_idx` of the flattened
         indices restores the original order).
     """
+    if force_group_size != 1:
+        raise ValueError(
+            f"force_group_size={force_group_size!r}: keeping groups of rows together in one "
+            "micro-batch is not supported by this drop-in; use verl's own "
+            "rearrange_micro_batches for it"
+        )
     lengths = _effective_lengths(batch)
     kwargs = dict(num_batches_divided_by=num_batches_divided_by,
                   use_dynamic_bsz_balance=use_dynamic_bsz_balance, cost=cost, spec=spec)
@@ -114,12 +125,53 @@ def rearrange_micro_batches(
         lengths, max_token_len, min_num_micro_batch=min_num_micro_batch, **kwargs
     )
     if same_micro_num_in_dp:
-        most = _max_over_group(len(micro_bsz_idx), dp_group)
-        if most > len(micro_bsz_idx):
-            micro_bsz_idx, _ = balanced_micro_batches(
-                lengths, max_token_len, min_num_micro_batch=most, **kwargs
-            )
+
+        def reschedule(count: int) -> list[list[int]]:
+            return balanced_micro_batches(
+                lengths, max_token_len, min_num_micro_batch=count, **kwargs
+            )[0]
+
+        micro_bsz_idx = _agree_on_count(micro_bsz_idx, dp_group, reschedule)
     return [_select_rows(batch, idx) for idx in micro_bsz_idx], micro_bsz_idx
+
+
+# Rounds of all-reduce + reschedule before the ranks give up agreeing (each round the
+# largest count grows or every rank matches it; in practice one or two rounds).
+_AGREE_ROUNDS = 16
+
+
+def _agree_on_count(micro_bsz_idx: list, group: Any, reschedule) -> list:
+    """Make every rank of ``group`` run as many micro-batches as the one that needs the
+    most: a rank with fewer reschedules with that count as its minimum, until all agree.
+
+    The scheduler gives exactly the count asked for whenever it finds a packing, but that
+    is a heuristic, so it is checked, not assumed: every round all ranks learn the largest
+    and smallest count (and whether a rank failed) from one all-reduce, and so take the
+    same decision — none is left waiting in a collective the others skipped. A rank that
+    cannot reach the count (fewer samples than micro-batches) makes every rank raise.
+    """
+    count = len(micro_bsz_idx)
+    failed: Exception | None = None
+    for _ in range(_AGREE_ROUNDS):
+        most, fewest, any_failed = _count_extremes(count, failed is not None, group)
+        if any_failed:
+            raise ValueError(
+                f"same_micro_num_in_dp: a rank of the data-parallel group cannot make {most} "
+                f"micro-batches (this rank: {failed or f'{count}, fine'}); give every rank "
+                "enough samples, raise max_token_len, or set same_micro_num_in_dp=False"
+            ) from failed
+        if most == fewest:
+            return micro_bsz_idx
+        if count < most:
+            try:
+                micro_bsz_idx = reschedule(most)
+                count = len(micro_bsz_idx)
+            except ValueError as exc:  # reported to every rank in the next round
+                failed = exc
+    raise RuntimeError(
+        f"same_micro_num_in_dp: the ranks did not agree on a micro-batch count in "
+        f"{_AGREE_ROUNDS} rounds (this rank: {count}); set same_micro_num_in_dp=False"
+    )
 
 
 def _effective_lengths(batch: Any) -> np.ndarray:
@@ -158,22 +210,23 @@ def _select_rows(batch: Any, idx: list[int]) -> Any:
     return index_select_tensor_dict(batch, idx)
 
 
-def _max_over_group(count: int, group: Any) -> int:
-    """The largest ``count`` over the ranks of ``group`` (this rank's own without
-    torch.distributed)."""
+def _count_extremes(count: int, failed: bool, group: Any) -> tuple[int, int, bool]:
+    """(largest count, smallest count, whether any rank failed) over the ranks of
+    ``group``, from one all-reduce (this rank's own without torch.distributed)."""
     try:
         import torch
         import torch.distributed as dist
     except ImportError:
-        return count
+        return count, count, failed
     if not dist.is_available() or not dist.is_initialized():
-        return count
+        return count, count, failed
     device = "cpu"
     if dist.get_backend(group) == "nccl":
         device = torch.device("cuda", torch.cuda.current_device())
-    t = torch.tensor([count], dtype=torch.int64, device=device)
+    t = torch.tensor([count, -count, int(failed)], dtype=torch.int64, device=device)
     dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
-    return int(t.item())
+    most, neg_fewest, any_failed = t.tolist()
+    return most, -neg_fewest, bool(any_failed)
 
 
 def balanced_micro_batches(
