@@ -202,14 +202,29 @@ def test_errors():
         )
     with pytest.raises(ValueError, match="rollout_indices has 2 entries"):
         build_dp_schedule(args, config(), [10] * 8, global_batch_size=8, rollout_indices=[0, 1])
-    with pytest.raises(ValueError, match="missing"):
+    no_shape = dict(use_dynamic_batch_size=True, max_tokens_per_gpu=100)
+    with pytest.raises(ValueError, match="missing"):  # FLOPs asked for, and no model shape
         build_dp_schedule(
-            SimpleNamespace(use_dynamic_batch_size=True, max_tokens_per_gpu=100, balance_data=True),
+            SimpleNamespace(**no_shape, balance_by_flops=True),
             config(dp=2),
             [10] * 8,
             global_batch_size=8,
             rollout_indices=list(range(8)),
         )
+
+
+def test_balance_data_without_a_model_shape_balances_tokens(caplog):
+    """slime balanced `balance_data` by tokens in some releases: args without Megatron's
+    model fields still schedule (they raised "missing"), balanced by tokens, with a warning."""
+    args = SimpleNamespace(use_dynamic_batch_size=True, max_tokens_per_gpu=100, balance_data=True)
+    lengths = [90, 10, 80, 20, 70, 30, 60, 40]
+    with caplog.at_level("WARNING"):
+        parts, mbs, nmb, gbs = build_dp_schedule(
+            args, config(dp=2), lengths, global_batch_size=8, rollout_indices=list(range(8))
+        )
+    assert "balancing tokens" in caplog.text
+    assert sorted(i for p in parts for i in p) == list(range(8))
+    assert [sum(lengths[i] for i in p) for p in parts] == [200, 200]
 
 
 @pytest.mark.parametrize("cfg, flags, ids, says", [

@@ -28,10 +28,12 @@ Differences from slime, all on purpose:
 
 - with dynamic batch size and any balancing flag (``balance_data``, ``balance_by_flops``
   or ``cost_model``), `costmodel.scheduler.build_schedule` packs and distributes: by the
-  cost model if ``cost_model`` is set, else by exact analytic FLOPs. slime packs first fit
-  and then balances whole micro-batches over ranks only with ``balance_data``; its
-  ``balance_by_flops`` splits samples into micro-batches by FLOPs and can break the token
-  cap, and without ``balance_data`` it deals those micro-batches out strided. Here the cap
+  cost model if ``cost_model`` is set, else by exact analytic FLOPs (``balance_data``
+  alone, with no model shape on ``args``: by tokens, with a warning). slime packs first fit
+  and then balances whole micro-batches over ranks only with ``balance_data`` (by FLOPs or
+  by tokens, depending on the release); some releases' ``balance_by_flops`` splits samples
+  into micro-batches by FLOPs and can break the token cap, and without ``balance_data``
+  slime deals the micro-batches out strided. Here the cap
   always holds (a single sample longer than it sits alone, as in slime) and the ranks are
   always balanced;
 - with fixed-size micro-batches, ``balance_by_flops`` (or ``cost_model``) alone also
@@ -91,7 +93,15 @@ def _resolve_cost(args: Any) -> tuple[Any, Any, bool]:
         model = cached_cost_model(cost_model, spec=spec, allow_other_shape=allow)
         return model, spec, balance
     if balance:
-        return "flops", _spec_from_args(args), balance
+        try:
+            return "flops", _spec_from_args(args), balance
+        except ValueError as err:
+            if getattr(args, "balance_by_flops", False):
+                raise
+            # balance_data alone: slime balanced it by tokens in some releases, by FLOPs in
+            # others; without the model shape on args, tokens it is (never an error).
+            logger.warning("balance_data: model shape not on args (%s); balancing tokens", err)
+            return "tokens", None, balance
     return "tokens", None, balance
 
 
