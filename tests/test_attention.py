@@ -435,3 +435,54 @@ def test_wide_backward_candidates_match_reference(poisoned, load_benchmark, cand
     configs = {"dkdv": bench._config("dkdv", cand), "dq": bench._config("dq", (128, 64, 8, 2, 0, 64))}
     got = _run_triton(q, k, v, do, cu, max(lengths), configs)
     _check(got, _reference(q, k, v, do, cu), 1e-2 if CUDA else 1e-5)
+
+
+# ---------------------------------------------------------- found by a bad-input sweep
+def test_strided_cu_seqlens_is_refused_or_made_dense():
+    """A strided cu_seqlens view passed validation (values read through the strides) and the
+    kernel read the memory under it: rows of 1e37 and NaN, or an abort."""
+    q, k, v, _ = _inputs([5, 1, 9], 2, 1, 64, torch.float32, seed=4)
+    cu = torch.tensor([0, 0, 5, 5, 6, 6, 15], dtype=torch.int32, device=DEVICE)[::2]
+    for backend in ("triton", "sdpa"):
+        with pytest.raises(ValueError, match="cu_seqlens must be contiguous"):
+            attn.get_attention(backend)(q, k, v, cu, 9)
+    out = ta.flash_attn_varlen(q, k, v, cu, 9)  # the kernel entry point makes it dense
+    assert _rel_err(out.detach(), attn.attention_reference(q, k, v, cu.contiguous())) < 1e-2
+
+
+def test_future_keys_never_leak_into_the_causal_softmax():
+    """The mask was an additive -1e6: a future score above 1e6 won the max (out[0] = -5,
+    not 1), and a NaN future key made every earlier row NaN."""
+    q, k, v = (torch.zeros(2, 1, 64, device=DEVICE) for _ in range(3))
+    q[0, 0, 0] = k[1, 0, 0] = 3000.0
+    v[0], v[1] = 1.0, -5.0
+    cu = _cu([2])
+    assert ta.flash_attn_varlen(q, k, v, cu, 2)[0, 0, 0].item() == pytest.approx(1.0)
+    q, k, v, _ = _inputs([40], 2, 1, 64, torch.float32, seed=6)
+    k = k.detach().clone()
+    k[35] = float("nan")
+    with torch.no_grad():
+        out = ta.flash_attn_varlen(q, k, v, _cu([40]), 40, configs=SMALL_BLOCKS)
+    assert torch.isfinite(out[:35]).all() and not torch.isfinite(out[35:]).all()
+
+
+def test_double_backward_is_refused_not_silently_zero():
+    """With create_graph=True the returned dq had no graph: a gradient penalty on it was
+    silently dropped (45% off against float64)."""
+    q, k, v, _ = _inputs([9], 2, 1, 64, torch.float32, seed=8)
+    out = ta.flash_attn_varlen(q, k, v, _cu([9]), 9)
+    with pytest.raises(RuntimeError, match="double backward"):
+        torch.autograd.grad(out.sum(), q, create_graph=True)
+
+
+@pytest.mark.parametrize(("call", "says"), [
+    (lambda q, k, v, cu: attn.get_attention("sdpa")(q, k, v, [0, 9], 9), "cu_seqlens must be a"),
+    (lambda q, k, v, cu: attn.get_attention("sdpa")(q, k, v, cu, None), "max_seqlen must be"),
+    (lambda q, k, v, cu: attn.get_attention("sdpa")(q, k, v, cu, float("inf")), "max_seqlen"),
+    (lambda q, k, v, cu: attn.attention_reference(q, k, v, cu[:2] * 0 + cu[1] - 1), "start at 0"),
+    (lambda q, k, v, cu: attn.attention_reference(q, k, v, cu - 1), "start at 0"),
+])
+def test_unclear_errors_became_value_errors(call, says):
+    q, k, v, _ = _inputs([9], 2, 1, 64, torch.float32, seed=9)
+    with pytest.raises(ValueError, match=says):
+        call(q, k, v, _cu([9]))

@@ -259,3 +259,17 @@ def test_bench_mlp_plumbing_with_a_fake_timer(load_benchmark):
 def test_bench_mlp_without_gpu_says_so(capsys, load_benchmark):
     assert load_benchmark("bench_mlp").main(["--quick", "--no-json"]) == 2
     assert "needs a CUDA GPU" in capsys.readouterr().err
+
+
+def test_fused_swiglu_edge_shapes_and_double_backward():
+    """Zero rows: autograd hands a (0, 0)-strided gradient, which failed the unit-stride
+    check. A zero feature dim was a reshape error. A double backward silently dropped the
+    term built on the gradient; it is refused now."""
+    x = torch.randn(0, 8, device=DEV, requires_grad=True)
+    swiglu_fused(x).sum().backward()
+    assert x.grad.shape == (0, 8)
+    with pytest.raises(ValueError, match="even and positive"):
+        swiglu_fused(torch.randn(3, 0, device=DEV))
+    x = torch.randn(4, 8, device=DEV, requires_grad=True)
+    with pytest.raises(RuntimeError, match="double backward"):
+        torch.autograd.grad(swiglu_fused(x).sum(), x, create_graph=True)

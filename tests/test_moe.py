@@ -180,3 +180,14 @@ def test_grouped_gemm_probe_is_not_fooled_by_no_grad(monkeypatch):
         under_inference = grouped_gemm_available("cpu", torch.float32)
     monkeypatch.setattr(moe_mod, "_GROUPED_MM_OK", {})
     assert under_no_grad == under_inference == grouped_gemm_available("cpu", torch.float32)
+
+
+@pytest.mark.parametrize("offsets", [[4, 6, 10], [8, 4, 12], [-2, 6, 12]])
+def test_grouped_linear_refuses_offsets_that_do_not_tile_the_rows(offsets):
+    """The loop and grouped-GEMM paths read such offsets differently (10, 16 or 6 rows
+    against 12): refused now."""
+    x, w = torch.randn(12, 8, device=DEV), torch.randn(3, 4, 8, device=DEV)
+    with pytest.raises(ValueError, match="non-decreasing row ends from 0 to the 12 rows"):
+        grouped_linear(x, w, torch.tensor(offsets, dtype=torch.int32, device=DEV), impl="loop")
+    with pytest.raises(ValueError, match="int32 or int64"):
+        grouped_linear(x, w, torch.tensor(offsets, dtype=torch.float32, device=DEV), impl="loop")

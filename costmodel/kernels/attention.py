@@ -34,6 +34,7 @@ import math
 import os
 from collections.abc import Callable
 
+import numpy as np
 import torch
 
 from costmodel.kernels import ATTENTION_BACKENDS  # the names, torch-free
@@ -81,6 +82,9 @@ def validate_attention_inputs(
             raise ValueError(
                 f"{name} must be 3-D (total_tokens, heads, head_dim), got shape {tuple(t.shape)}"
             )
+    if not isinstance(cu_seqlens, torch.Tensor):
+        raise ValueError(f"cu_seqlens must be a torch.Tensor of int32 offsets, got "
+                         f"{type(cu_seqlens).__name__}")
     if not (q.dtype == k.dtype == v.dtype):
         raise ValueError(f"q, k, v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
     if q.dtype not in dtypes:
@@ -122,7 +126,13 @@ def validate_cu_seqlens(
         raise ValueError(f"cu_seqlens must be int32, got {cu_seqlens.dtype}")
     if cu_seqlens.numel() < 2:
         raise ValueError("cu_seqlens must hold at least 2 offsets (one sequence)")
-    if isinstance(max_seqlen, torch.Tensor) or int(max_seqlen) != max_seqlen or max_seqlen < 1:
+    # Kernels read the offsets as a dense array: a strided view would be read as the memory
+    # under it (garbage rows, or a crash), whatever its values say.
+    if not cu_seqlens.is_contiguous():
+        raise ValueError("cu_seqlens must be contiguous (a strided view was given): pass "
+                         "cu_seqlens.contiguous()")
+    if (not isinstance(max_seqlen, (int, np.integer)) or isinstance(max_seqlen, bool)
+            or max_seqlen < 1):
         raise ValueError(f"max_seqlen must be a positive Python int, got {max_seqlen!r}")
     if not check_values:
         return
@@ -157,7 +167,8 @@ def attention_reference(
     Inputs of any float dtype are promoted to float64; the result is float64. Explicit
     per-sequence softmax(QKᵀ·scale + causal mask)·V, with KV heads expanded per group.
     """
-    del max_seqlen  # the reference reads the lengths from cu_seqlens
+    total = q.shape[0]
+    validate_cu_seqlens(cu_seqlens, total if max_seqlen is None else max_seqlen, total)
     num_heads, head_dim = q.shape[1], q.shape[2]
     group = num_heads // k.shape[1]
     scale = 1.0 / math.sqrt(head_dim) if scale is None else scale

@@ -162,6 +162,8 @@ def grouped_linear(
     if offsets.shape != (w.shape[0],):
         raise ValueError(f"offsets must have one entry per expert ({w.shape[0]}), got "
                          f"{tuple(offsets.shape)}")
+    if offsets.dtype not in (torch.int32, torch.int64):
+        raise ValueError(f"offsets must be int32 or int64 row ends, got {offsets.dtype}")
     if impl != "loop":
         # grouped_mm wants every row stride 16-byte aligned.
         align = 16 // x.element_size()
@@ -175,8 +177,12 @@ def grouped_linear(
             )
         if usable:
             # w[e]ᵀ as a transposed view: the (E, in, out) column-major layout cuBLAS wants.
-            return _grouped_mm_fn()(x.contiguous(), w.transpose(-2, -1), offs=offsets)
-    ends = offsets.tolist()
+            offs = offsets.to(torch.int32)  # what grouped_mm takes
+            return _grouped_mm_fn()(x.contiguous(), w.transpose(-2, -1), offs=offs)
+    ends = offsets.tolist()  # checked here, where they are read anyway (the loop's host read)
+    if any(b < a for a, b in zip([0, *ends], ends)) or ends[-1:] != [x.shape[0]]:
+        raise ValueError(f"offsets must be non-decreasing row ends from 0 to the {x.shape[0]} "
+                         f"rows of x, got {ends[:8]}{'...' if len(ends) > 8 else ''}")
     outs, start = [], 0
     for e, end in enumerate(ends):
         if end > start:

@@ -42,6 +42,8 @@ import torch
 import triton
 import triton.language as tl
 
+from costmodel.kernels.double_backward import refuse_double_backward
+
 try:  # triton >= 2.1 (checked against 3.6 and 3.9)
     from triton.runtime.errors import OutOfResources
 except ImportError:  # older layouts re-export it from triton.runtime
@@ -250,9 +252,10 @@ def _fwd_inner(
         qk = tl.dot(q, k)
         if ON_BAND:
             # Causal mask. Keys past the sequence end are masked too (col > every valid row).
-            # An additive -1e6, not -inf: a row whose keys are all masked in this block keeps
-            # a finite max from the earlier blocks (key 0 is always in the first one).
-            qk = qk * qk_scale + tl.where(offs_m[:, None] >= cols[None, :], 0.0, -1.0e6)
+            # -inf, selected (not added): a future key can neither win the max nor carry a
+            # NaN into it. Every row's max stays finite: the first on-band block holds the
+            # row's own diagonal key or earlier ones, and off-band blocks come before it.
+            qk = tl.where(offs_m[:, None] >= cols[None, :], qk * qk_scale, float("-inf"))
             m_ij = tl.maximum(m_i, tl.max(qk, 1))
             qk = qk - m_ij[:, None]
         else:
@@ -850,6 +853,7 @@ class _FlashAttnVarlen(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, do):
+        refuse_double_backward("triton attention")
         q, k, v, o, lse, cu_seqlens = ctx.saved_tensors
         dq, dk, dv = _backward(
             do, q, k, v, o, lse, cu_seqlens, ctx.max_seqlen, ctx.sm_scale, ctx.configs
@@ -875,6 +879,7 @@ def flash_attn_varlen(
     small blocks to exercise the multi-block paths at tiny lengths).
     """
     q, k, v = _unit_last(q), _unit_last(k), _unit_last(v)
+    cu_seqlens = cu_seqlens.contiguous()  # the kernels index it as a dense array
     max_seqlen = int(max_seqlen)
     _check_launch_limits(q, k, v, cu_seqlens.numel() - 1, max_seqlen)
     sm_scale = 1.0 / math.sqrt(q.shape[-1]) if sm_scale is None else float(sm_scale)

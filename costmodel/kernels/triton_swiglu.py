@@ -30,6 +30,8 @@ import torch
 import triton
 import triton.language as tl
 
+from costmodel.kernels.double_backward import refuse_double_backward
+
 __all__ = [
     "swiglu",
     "swiglu_backward",
@@ -227,6 +229,8 @@ def swiglu_backward(
 def _as_rows(t: torch.Tensor) -> torch.Tensor:
     """Flatten leading dims to rows, keeping a unit feature stride (copy only if needed)."""
     t2 = t.reshape(-1, t.shape[-1])
+    if t2.numel() == 0:  # no rows: its strides may be anything (autograd hands (0, 0))
+        return t2.new_empty(t2.shape)
     if t2.shape[1] > 1 and t2.stride(1) != 1:
         t2 = t2.contiguous()
     return t2
@@ -248,6 +252,7 @@ class _SwiGLUFusedFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dout: torch.Tensor) -> torch.Tensor:
+        refuse_double_backward("triton swiglu")
         (gu,) = ctx.saved_tensors
         f = gu.shape[1] // 2
         do = _as_rows(dout)
@@ -270,6 +275,7 @@ class _SwiGLUFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dout: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        refuse_double_backward("triton swiglu")
         g, u = ctx.saved_tensors
         dg, du = swiglu_backward(_as_rows(dout), g, u)
         shape = (*ctx.lead, g.shape[1])
@@ -283,8 +289,9 @@ def swiglu_fused(gate_up: torch.Tensor) -> torch.Tensor:
     """
     if not isinstance(gate_up, torch.Tensor) or gate_up.dim() < 1:
         raise ValueError("gate_up must be a tensor with a feature dim")
-    if gate_up.shape[-1] % 2 != 0:
-        raise ValueError(f"gate_up's last dim must be even (gate then up), got {gate_up.shape[-1]}")
+    if gate_up.shape[-1] % 2 != 0 or gate_up.shape[-1] == 0:
+        raise ValueError(f"gate_up's last dim must be even and positive (gate then up), got "
+                         f"{gate_up.shape[-1]}")
     return _SwiGLUFusedFunction.apply(gate_up)
 
 
@@ -295,4 +302,6 @@ def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     if gate.shape != up.shape:
         raise ValueError(f"gate and up must have the same shape, got {tuple(gate.shape)}, "
                          f"{tuple(up.shape)}")
+    if gate.dim() < 1 or gate.shape[-1] == 0:
+        raise ValueError(f"gate and up need a positive feature dim, got shape {tuple(gate.shape)}")
     return _SwiGLUFunction.apply(gate, up)
