@@ -5,7 +5,7 @@ GQA 32 query / 8 KV heads, head dim 128, bf16; forward and forward+backward time
 triton.testing.do_bench (median of reps, L2 flushed between reps, CUDA events; launch gaps
 included). Prints a table, optionally writes JSON with provenance.
 
-    python benchmarks/bench_attention.py --json benchmarks/results/attention_h200.json
+    python benchmarks/bench_attention.py --json benchmarks/results/bench_attention_h200.json
     python benchmarks/bench_attention.py --quick          # 3 lengths, shorter reps
     python benchmarks/bench_attention.py --tune           # time candidate kernel configs
     python benchmarks/bench_attention.py --tune-first     # tune the backward at L=8k, then

@@ -17,8 +17,8 @@ All are judged by the same cost: the registry estimate for Qwen3-8B on an H200
 fixed cost per micro-batch (the script says which), or with ``--cost-model`` a measured
 profile such as ``h200/qwen3-8b``. Reported: predicted makespan over
 `costmodel.scheduler.lower_bound` (a true bound for both: see its docstring), max/mean of
-the rank costs, micro-batches over the cap, wall time (best of a few runs, one process,
-numpy single-threaded) and peak memory (tracemalloc, a separate run), with ours as a
+the rank costs, micro-batches over the cap, wall time (best of a few runs, one process;
+the thread count is not pinned) and peak memory (tracemalloc, a separate run), with ours as a
 ratio to the baseline. Targets (issue 3), where there are at least 32 samples per rank:
 max/mean <= 1.005, makespan within 1% of the lower bound, no cap violation; n=8192 with
 dp=64 under 10 ms and n=65536 under 100 ms (an extra n=8192 row is timed for that).

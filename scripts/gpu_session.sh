@@ -15,7 +15,8 @@
 # STEPS picks and orders a subset, e.g. STEPS="bench_schedule pytest" with CAL=<a shipped
 # profile> for a session that only needs those. At most 8 files come back from $OUT, so
 # only these are written there: session.log, $MODEL.json (+ .partial.json on failure),
-# $MODEL.png, pytest-gpu.xml, bench_attention.json, bench_mlp.json, bench_schedule.json.
+# $MODEL.png, pytest-gpu.xml, bench_attention.json, bench_mlp.json, bench_schedule.json,
+# qwen3-30b-a3b.json; past 8, all but the log and $MODEL.json go into results.tgz.
 # Every step has a timeout (SIGINT first, so Python saves what it can), the whole script
 # skips steps past LIMIT_S, and a failing step never stops the next. Everything goes
 # under "$OUT" (default ./out) with a log: session.log.
@@ -28,6 +29,10 @@
 # Run it as: PYTHON=python3 LIMIT_S=460 OUT=$OUT bash scripts/gpu_session.sh
 # (the device's timeout_s about 20 s above LIMIT_S).
 set -u -o pipefail
+if (( $# > 0 )); then  # it takes no arguments: say how to run it instead of starting a session
+  sed -n '2,/^set -u/p' "$0" | sed '$d'
+  exit 2
+fi
 cd "$(dirname "$0")/.."
 OUT="${OUT:-out}"
 mkdir -p "$OUT"

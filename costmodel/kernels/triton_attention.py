@@ -68,7 +68,7 @@ _GRID_YZ_MAX = 65535  # CUDA limit on grid dims y and z (heads, sequences)
 # with 4 warps, spills 816 B at d=128, the same tile with 8 warps 16 B.
 # Measured on the H200 (benchmarks/results/bench_attention_h200.json): with these first
 # choices the backward takes 6.3-7.0x the forward for L >= 4k (flash attention's FLOPs
-# say 2.5x, torch's varlen kernel takes 2.6-2.7x): the dk/dv and dq tiles come first.
+# say 2.5x, torch's varlen kernel takes 2.5-2.7x): the dk/dv and dq tiles come first.
 # A likely cause, seen in the AOT build (`--aot` prints each build's wgmma widths): the d=128
 # dk/dv first choice runs its Sᵀ and dPᵀ dots as m64n16 wgmmas (8 warps over a 64x32 tile),
 # n8 across the diagonal; the tuning candidates with 128-row K/V blocks run n32-n64.
