@@ -24,6 +24,8 @@ __all__ = ["assign_bins", "best_fit_pack", "pack_tokens"]
 _BIG = np.iinfo(np.int64).max
 # Up to this many micro-batches per rank, ranks are balanced with Karmarkar-Karp.
 _KK_MAX_ROUNDS = 64
+# At most about this many rounds of level filling in `pack_tokens` (see there).
+_MAX_ROUNDS = 512
 
 
 def pack_tokens(
@@ -68,8 +70,22 @@ def pack_tokens(
     half = max(1, open_bins // 2)
     waiting: list[np.ndarray] = []
     pos = n_over + first
+    # Many short samples per micro-batch (a few micro-batches for thousands of samples):
+    # rounds of `half` would be thousands of numpy passes (0.5 s for 65k one-token samples
+    # in 4). Past _MAX_ROUNDS rounds, a round deals more samples than there are open
+    # micro-batches, snaking over them emptiest first (`_snake_round`).
+    step = max(half, -(-(n - pos) // _MAX_ROUNDS))
+    if 0 < open_bins < step:  # whole passes over the open micro-batches
+        step = -(-step // open_bins) * open_bins
     while pos < n:
-        c = min(half, n - pos)
+        c = min(step, n - pos)
+        if c > open_bins:
+            placed = np.arange(pos, pos + c)
+            ok = _snake_round(lo[pos : pos + c], placed, fill, key, bin_sorted, k, cap)
+            if not ok.all():
+                waiting.append(placed[~ok])
+            pos += c
+            continue
         sel = np.argpartition(key, c - 1)[:c] if c < open_bins else np.arange(k)[key != _BIG]
         sel = sel[np.argsort(key[sel])]
         chunk = lo[pos : pos + c]
@@ -102,6 +118,39 @@ def pack_tokens(
     bin_of = np.empty(n, dtype=np.int64)
     bin_of[order] = bin_sorted
     return bin_of, 0
+
+
+def _snake_round(
+    chunk: np.ndarray,
+    placed: np.ndarray,
+    fill: np.ndarray,
+    key: np.ndarray,
+    bin_sorted: np.ndarray,
+    k: int,
+    cap: int,
+) -> np.ndarray:
+    """Deal ``chunk`` (samples longest first, at sorted positions ``placed``) over the open
+    micro-batches, emptiest first, in passes that alternate direction (emptiest gets the
+    longest, then the shortest of the next pass, ...), which keeps fills level. A sample
+    that would overflow its micro-batch is left out (False in the result) and so are the
+    later ones dealt to that micro-batch (their running sums are larger still). Updates
+    ``fill``, ``key`` and ``bin_sorted`` in place."""
+    sel = np.flatnonzero(key != _BIG)
+    sel = sel[np.argsort(key[sel])]
+    width = sel.size
+    idx = np.arange(chunk.size)
+    row = idx // width
+    # A partial last pass goes emptiest first whatever its direction, or every round would
+    # hand the fullest micro-batches one sample more.
+    reverse = (row % 2 == 1) & (row < chunk.size // width)
+    col = np.where(reverse, width - 1 - idx % width, idx % width)
+    dealt = np.zeros((row[-1] + 1, width), dtype=np.int64)
+    dealt[row, col] = chunk
+    ok = (fill[sel] + np.cumsum(dealt, axis=0))[row, col] <= cap
+    fill[sel] += np.bincount(col[ok], weights=chunk[ok], minlength=width).astype(np.int64)
+    key[sel] = fill[sel] * k + sel
+    bin_sorted[placed[ok]] = sel[col[ok]]
+    return ok
 
 
 def best_fit_pack(lengths: np.ndarray, k: int, cap: int, order: np.ndarray) -> np.ndarray | None:
