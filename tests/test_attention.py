@@ -486,3 +486,25 @@ def test_unclear_errors_became_value_errors(call, says):
     q, k, v, _ = _inputs([9], 2, 1, 64, torch.float32, seed=9)
     with pytest.raises(ValueError, match=says):
         call(q, k, v, _cu([9]))
+
+
+@pytest.mark.parametrize(("configs", "says"), [
+    ({"fwd": dict(BLOCK_M=32)}, "fwd config is missing 'BLOCK_N'"),
+    ({"fwd": dict(BLOCK_M=0, BLOCK_N=16)}, "fwd config key 'BLOCK_M' must be an int power of 2"),
+    ({"fwd": dict(BLOCK_M=48, BLOCK_N=16)}, "fwd config key 'BLOCK_M' must be an int power of 2"),
+    ({"fwd": dict(BLOCK_M=32, BLOCK_N=16.0)}, "fwd config key 'BLOCK_N' must be an int power of 2"),
+    ({"fw": dict(BLOCK_M=32, BLOCK_N=16)}, "unknown kernel 'fw'"),
+    ({"fwd": dict(BLOCK_M=32, BLOCK_N=16, BLOCK_K=16)}, "fwd config has an unknown key 'BLOCK_K'"),
+    ({"dq": dict(SMALL_BLOCKS["dq"], FUSE_DQ=1)}, "dq config has an unknown key 'FUSE_DQ'"),
+    ({"dkdv": dict(SMALL_BLOCKS["dkdv"], FUSE_DQ=2)}, "dkdv config key 'FUSE_DQ' must be 0 or 1"),
+    ({"dkdv": dict(SMALL_BLOCKS["dkdv"], num_warps=3)}, "dkdv config key 'num_warps'"),
+    ({"dq": dict(SMALL_BLOCKS["dq"], num_stages=0)}, "dq config key 'num_stages'"),
+    ({"dq": [32, 16, 16]}, "dq config must be a dict"),
+])
+def test_config_overrides_are_checked_before_any_launch(configs, says):
+    """A missing key was KeyError 'BLOCK_N', BLOCK_M=0 a ZeroDivisionError, a block of 48
+    an InterpreterError from tl.arange, an unknown kernel name or key silently ignored; a
+    bad backward override surfaced only at backward. Each is a ValueError at the call now."""
+    q, k, v, _ = _inputs([9], 2, 1, 64, torch.float32, seed=10)
+    with pytest.raises(ValueError, match=says):
+        ta.flash_attn_varlen(q, k, v, _cu([9]), 9, configs=configs)

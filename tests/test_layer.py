@@ -201,6 +201,82 @@ def test_lm_head_cross_entropy():
         head(x[:, :8], targets)
 
 
+# ---------------------------------------------------------- found by a bad-input sweep
+def test_apply_rotary_refuses_shapes_that_broadcast_wrongly():
+    """Nothing was checked: a 2-D x (5, 16) came back (5, 5, 16), an odd head dim paired the
+    wrong halves, and a one-row table rotated every token by position 0's angles."""
+    cos, sin = rotary_cos_sin(torch.arange(5), 16)
+    x = torch.randn(5, 2, 16)
+    with pytest.raises(ValueError, match="x must be \\(tokens, heads, head_dim\\)"):
+        apply_rotary(x[:, 0], cos, sin)
+    with pytest.raises(ValueError, match="even head_dim"):
+        apply_rotary(x[..., :15], cos[:, :15], sin[:, :15])
+    with pytest.raises(ValueError, match="cos and sin must be \\(tokens, head_dim\\) = \\(5, 8\\)"):
+        apply_rotary(x[..., :8], cos, sin)
+    with pytest.raises(ValueError, match="one row per token"):
+        apply_rotary(x, cos[:1], sin[:1])
+    with pytest.raises(ValueError, match="one row per token"):
+        apply_rotary(x, cos, sin[:4])
+    assert apply_rotary(x, cos, sin).shape == x.shape
+
+
+@pytest.mark.parametrize(("kw", "says"), [
+    ({"attention": "sdpa", "dtype": torch.float64}, "'sdpa' does not take torch.float64"),
+    ({"attention": "triton", "dtype": torch.float32}, "head dims \\[64, 128\\].*is 16"),
+])
+def test_layer_refuses_an_unusable_attention_at_construction(kw, says):
+    """float64, or a head dim the Triton kernel lacks, built fine and failed only at the
+    first forward."""
+    if kw["attention"] == "triton":
+        pytest.importorskip("triton")
+    with pytest.raises(ValueError, match=says):
+        TransformerLayer(SPECS["dense"], **kw)
+    layer = TransformerLayer(SPECS["dense"], attention="none", dtype=torch.float64)
+    x, cu, max_len = packed_inputs([3, 2], SPECS["dense"], dtype=torch.float64, seed=0)
+    assert layer(x, cu, max_len).dtype == torch.float64  # no attention core: any dtype
+
+
+def test_layer_and_head_take_a_preset_name():
+    """TransformerLayer("qwen3-8b") failed as "'str' object has no attribute 'is_moe'"."""
+    layer = TransformerLayer("qwen3-8b", attention="none", device="meta")
+    assert layer.spec == ModelSpec.from_preset("qwen3-8b") and layer.hidden_size == 4096
+    assert LMHead("qwen3-8b", device="meta").vocab_size == ModelSpec.from_preset("qwen3-8b").vocab_size
+    with pytest.raises(ValueError, match="neither a model preset"):
+        TransformerLayer("no-such-model", attention="none")
+
+
+def test_bad_cu_seqlens_without_value_checks_is_a_value_error():
+    """With check_values=False, offsets whose lengths do not add up to the tokens of x failed
+    as torch's "allocated size does not match required size"."""
+    layer = _layer("dense")
+    layer.check_values = False
+    x, _, _ = packed_inputs([3, 2], SPECS["dense"], dtype=torch.float32, seed=0)
+    for bad in ([0, 3, 7], [0, 3, 2]):
+        with pytest.raises(ValueError, match="cu_seqlens must increase from 0 to total_tokens=5"):
+            layer(x, torch.tensor(bad, dtype=torch.int32), 4)
+    with pytest.raises(ValueError, match="1-D tensor"):
+        positions_from_cu_seqlens(torch.tensor([5], dtype=torch.int32), 5)
+
+
+def test_lm_head_target_range_and_all_ignored_targets():
+    """A target outside the vocab was an IndexError; with every target -100 the loss was NaN
+    (mean over no tokens), which would poison a whole step's accumulated gradients."""
+    torch.manual_seed(9)
+    head = LMHead(SPECS["dense"], dtype=torch.float32)
+    x = torch.randn(4, 64, requires_grad=True)
+    for bad in (101, -5):
+        with pytest.raises(ValueError, match="targets\\[1\\] = " + str(bad)):
+            head(x, torch.tensor([0, bad, 2, 3]))
+    loss = head(x, torch.full((4,), -100))
+    assert loss.item() == 0.0
+    loss.backward()
+    assert torch.equal(x.grad, torch.zeros_like(x))
+    targets = torch.tensor([5, -100, 100, -100])
+    h = F.rms_norm(x.detach().double(), (64,), head.norm.detach().double(), 1e-6)
+    ref = F.cross_entropy(h @ head.weight.detach().double().T, targets)  # mean of the kept
+    torch.testing.assert_close(head(x, targets).double(), ref, rtol=1e-5, atol=1e-5)
+
+
 # ------------------------------------------------------------------------------------ GPU
 _GPU_BACKENDS = available_attention_backends() if torch.cuda.is_available() else []
 

@@ -273,3 +273,19 @@ def test_fused_swiglu_edge_shapes_and_double_backward():
     x = torch.randn(4, 8, device=DEV, requires_grad=True)
     with pytest.raises(RuntimeError, match="double backward"):
         torch.autograd.grad(swiglu_fused(x).sum(), x, create_graph=True)
+
+
+# ---------------------------------------------------------- found by a bad-input sweep
+def test_mlp_sizes_and_weight_lists_give_clear_errors():
+    """SwiGLUMLP('8', 8) was a TypeError on `<`; swiglu_mlp(x, [W], Wd) passed the checks
+    and failed as "not enough values to unpack"."""
+    with pytest.raises(ValueError, match="hidden_size must be an integer >= 1, got '8'"):
+        SwiGLUMLP("8", 8, activation="torch")
+    with pytest.raises(ValueError, match="intermediate_size must be an integer >= 1, got 8.5"):
+        SwiGLUMLP(8, 8.5, activation="torch")
+    x, w, wd = torch.randn(2, 8), torch.randn(16, 8), torch.randn(8, 8)
+    for wrapped in ([w], (w,), [w[:8], w[8:], w[:8]]):
+        with pytest.raises(ValueError, match="one \\[2F, H\\] tensor or a \\(w_gate, w_up\\) pair"):
+            swiglu_mlp(x, wrapped, wd, "torch")
+    torch.testing.assert_close(swiglu_mlp(x, [w[:8], w[8:]], wd, "torch"),
+                               swiglu_mlp(x, w, wd, "torch"))

@@ -191,3 +191,43 @@ def test_grouped_linear_refuses_offsets_that_do_not_tile_the_rows(offsets):
         grouped_linear(x, w, torch.tensor(offsets, dtype=torch.int32, device=DEV), impl="loop")
     with pytest.raises(ValueError, match="int32 or int64"):
         grouped_linear(x, w, torch.tensor(offsets, dtype=torch.float32, device=DEV), impl="loop")
+
+
+# ---------------------------------------------------------- found by a bad-input sweep
+def test_route_refuses_more_experts_per_token_than_experts():
+    """top_k > num_experts was torch's "selected index k out of range"; top_k=2.5 ran."""
+    x, w = torch.randn(4, 8), torch.randn(3, 8)
+    with pytest.raises(ValueError, match="top_k=4 > num_experts=3"):
+        route(x, w, 4)
+    with pytest.raises(ValueError, match="top_k must be an integer"):
+        route(x, w, 2.5)
+
+
+def test_group_by_expert_takes_int32_ids_and_refuses_out_of_range_ids():
+    """int32 ids (what many routers emit) raised a raw scatter dtype error; an id outside
+    [0, num_experts) a raw out-of-bounds RuntimeError."""
+    ids = torch.tensor([[2, 0], [0, 3], [2, 1], [3, 0]])
+    want = group_by_expert(ids, 5)
+    got = group_by_expert(ids.int(), 5)
+    assert all(torch.equal(a, b) for a, b in zip(got, want))
+    for bad in ([[0, 5]], [[-1, 0]]):
+        with pytest.raises(ValueError, match=r"expert_ids must lie in \[0, num_experts=5\)"):
+            group_by_expert(torch.tensor(bad), 5)
+    with pytest.raises(ValueError, match="int64 or int32"):
+        group_by_expert(ids.float(), 5)
+    with pytest.raises(ValueError, match="num_experts must be an integer"):
+        group_by_expert(ids, 5.0)
+
+
+@pytest.mark.parametrize(("args", "kw", "says"), [
+    ((-1, 4, 2, 8), {}, "hidden_size must be an integer >= 1, got -1"),
+    ((8, 4.0, 2, 8), {}, "num_experts must be an integer >= 1, got 4.0"),
+    ((8, 4, 2.5, 8), {}, "top_k must be an integer >= 1, got 2.5"),
+    ((8, 4, 2, "8"), {}, "moe_intermediate_size must be an integer"),
+    ((8, 4, 2, 8), {"shared_intermediate_size": -1}, "shared_intermediate_size"),
+])
+def test_moe_integer_arguments_are_checked(args, kw, says):
+    """-1 was a raw RuntimeError (negative dimension), 4.0 a TypeError deep in torch.empty,
+    and top_k=2.5 was silently truncated to 2."""
+    with pytest.raises(ValueError, match=says):
+        MoEMLP(*args, activation="torch", dtype=torch.float32, **kw)

@@ -41,6 +41,7 @@ from costmodel.kernels import ATTENTION_BACKENDS  # the names, torch-free
 
 __all__ = [
     "ATTENTION_BACKENDS",
+    "BACKEND_DTYPES",
     "TRITON_HEAD_DIMS",
     "AttentionFn",
     "attention_reference",
@@ -56,6 +57,14 @@ AttentionFn = Callable[..., torch.Tensor]
 TRITON_HEAD_DIMS: tuple[int, ...] = (64, 128)
 
 _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+#: Input dtypes each backend's adapter accepts (what a layer checks at construction).
+BACKEND_DTYPES: dict[str, tuple[torch.dtype, ...]] = {
+    "triton": _FLOAT_DTYPES,
+    "torch-varlen": _FLOAT_DTYPES,
+    "sdpa": _FLOAT_DTYPES,
+    "flash-attn": (torch.float16, torch.bfloat16),
+}
 
 
 # --------------------------------------------------------------------------- validation
@@ -303,7 +312,7 @@ def _flash_attn_attention(q, k, v, cu_seqlens, max_seqlen, *, check_values: bool
         v,
         cu_seqlens,
         max_seqlen,
-        dtypes=(torch.float16, torch.bfloat16),
+        dtypes=BACKEND_DTYPES["flash-attn"],
         check_values=check_values,
     )
     from flash_attn import flash_attn_varlen_func

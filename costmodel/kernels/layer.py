@@ -35,11 +35,15 @@ from torch import nn
 from costmodel.kernels.mlp import SwiGLUMLP, init_weight
 from costmodel.kernels.moe import MoEMLP
 from costmodel.kernels.rotary import apply_rotary, positions_from_cu_seqlens, rotary_cos_sin
+from costmodel.spec import as_spec
 
 __all__ = ["LMHead", "TransformerLayer", "packed_inputs"]
 
 #: RMSNorm epsilon (Qwen3/Llama use 1e-6/1e-5; it does not change the cost).
 RMS_EPS = 1e-6
+
+#: Target id the LM head's loss skips (F.cross_entropy's default ignore_index).
+IGNORE_INDEX = -100
 
 #: `attention=` value that skips the attention core (the o-projection consumes q).
 NO_ATTENTION = "none"
@@ -48,6 +52,20 @@ NO_ATTENTION = "none"
 def _default_activation(device) -> str:
     """The Triton activation on CUDA; torch's on CPU (Triton needs the interpreter there)."""
     return "triton" if device is not None and torch.device(device).type == "cuda" else "torch"
+
+
+def _check_attention_support(attention: str, dtype: torch.dtype, head_dim: int) -> None:
+    """At construction, what the backend would refuse only at the first forward."""
+    from costmodel.kernels.attention import BACKEND_DTYPES, TRITON_HEAD_DIMS
+
+    allowed = BACKEND_DTYPES[attention]
+    if dtype not in allowed:
+        raise ValueError(f"attention {attention!r} does not take {dtype}; allowed: "
+                         f"{[str(d) for d in allowed]} (attention='none' takes any dtype)")
+    if attention == "triton" and head_dim not in TRITON_HEAD_DIMS:
+        raise ValueError(f"attention 'triton' supports head dims {list(TRITON_HEAD_DIMS)}, this "
+                         f"spec's attention head dim is {head_dim}; use attention='sdpa' or "
+                         "'torch-varlen'")
 
 
 def _check_cu_seqlens(
@@ -65,7 +83,8 @@ class TransformerLayer(nn.Module):
     """One decoder layer of `spec` over packed sequences; ``forward(x, cu_seqlens, max_seqlen)``.
 
     Args:
-        spec: the model shape (`costmodel.spec.ModelSpec`).
+        spec: the model shape (`costmodel.spec.ModelSpec`, or a preset name / config.json
+            path, read by `costmodel.spec.as_spec`).
         attention: a backend name of `costmodel.kernels.attention.get_attention` ("triton",
             "torch-varlen", "sdpa", "flash-attn"), or "none" to skip the attention core so
             the token-linear part (norms, projections, rotary, MLP) can be timed alone.
@@ -91,7 +110,7 @@ class TransformerLayer(nn.Module):
         dtype: torch.dtype = torch.bfloat16,
     ) -> None:
         super().__init__()
-        self.spec = spec
+        self.spec = spec = as_spec(spec)  # a preset name failed as "'str' has no is_moe"
         self.attention_name = attention
         if attention == NO_ATTENTION:
             self._attn_fn = None
@@ -99,6 +118,8 @@ class TransformerLayer(nn.Module):
             from costmodel.kernels.attention import get_attention
 
             self._attn_fn = get_attention(attention)  # ValueError / RuntimeError if unusable
+            # The backend sees the qk head dim (MLA pads v to it), in the layer's dtype.
+            _check_attention_support(attention, dtype, spec.qk_head_dim)
         self.is_moe = spec.is_moe if moe is None else bool(moe)
         if self.is_moe and not spec.is_moe:
             raise ValueError(f"moe=True but spec {spec.name!r} has no experts (num_experts=0)")
@@ -244,17 +265,23 @@ class LMHead(nn.Module):
     """Final RMSNorm, vocab projection and mean cross-entropy against given targets.
 
     Logits are cast to float32 for the loss, as training frameworks do (T x V floats: about
-    20 GB at 32k tokens x 152k vocab).
+    20 GB at 32k tokens x 152k vocab). Targets of -100 (`IGNORE_INDEX`) are skipped; a
+    batch with every target skipped has loss 0.
+
+    Attribute ``check_values`` (default True) checks the targets lie in [0, vocab_size) or
+    are -100, a host read (a device sync on GPU): timing loops set it False. Unchecked, an
+    out-of-range target raises IndexError on CPU and a device-side assert on CUDA.
     """
 
     def __init__(self, spec, device=None, dtype: torch.dtype = torch.bfloat16) -> None:
         super().__init__()
-        self.spec = spec
+        self.spec = spec = as_spec(spec)
         self.hidden_size = spec.hidden_size
         self.vocab_size = spec.vocab_size
         self.dtype = dtype
         self.norm = nn.Parameter(torch.ones(spec.hidden_size, device=device, dtype=dtype))
         self.weight = init_weight(spec.vocab_size, spec.hidden_size, device=device, dtype=dtype)
+        self.check_values = True
 
     def random_targets(self, num_tokens: int, *, seed: int | None = None) -> torch.Tensor:
         """Random int64 token ids (num_tokens,) on the head's device."""
@@ -276,9 +303,28 @@ class LMHead(nn.Module):
                              f"{getattr(targets, 'shape', targets)}")
         if targets.dtype != torch.int64:
             raise ValueError(f"targets must be int64, got {targets.dtype}")
+        if targets.device != x.device:
+            raise ValueError(f"targets on {targets.device} but x on {x.device}")
+        if self.check_values:
+            _check_targets(targets, self.vocab_size)
         h = F.rms_norm(x, (self.hidden_size,), self.norm, RMS_EPS)
         logits = F.linear(h, self.weight)
-        return F.cross_entropy(logits.float(), targets)
+        # Sum over the kept targets / their count (at least 1), not reduction="mean": the same
+        # value when some target is kept, but 0 (with zero gradients) instead of mean's 0/0 =
+        # NaN when none is. A micro-batch whose tokens are all masked (a prompt-only pack in
+        # SFT) is legitimate, and a NaN loss would poison the gradients accumulated over the
+        # whole step; an error would stop it. No host sync either way.
+        loss = F.cross_entropy(logits.float(), targets, ignore_index=IGNORE_INDEX, reduction="sum")
+        return loss / (targets != IGNORE_INDEX).sum().clamp_min(1)
+
+
+def _check_targets(targets: torch.Tensor, vocab_size: int) -> None:
+    """ValueError unless every target is a token id in [0, vocab_size) or IGNORE_INDEX."""
+    bad = (targets != IGNORE_INDEX) & ((targets < 0) | (targets >= vocab_size))
+    if bad.any():  # the host read
+        first = int(bad.nonzero()[0, 0])
+        raise ValueError(f"targets must be token ids in [0, vocab_size={vocab_size}) or "
+                         f"{IGNORE_INDEX} (ignored); targets[{first}] = {int(targets[first])}")
 
 
 def packed_inputs(

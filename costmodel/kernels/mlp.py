@@ -17,6 +17,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from costmodel.checks import positive_int
+
 __all__ = [
     "ACTIVATIONS",
     "SwiGLUMLP",
@@ -81,9 +83,13 @@ def _check_mlp_args(x: torch.Tensor, w_gate_up, w_down: torch.Tensor) -> int:
     """Validate the shapes/dtypes/devices of a SwiGLU MLP call; return F."""
     if not isinstance(x, torch.Tensor) or x.dim() < 1:
         raise ValueError("x must be a tensor (..., hidden)")
+    # A list/tuple is the two-weight form: a one-element list used to pass here and fail
+    # later as "not enough values to unpack".
     ws = list(w_gate_up) if isinstance(w_gate_up, (tuple, list)) else [w_gate_up]
-    if len(ws) not in (1, 2):
-        raise ValueError("w_gate_up must be one [2F, H] tensor or a (w_gate, w_up) pair")
+    if isinstance(w_gate_up, (tuple, list)) and len(ws) != 2:
+        raise ValueError(f"w_gate_up must be one [2F, H] tensor or a (w_gate, w_up) pair, got a "
+                         f"{type(w_gate_up).__name__} of {len(ws)}; pass a fused weight bare, "
+                         "not in a list")
     hidden = x.shape[-1]
     for w in [*ws, w_down]:
         if not isinstance(w, torch.Tensor) or w.dim() != 2:
@@ -145,13 +151,11 @@ class SwiGLUMLP(nn.Module):
     ) -> None:
         super().__init__()
         _check_activation(activation)
-        if hidden_size < 1 or intermediate_size < 1:
-            raise ValueError(
-                f"hidden_size and intermediate_size must be positive, got {hidden_size}, "
-                f"{intermediate_size}"
-            )
-        self.hidden_size = int(hidden_size)
-        self.intermediate_size = int(intermediate_size)
+        # positive_int: '8' failed as a TypeError on `<`, and int() would truncate 8.5.
+        hidden_size = positive_int(hidden_size, "hidden_size")
+        intermediate_size = positive_int(intermediate_size, "intermediate_size")
+        self.hidden_size = hidden_size
+        self.intermediate_size = intermediate_size
         self.activation = activation
         self.fused_gate_up = bool(fused_gate_up)
         kw = {"device": device, "dtype": dtype}

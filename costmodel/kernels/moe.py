@@ -20,11 +20,13 @@ with a load-balancing loss — what timing needs.
 from __future__ import annotations
 
 import logging
+import numbers
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from costmodel.checks import positive_int
 from costmodel.kernels.mlp import SwiGLUMLP, _check_activation, init_weight, swiglu_activation
 
 __all__ = [
@@ -113,6 +115,13 @@ def route(
 
     The softmax runs in float32 (float64 for float64 inputs); weights come back in it.
     """
+    top_k = positive_int(top_k, "top_k")
+    if not isinstance(w_router, torch.Tensor) or w_router.dim() != 2:
+        raise ValueError(f"w_router must be (num_experts, hidden), got "
+                         f"{getattr(w_router, 'shape', w_router)}")
+    if top_k > w_router.shape[0]:
+        raise ValueError(f"top_k={top_k} > num_experts={w_router.shape[0]} (w_router's rows); "
+                         "pick at most num_experts experts per token")
     logits = F.linear(x, w_router)
     probs = logits.to(torch.promote_types(logits.dtype, torch.float32)).softmax(dim=-1)
     weights, ids = probs.topk(top_k, dim=-1)
@@ -122,7 +131,7 @@ def route(
 
 
 def group_by_expert(
-    expert_ids: torch.Tensor, num_experts: int
+    expert_ids: torch.Tensor, num_experts: int, *, check_values: bool = True
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Sort (token, slot) pairs by expert.
 
@@ -130,8 +139,23 @@ def group_by_expert(
     stable within an expert (so ``order // k`` is the token of each grouped row);
     ``counts`` (E,) int64 rows per expert; ``offsets`` (E,) int32 cumulative group ends
     (the ``offs`` of ``torch._grouped_mm``).
+
+    ``expert_ids``: int64 or int32. ``check_values`` checks every id is in [0, num_experts)
+    (a host read: a device sync on GPU, so `MoEMLP`, whose ids come from a top-k over
+    num_experts columns, passes False); unchecked out-of-range ids raise an index error on
+    CPU and a device-side assert on CUDA.
     """
-    flat = expert_ids.reshape(-1)
+    num_experts = positive_int(num_experts, "num_experts")
+    if not isinstance(expert_ids, torch.Tensor) or expert_ids.dtype not in (torch.int64, torch.int32):
+        raise ValueError(f"expert_ids must be an int64 or int32 tensor, got "
+                         f"{getattr(expert_ids, 'dtype', type(expert_ids).__name__)}")
+    # int64: scatter_add_ wants int64 indices and a source of the counts' dtype.
+    flat = expert_ids.reshape(-1).to(torch.int64)
+    if check_values and flat.numel():
+        lo, hi = (int(v) for v in torch.aminmax(flat))
+        if lo < 0 or hi >= num_experts:
+            raise ValueError(f"expert_ids must lie in [0, num_experts={num_experts}), got ids "
+                             f"from {lo} to {hi}")
     order = torch.argsort(flat, stable=True)
     # scatter_add_, not bincount: bincount reads the largest id on the host (a device sync,
     # which a CUDA-graph capture of the layer cannot hold).
@@ -219,16 +243,20 @@ class MoEMLP(nn.Module):
         if grouped_gemm not in GROUPED_GEMM_IMPLS:
             raise ValueError(f"unknown grouped_gemm {grouped_gemm!r}; allowed: "
                              f"{list(GROUPED_GEMM_IMPLS)}")
-        if num_experts < 1 or not 1 <= top_k <= num_experts:
-            raise ValueError(f"need num_experts >= 1 and 1 <= top_k <= num_experts, got "
-                             f"{num_experts}, {top_k}")
-        if moe_intermediate_size < 1 or shared_intermediate_size < 0:
-            raise ValueError(f"moe_intermediate_size must be positive and the shared width "
-                             f"non-negative, got {moe_intermediate_size}, {shared_intermediate_size}")
-        self.hidden_size = int(hidden_size)
-        self.num_experts = int(num_experts)
-        self.top_k = int(top_k)
-        self.moe_intermediate_size = int(moe_intermediate_size)
+        # positive_int, not int(): int() truncated top_k=2.5 to 2 and torch refused -1 or 4.0
+        # only deep in the weight allocation.
+        hidden_size = positive_int(hidden_size, "hidden_size")
+        num_experts = positive_int(num_experts, "num_experts")
+        top_k = positive_int(top_k, "top_k")
+        moe_intermediate_size = positive_int(moe_intermediate_size, "moe_intermediate_size")
+        shared_intermediate_size = _shared_width(shared_intermediate_size)
+        if top_k > num_experts:
+            raise ValueError(f"need 1 <= top_k <= num_experts, got top_k={top_k} with "
+                             f"num_experts={num_experts}")
+        self.hidden_size = hidden_size
+        self.num_experts = num_experts
+        self.top_k = top_k
+        self.moe_intermediate_size = moe_intermediate_size
         self.norm_topk_prob = bool(norm_topk_prob)
         self.activation = activation
         self.grouped_gemm = grouped_gemm
@@ -255,7 +283,8 @@ class MoEMLP(nn.Module):
             raise ValueError(f"x on {x.device} but MoE weights on {self.w_router.device}")
         tokens, k = x.shape[0], self.top_k
         weights, ids = route(x, self.w_router, k, norm_topk_prob=self.norm_topk_prob)
-        order, counts, offsets = group_by_expert(ids, self.num_experts)
+        # ids come from a top-k over num_experts columns: in range, no check (a device sync).
+        order, counts, offsets = group_by_expert(ids, self.num_experts, check_values=False)
         self.last_counts = counts
         xs = x.index_select(0, order // k)  # (T·k, H), expert-major
         h = grouped_linear(xs, self.w_gate_up, offsets, impl=self.grouped_gemm)
@@ -275,6 +304,13 @@ class MoEMLP(nn.Module):
         return (f"hidden={self.hidden_size}, experts={self.num_experts}, top_k={self.top_k}, "
                 f"ffn={self.moe_intermediate_size}, activation={self.activation!r}, "
                 f"grouped_gemm={self.grouped_gemm!r}")
+
+
+def _shared_width(value) -> int:
+    """The shared-expert width: 0 (no shared experts) or a positive int."""
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool) and value == 0:
+        return 0
+    return positive_int(value, "shared_intermediate_size (0 for no shared experts)")
 
 
 def moe_reference(moe: MoEMLP, x: torch.Tensor, dtype: torch.dtype = torch.float64) -> torch.Tensor:

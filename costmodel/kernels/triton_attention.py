@@ -133,7 +133,43 @@ def chosen_configs() -> dict[str, dict[str, int]]:
     }
 
 
+# Block keys each kernel needs (constexprs of the kernel) and keys it may take besides.
+_BLOCK_KEYS = {
+    "fwd": ("BLOCK_M", "BLOCK_N"),
+    "dkdv": ("BLOCK_M", "BLOCK_N", "MASK_BLOCK_M"),
+    "dq": ("BLOCK_M", "BLOCK_N", "MASK_BLOCK_N"),
+}
+_OPTIONAL_KEYS = {"fwd": ("num_warps", "num_stages"), "dkdv": ("num_warps", "num_stages", "FUSE_DQ"),
+                  "dq": ("num_warps", "num_stages")}
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 def _check_config(kernel: str, cfg: dict[str, int]) -> None:
+    """ValueError naming the kernel and the key for a config the launch would mishandle: a
+    missing key was a KeyError, BLOCK_M=0 a ZeroDivisionError, a block that is not a power of
+    2 an InterpreterError/compile error inside tl.arange, an unknown key silently dropped."""
+    if kernel not in _BLOCK_KEYS:
+        raise ValueError(f"configs has an unknown kernel {kernel!r}; kernels: {list(_BLOCK_KEYS)}")
+    if not isinstance(cfg, dict):
+        raise ValueError(f"{kernel} config must be a dict of ints, got {type(cfg).__name__}")
+    allowed = _BLOCK_KEYS[kernel] + _OPTIONAL_KEYS[kernel]
+    for key in cfg:
+        if key not in allowed:
+            raise ValueError(f"{kernel} config has an unknown key {key!r}; allowed: {list(allowed)}")
+    for key in _BLOCK_KEYS[kernel]:
+        if key not in cfg:
+            raise ValueError(f"{kernel} config is missing {key!r}; it needs {list(_BLOCK_KEYS[kernel])}")
+        _check_power_of_2(kernel, key, cfg[key])  # tl.arange wants a power of 2
+    if "num_warps" in cfg:
+        _check_power_of_2(kernel, "num_warps", cfg["num_warps"])
+    if "num_stages" in cfg and not (_is_int(cfg["num_stages"]) and cfg["num_stages"] >= 1):
+        raise ValueError(f"{kernel} config key 'num_stages' must be an int >= 1, got "
+                         f"{cfg['num_stages']!r}")
+    if "FUSE_DQ" in cfg and cfg["FUSE_DQ"] not in (0, 1):
+        raise ValueError(f"{kernel} config key 'FUSE_DQ' must be 0 or 1, got {cfg['FUSE_DQ']!r}")
     if kernel == "fwd" and cfg["BLOCK_M"] % cfg["BLOCK_N"]:
         raise ValueError(f"fwd config needs BLOCK_M % BLOCK_N == 0, got {cfg}")
     if kernel == "dkdv" and cfg["BLOCK_N"] % cfg["MASK_BLOCK_M"]:
@@ -142,6 +178,26 @@ def _check_config(kernel: str, cfg: dict[str, int]) -> None:
         raise ValueError(
             f"dq config needs BLOCK_M divisible by BLOCK_N and MASK_BLOCK_N, got {cfg}"
         )
+
+
+def _check_power_of_2(kernel: str, key: str, value) -> None:
+    if not (_is_int(value) and value >= 1 and value & (value - 1) == 0):
+        raise ValueError(f"{kernel} config key {key!r} must be an int power of 2 (1, 2, 4, ...), "
+                         f"got {value!r}")
+
+
+def _check_configs(configs) -> dict[str, dict[str, int]]:
+    """Every override of a ``configs`` argument checked up front (the backward's too, so a
+    bad one fails before the forward runs); a copy, so later edits by the caller do not
+    change what the backward launches."""
+    if configs is None:
+        return {}
+    if not isinstance(configs, dict):
+        raise ValueError(f"configs must be a dict of kernel name -> config dict, got "
+                         f"{type(configs).__name__}")
+    for kernel, cfg in configs.items():
+        _check_config(kernel, cfg)
+    return {kernel: dict(cfg) for kernel, cfg in configs.items()}
 
 
 def _launch(
@@ -874,7 +930,7 @@ def flash_attn_varlen(
     """Causal GQA attention over packed sequences (differentiable in q, k, v).
 
     Inputs as in `costmodel.kernels.attention` (validated there; this function only checks
-    launch limits). ``configs`` overrides the per-kernel configs, e.g.
+    launch limits and ``configs``). ``configs`` overrides the per-kernel configs, e.g.
     ``{"fwd": {"BLOCK_M": 32, "BLOCK_N": 16, "num_warps": 4, "num_stages": 2}}`` (tests use
     small blocks to exercise the multi-block paths at tiny lengths).
     """
@@ -882,5 +938,6 @@ def flash_attn_varlen(
     cu_seqlens = cu_seqlens.contiguous()  # the kernels index it as a dense array
     max_seqlen = int(max_seqlen)
     _check_launch_limits(q, k, v, cu_seqlens.numel() - 1, max_seqlen)
+    configs = _check_configs(configs)
     sm_scale = 1.0 / math.sqrt(q.shape[-1]) if sm_scale is None else float(sm_scale)
-    return _FlashAttnVarlen.apply(q, k, v, cu_seqlens, max_seqlen, sm_scale, configs or {})
+    return _FlashAttnVarlen.apply(q, k, v, cu_seqlens, max_seqlen, sm_scale, configs)
