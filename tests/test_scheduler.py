@@ -472,15 +472,20 @@ def test_fewest_micro_batches_when_they_cost_less():
         check_schedule(s, lengths, dp=8, cap=16384)
 
 
-@pytest.mark.parametrize(("n", "k", "high"), [(65536, 4, 1), (20000, 7, 40), (5000, 3, 300)])
-def test_token_packing_of_many_short_samples_stays_level(n, k, high):
+@pytest.mark.parametrize(("n", "k", "high", "first"),
+                         [(65536, 4, 1, 1), (20000, 7, 40, 40), (5000, 3, 300, 300),
+                          (20000, 7, 40, 5000), (40000, 2, 20, 100000)])
+def test_token_packing_of_many_short_samples_stays_level(n, k, high, first):
     """Thousands of samples per micro-batch: rounds of k/2 samples took 0.3 s for 65,536
     one-token samples in 4 micro-batches (and 0.18 s in 8); past 512 rounds a round now
-    deals several samples to each micro-batch, which must keep fills as level as before
-    (a partial pass dealt fullest-first once filled one micro-batch to the cap)."""
+    deals several samples to each micro-batch, which must keep fills as level as before.
+    Two tries at that failed here: a snake whose partial last pass went fullest-first
+    (one micro-batch filled to the cap), and equal shares per round, which never closed
+    the gap behind a long first sample (spread 4955 tokens; max/mean 1.2 end to end)."""
     from costmodel.scheduler.pack import pack_tokens
 
     lengths = np.random.default_rng(n).integers(1, high + 1, n)
+    lengths[0] = first
     cap = int(lengths.sum()) // k + 2 * high
     bins, left = pack_tokens(lengths, k, cap)
     assert left == 0 and bins.min() == 0 and bins.max() == k - 1

@@ -71,21 +71,22 @@ def pack_tokens(
     waiting: list[np.ndarray] = []
     pos = n_over + first
     # Many short samples per micro-batch (a few micro-batches for thousands of samples):
-    # rounds of `half` would be thousands of numpy passes (0.5 s for 65k one-token samples
-    # in 4). Past _MAX_ROUNDS rounds, a round deals more samples than there are open
-    # micro-batches, snaking over them emptiest first (`_snake_round`).
-    step = max(half, -(-(n - pos) // _MAX_ROUNDS))
-    if 0 < open_bins < step:  # whole passes over the open micro-batches
-        step = -(-step // open_bins) * open_bins
+    # rounds of `half` would be thousands of numpy passes (0.3 s for 65k one-token samples
+    # in 4). So once a round of `many` samples (enough for at most _MAX_ROUNDS rounds)
+    # exceeds the open micro-batches and its longest sample is at most an even share of
+    # its tokens (short samples: each micro-batch gets several), the round water-fills the
+    # emptiest micro-batches instead (`_level_round`); a long sample's round stays one each.
+    many = -(-(n - pos) // _MAX_ROUNDS)
     while pos < n:
-        c = min(step, n - pos)
-        if c > open_bins:
+        c = min(many, n - pos)
+        if c > open_bins and int(lo[pos]) * open_bins <= int(lo[pos : pos + c].sum()):
             placed = np.arange(pos, pos + c)
-            ok = _snake_round(lo[pos : pos + c], placed, fill, key, bin_sorted, k, cap)
+            ok = _level_round(lo[pos : pos + c], placed, fill, key, bin_sorted, k, cap)
             if not ok.all():
                 waiting.append(placed[~ok])
             pos += c
             continue
+        c = min(half, n - pos)
         sel = np.argpartition(key, c - 1)[:c] if c < open_bins else np.arange(k)[key != _BIG]
         sel = sel[np.argsort(key[sel])]
         chunk = lo[pos : pos + c]
@@ -120,7 +121,7 @@ def pack_tokens(
     return bin_of, 0
 
 
-def _snake_round(
+def _level_round(
     chunk: np.ndarray,
     placed: np.ndarray,
     fill: np.ndarray,
@@ -129,27 +130,32 @@ def _snake_round(
     k: int,
     cap: int,
 ) -> np.ndarray:
-    """Deal ``chunk`` (samples longest first, at sorted positions ``placed``) over the open
-    micro-batches, emptiest first, in passes that alternate direction (emptiest gets the
-    longest, then the shortest of the next pass, ...), which keeps fills level. A sample
-    that would overflow its micro-batch is left out (False in the result) and so are the
-    later ones dealt to that micro-batch (their running sums are larger still). Updates
-    ``fill``, ``key`` and ``bin_sorted`` in place."""
+    """Deal ``chunk`` (samples longest first, at sorted positions ``placed``) to the open
+    micro-batches by water-filling: find the level T to which the chunk's tokens raise the
+    emptiest ones (Σ max(0, T − fill) = the chunk's tokens), lay the samples end to end
+    over those deficits, emptiest first, and give each sample to the micro-batch where it
+    starts. Fills end level to within a sample; fuller micro-batches (one long sample)
+    get nothing until the others catch up. A sample that would overflow its micro-batch is
+    left out (False in the result), and so are the later ones dealt to it (their running
+    sums are larger still). Updates ``fill``, ``key`` and ``bin_sorted`` in place."""
     sel = np.flatnonzero(key != _BIG)
-    sel = sel[np.argsort(key[sel])]
-    width = sel.size
-    idx = np.arange(chunk.size)
-    row = idx // width
-    # A partial last pass goes emptiest first whatever its direction, or every round would
-    # hand the fullest micro-batches one sample more.
-    reverse = (row % 2 == 1) & (row < chunk.size // width)
-    col = np.where(reverse, width - 1 - idx % width, idx % width)
-    dealt = np.zeros((row[-1] + 1, width), dtype=np.int64)
-    dealt[row, col] = chunk
-    ok = (fill[sel] + np.cumsum(dealt, axis=0))[row, col] <= cap
-    fill[sel] += np.bincount(col[ok], weights=chunk[ok], minlength=width).astype(np.int64)
+    sel = sel[np.argsort(key[sel])]  # emptiest first, ties by id
+    f = fill[sel].astype(np.float64)
+    total = float(chunk.sum())
+    # Level with the j emptiest: T_j = (total + Σ_{i<j} f_i) / j; the right j is the last
+    # whose level reaches its own fill (fills ascending, so those j form a prefix).
+    levels = (total + np.cumsum(f)) / np.arange(1, f.size + 1)
+    j = int(np.flatnonzero(levels >= f)[-1])
+    deficits = np.maximum(levels[j] - f, 0.0)
+    starts = np.cumsum(chunk) - chunk
+    slot = np.minimum(np.searchsorted(np.cumsum(deficits), starts, side="right"), f.size - 1)
+    ends = np.cumsum(chunk)
+    first = np.searchsorted(slot, slot, side="left")  # each sample's first chunk mate in its slot
+    ok = fill[sel[slot]] + ends - (ends[first] - chunk[first]) <= cap
+    b = sel[slot[ok]]
+    np.add.at(fill, b, chunk[ok])
     key[sel] = fill[sel] * k + sel
-    bin_sorted[placed[ok]] = sel[col[ok]]
+    bin_sorted[placed[ok]] = b
     return ok
 
 
