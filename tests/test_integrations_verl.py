@@ -63,7 +63,7 @@ def test_rearrange_over_dp_ranks():
 
 
 def test_rearrange_rejects_a_sequence_over_the_cap():
-    with pytest.raises(ValueError, match="over the cap"):
+    with pytest.raises(ValueError, match="over max_token_len=1000"):
         balanced_micro_batches([100, 5000, 200], 1000)
 
 
@@ -154,7 +154,8 @@ def run(rank, init, cases):
     dist.init_process_group("gloo", init_method=f"file://{init}", rank=rank, world_size=2)
     for lengths, cap in cases:
         try:
-            _, idx = rearrange_micro_batches(_padded_batch(lengths[rank], cap), cap)
+            width = max(cap, *lengths[rank])
+            _, idx = rearrange_micro_batches(_padded_batch(lengths[rank], width), cap)
             outcome = len(idx)
         except ValueError as exc:
             outcome = "ValueError: " + str(exc)
@@ -173,7 +174,8 @@ def test_rearrange_agrees_on_the_count_across_a_dp_group(tmp_path):
     """Two gloo ranks (verl's all-reduce of the count, same_micro_num_in_dp=True): one
     needing 1 micro-batch and one 8 both make 8; a rank that packs 15 and is asked for 16
     makes exactly 16 (it made 17 once, and the ranks ran different counts: a hang in
-    training); a rank that cannot make the count makes both ranks raise, none waits."""
+    training); a rank that cannot make the count, or fails at once, makes both ranks raise,
+    none waits."""
     pytest.importorskip("torch.distributed")
     import json
     import subprocess
@@ -189,17 +191,21 @@ def test_rearrange_agrees_on_the_count_across_a_dp_group(tmp_path):
         ([[100] * 8, [900] * 8], 1000),
         ([tight, [4247] * 16], 4247),
         ([[100] * 2, [900] * 8], 1000),  # rank 0 has 2 samples, rank 1 needs 8
+        ([[100] * 8, [900, 1500]], 1000),  # rank 1 fails at once: a sequence over the cap
     ]
     res = subprocess.run(
         [sys.executable, str(script), str(tmp_path / "init"), str(root), json.dumps(cases)],
         capture_output=True, text=True, timeout=120,
     )
     assert res.returncode == 0, res.stderr[-2000:]
-    basic, tight_case, short = (json.loads(line) for line in res.stdout.splitlines())
+    basic, tight_case, short, over = (json.loads(line) for line in res.stdout.splitlines())
     assert basic == [8, 8]
     assert tight_case == [16, 16]
-    assert all(o.startswith("ValueError: same_micro_num_in_dp") for o in short), short
-    assert "cannot make 8 micro-batches" in short[0]
+    assert "this rank cannot make the 8 micro-batches" in short[0]
+    assert "another rank of the data-parallel group could not" in short[1]
+    # It raised before the first all-reduce, and the other rank waited there for good.
+    assert "another rank of the data-parallel group could not" in over[0]
+    assert "1500" in over[1] and "max_token_len" in over[1], over
 
 
 def test_rearrange_refuses_force_group_size():

@@ -121,17 +121,15 @@ def rearrange_micro_batches(
     lengths = _effective_lengths(batch)
     kwargs = dict(num_batches_divided_by=num_batches_divided_by,
                   use_dynamic_bsz_balance=use_dynamic_bsz_balance, cost=cost, spec=spec)
-    micro_bsz_idx, _ = balanced_micro_batches(
-        lengths, max_token_len, min_num_micro_batch=min_num_micro_batch, **kwargs
-    )
+
+    def schedule(min_count: int | None) -> list[list[int]]:
+        return balanced_micro_batches(lengths, max_token_len, min_num_micro_batch=min_count,
+                                      **kwargs)[0]
+
     if same_micro_num_in_dp:
-
-        def reschedule(count: int) -> list[list[int]]:
-            return balanced_micro_batches(
-                lengths, max_token_len, min_num_micro_batch=count, **kwargs
-            )[0]
-
-        micro_bsz_idx = _agree_on_count(micro_bsz_idx, dp_group, reschedule)
+        micro_bsz_idx = _agree_on_count(schedule, min_num_micro_batch, dp_group)
+    else:
+        micro_bsz_idx = schedule(min_num_micro_batch)
     return [_select_rows(batch, idx) for idx in micro_bsz_idx], micro_bsz_idx
 
 
@@ -140,33 +138,48 @@ def rearrange_micro_batches(
 _AGREE_ROUNDS = 16
 
 
-def _agree_on_count(micro_bsz_idx: list, group: Any, reschedule) -> list:
-    """Make every rank of ``group`` run as many micro-batches as the one that needs the
-    most: a rank with fewer reschedules with that count as its minimum, until all agree.
+def _agree_on_count(schedule, min_count: int | None, group: Any) -> list:
+    """``schedule(min_count)`` on every rank of ``group``, then as many micro-batches on
+    each as the rank that needs the most: a rank with fewer reschedules with that count as
+    its minimum, until all agree.
 
     The scheduler gives exactly the count asked for whenever it finds a packing, but that
     is a heuristic, so it is checked, not assumed: every round all ranks learn the largest
-    and smallest count (and whether a rank failed) from one all-reduce, and so take the
-    same decision — none is left waiting in a collective the others skipped. A rank that
-    cannot reach the count (fewer samples than micro-batches) makes every rank raise.
+    and smallest count, and whether a rank failed, from one all-reduce, and so take the
+    same decision; none is left waiting in a collective the others skipped. When a rank
+    fails (a sequence over the cap, fewer samples than the count), it raises its error
+    and every other rank raises a ValueError saying so.
     """
-    count = len(micro_bsz_idx)
+    micro_bsz_idx: list = []
     failed: Exception | None = None
+    try:
+        micro_bsz_idx = schedule(min_count)
+    except Exception as exc:  # raised below, after the other ranks have heard of it
+        failed = exc
+    count = len(micro_bsz_idx)
     for _ in range(_AGREE_ROUNDS):
         most, fewest, any_failed = _count_extremes(count, failed is not None, group)
+        if failed is not None:
+            raise failed
         if any_failed:
             raise ValueError(
-                f"same_micro_num_in_dp: a rank of the data-parallel group cannot make {most} "
-                f"micro-batches (this rank: {failed or f'{count}, fine'}); give every rank "
-                "enough samples, raise max_token_len, or set same_micro_num_in_dp=False"
-            ) from failed
+                "same_micro_num_in_dp: another rank of the data-parallel group could not "
+                f"schedule its micro-batches (this rank made {count}; the largest count was "
+                f"{most}); see that rank's error"
+            )
         if most == fewest:
             return micro_bsz_idx
         if count < most:
             try:
-                micro_bsz_idx = reschedule(most)
+                micro_bsz_idx = schedule(most)
                 count = len(micro_bsz_idx)
-            except ValueError as exc:  # reported to every rank in the next round
+            except ValueError as exc:  # too few samples for `most`: say so, on every rank
+                failed = ValueError(
+                    f"same_micro_num_in_dp: this rank cannot make the {most} micro-batches "
+                    f"another rank of the data-parallel group needs ({exc}); give every rank "
+                    "enough samples, raise max_token_len, or set same_micro_num_in_dp=False"
+                )
+            except Exception as exc:  # anything else: raised after the next all-reduce
                 failed = exc
     raise RuntimeError(
         f"same_micro_num_in_dp: the ranks did not agree on a micro-batch count in "
@@ -273,6 +286,11 @@ def balanced_micro_batches(
         if value is not None:
             positive_int(value, name)
     lengths = np.asarray(seq_lengths)
+    over = np.flatnonzero(lengths > max_token_len) if lengths.dtype.kind in "iuf" else []
+    if len(over):
+        raise ValueError(f"sequence {int(over[0])} has {int(lengths[over[0]])} tokens, over "
+                         f"max_token_len={max_token_len} ({len(over)} such): every sequence must "
+                         "fit one micro-batch, as in verl; raise max_token_len")
     order = "pipeline" if use_dynamic_bsz_balance else "none"
     kwargs = dict(
         max_tokens_per_microbatch=max_token_len,
