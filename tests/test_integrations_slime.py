@@ -225,6 +225,12 @@ def test_balance_data_without_a_model_shape_balances_tokens(caplog):
     assert "balancing tokens" in caplog.text
     assert sorted(i for p in parts for i in p) == list(range(8))
     assert [sum(lengths[i] for i in p) for p in parts] == [200, 200]
+    # A shape that is there but wrong is an error, not a silent switch to tokens.
+    bad = SimpleNamespace(**vars(args), hidden_size=4096, num_attention_heads=30, num_layers=2,
+                          num_query_groups=8, vocab_size=1000, ffn_hidden_size=1000)
+    with pytest.raises(ValueError, match="num_heads=30 is not a multiple of num_kv_heads=8"):
+        build_dp_schedule(bad, config(dp=2), lengths, global_batch_size=8,
+                          rollout_indices=list(range(8)))
 
 
 @pytest.mark.parametrize("cfg, flags, ids, says", [

@@ -29,7 +29,7 @@ Differences from slime, all on purpose:
 - with dynamic batch size and any balancing flag (``balance_data``, ``balance_by_flops``
   or ``cost_model``), `costmodel.scheduler.build_schedule` packs and distributes: by the
   cost model if ``cost_model`` is set, else by exact analytic FLOPs (``balance_data``
-  alone, with no model shape on ``args``: by tokens, with a warning). slime packs first fit
+  alone, with no model shape on ``args`` at all: by tokens, with a warning). slime packs first fit
   and then balances whole micro-batches over ranks only with ``balance_data`` (by FLOPs or
   by tokens, depending on the release); some releases' ``balance_by_flops`` splits samples
   into micro-batches by FLOPs and can break the token cap, and without ``balance_data``
@@ -93,16 +93,28 @@ def _resolve_cost(args: Any) -> tuple[Any, Any, bool]:
         model = cached_cost_model(cost_model, spec=spec, allow_other_shape=allow)
         return model, spec, balance
     if balance:
-        try:
-            return "flops", _spec_from_args(args), balance
-        except ValueError as err:
-            if getattr(args, "balance_by_flops", False):
-                raise
+        no_shape = all(getattr(args, key, None) is None for key in _SHAPE_FIELDS)
+        if no_shape and not getattr(args, "balance_by_flops", False):
             # balance_data alone: slime balanced it by tokens in some releases, by FLOPs in
-            # others; without the model shape on args, tokens it is (never an error).
-            logger.warning("balance_data: model shape not on args (%s); balancing tokens", err)
+            # others; with no model shape on args at all, tokens it is (a shape that is
+            # there but wrong is still an error).
+            _warn_once("balance_data: no model shape on args (hidden_size, num_attention_heads, "
+                       "num_layers); balancing tokens, not FLOPs")
             return "tokens", None, balance
+        return "flops", _spec_from_args(args), balance
     return "tokens", None, balance
+
+
+# Megatron's model-shape fields: with none of them on args, balance_data balances tokens.
+_SHAPE_FIELDS = ("hidden_size", "num_attention_heads", "num_layers")
+_warned: set[str] = set()
+
+
+def _warn_once(message: str) -> None:
+    """Log once per process (build_dp_schedule runs every step)."""
+    if message not in _warned:
+        _warned.add(message)
+        logger.warning(message)
 
 
 def _steps(rollout_ids: np.ndarray, global_batch_size: int) -> list[list[int]]:
