@@ -22,10 +22,12 @@
 # under "$OUT" (default ./out) with a log: session.log.
 # Usage: OUT=/some/dir bash scripts/gpu_session.sh
 # --gpu auto: the registry key is the device's (h200, or h200-nvl on an NVL that says so);
-# ship the result afterwards (on the dev machine) under that key:
-#   cp "$OUT/qwen3-8b.json" costmodel/profiles/<gpu.key in the file>/qwen3-8b.json
-# and make bench_attention.json's "tuned_configs" the first choices of
-# costmodel/kernels/triton_attention._CONFIGS (d=128) when they beat the current ones.
+# ship the results afterwards, on the dev machine, under that key:
+#   PYTHONPATH=. python scripts/adopt_gpu_results.py "$OUT"
+# (copies the measured profiles and result files after checking them, and prints the
+# numbers against the issues' targets), then make bench_attention.json's "tuned_configs"
+# the first choices of costmodel/kernels/triton_attention._CONFIGS (d=128) when they beat
+# the current ones.
 # Run it as: PYTHON=python3 LIMIT_S=460 OUT=$OUT bash scripts/gpu_session.sh
 # (the device's timeout_s about 20 s above LIMIT_S).
 set -u -o pipefail
