@@ -212,6 +212,15 @@ def _check_finite(obj: Any, source: str, where: str = "") -> None:
             _check_finite(v, source, f"{where}[{i}]")
 
 
+def _shape_difference(file_spec: ModelSpec, spec: ModelSpec, most: int = 4) -> str:
+    """The fields that differ, file's value first: what a fingerprint alone does not say."""
+    mine, theirs = file_spec.to_dict(), spec.to_dict()
+    diff = [f"{k} {mine[k]!r} vs {theirs[k]!r}" for k in mine
+            if k != "name" and mine[k] != theirs[k]]
+    more = f", and {len(diff) - most} more" if len(diff) > most else ""
+    return ("differs in " + ", ".join(diff[:most]) + more) if diff else "the same fields, laid out differently"
+
+
 def _require(mapping: Any, key: str, kind: type | tuple[type, ...], source: str, where: str) -> Any:
     if not isinstance(mapping, Mapping) or key not in mapping:
         raise _fail(source, f"missing field {where}{key!r}")
@@ -305,7 +314,8 @@ def from_document(
             raise _fail(
                 source,
                 f"made for model {file_spec.name!r} (shape {file_spec.fingerprint()}), not for "
-                f"{spec.name!r} (shape {spec.fingerprint()}); calibrate for this model (to use "
+                f"{spec.name!r} (shape {spec.fingerprint()}: {_shape_difference(file_spec, spec)}"
+                "); calibrate for this model (to use "
                 "it anyway: allow_other_shape=True in Python; --cost-model-allow-other-shape in "
                 "bench-schedule and training scripts, --allow-other-shape in report)",
                 fix=None,

@@ -121,6 +121,9 @@ def test_scheduler_kwargs_per_policy(cost_model_file):
     calibrated = scheduler_from_args(args, SPEC)
     assert calibrated["cost"] is model  # loaded once, by validate_args
     assert callable(calibrated["cost"].sample_cost)
+    # Validated for one model, asked for another: it returned the first model's costs.
+    with pytest.raises(ValueError, match="--cost-model-allow-other-shape"):
+        scheduler_from_args(args, OTHER)
 
 
 def test_scheduler_kwargs_feed_build_schedule(cost_model_file):

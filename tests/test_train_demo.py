@@ -16,7 +16,11 @@ torch = pytest.importorskip("torch")
 from costmodel.cli import main  # noqa: E402
 from costmodel.estimate import estimate_cost_model  # noqa: E402
 from costmodel.spec import ModelSpec  # noqa: E402
-from costmodel.training.trainer import check_schedule_agreement, digest_to_int  # noqa: E402
+from costmodel.training.trainer import (  # noqa: E402
+    check_schedule_agreement,
+    digest_to_int,
+    move_grads_into,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 # Small and fast: ~4k tokens a step over two ranks, a 2-layer model of width 64.
@@ -144,6 +148,22 @@ def test_cost_model_for_another_shape_is_rejected(tmp_path, capsys):
     estimate_cost_model(ModelSpec.from_preset("qwen3-0.6b"), "h200").save(other)
     err = _error(["--balance-by-flops", "--cost-model", str(other)], capsys)
     assert "--cost-model-allow-other-shape" in err
+    assert "differs in num_layers 28 vs" in err  # two fingerprints alone said nothing
+
+
+def test_more_bad_inputs_found_by_a_sweep(tmp_path, capsys):
+    """Each failed in the workers, or named no flag, or asked for one rerun per step."""
+    err = _error(["--attention", "torch-varlen", "--steps", "1"], capsys)
+    assert err.startswith("costmodel train-demo: error: --attention torch-varlen:")
+    assert "CUDA" in err  # was three lines: a log line, torch's SIGTERM warning, the error
+    assert "--seed must be in 0..2^63-1" in _error(["--seed", str(2**70)], capsys)
+    assert "--seed must be" in _error(["--seed", "-1"], capsys)
+    lengths = tmp_path / "lengths.txt"
+    lengths.write_text("100\n300\n100\n900\n")
+    err = _error(["--lengths-file", str(lengths), "--samples-per-step", "2", "--steps", "2",
+                  "--max-tokens-per-gpu", "50"], capsys)
+    assert "2 of 2 steps" in err and "at least 900" in err  # 300 (step 0's) was not enough
+    assert "above the 2,147,483,647" in _error(["--max-tokens-per-gpu", "99999999999"], capsys)
 
 
 def test_example_bad_input_exits_before_the_first_step(tmp_path):
@@ -292,3 +312,23 @@ def test_more_ranks_per_node_than_gpus_is_a_clear_error(monkeypatch):
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
     with pytest.raises(RuntimeError, match="2 ranks per node but 1 visible GPU"):
         trainer._resolve_device(argparse.Namespace(device="cuda", attention=None), 1)
+
+
+def test_bf16_gradients_are_summed_over_microbatches_in_fp32():
+    """On the GPU (bf16 model) each micro-batch's backward added into the bf16 .grad:
+    64 micro-batches drifted 0.84% from the fp32 sum. They go into fp32 buffers now."""
+    torch = pytest.importorskip("torch")
+    w = torch.nn.Parameter(torch.ones(256, dtype=torch.bfloat16))
+    accum = [torch.zeros(256, dtype=torch.float32)]
+    gen = torch.Generator().manual_seed(0)
+    parts = [torch.rand(256, generator=gen) + 0.5 for _ in range(64)]
+    for part in parts:
+        (w * part.to(torch.bfloat16)).sum().backward()
+        move_grads_into(accum, [w])
+        assert w.grad is None
+    exact = torch.stack([p.to(torch.bfloat16).float() for p in parts]).sum(0)
+    assert torch.allclose(accum[0], exact, rtol=1e-6)
+    in_bf16 = torch.zeros(256, dtype=torch.bfloat16)
+    for part in parts:
+        in_bf16 += part.to(torch.bfloat16)
+    assert (in_bf16.float() - exact).abs().max() > 0.1  # what summing in bf16 loses

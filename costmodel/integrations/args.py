@@ -26,6 +26,7 @@ from typing import Any
 
 from costmodel.calibration.device import current_gpu_name
 from costmodel.checks import positive_int
+from costmodel.flops import MAX_LENGTH
 from costmodel.spec import as_spec
 
 __all__ = ["add_arguments", "scheduler_from_args", "validate_args"]
@@ -57,7 +58,8 @@ _FLAGS: tuple[tuple[str, dict[str, Any]], ...] = (
         "--balance-data",
         dict(
             action="store_true",
-            help="balance the data-parallel ranks (by tokens unless --balance-by-flops)",
+            help="balance the data-parallel ranks (by tokens unless --balance-by-flops); "
+            "build_schedule always does, so this flag only keeps slime's flag set",
         ),
     ),
     (
@@ -199,9 +201,15 @@ def validate_args(args: argparse.Namespace, spec=None):
         raise ValueError(
             f"--max-tokens-per-gpu must be a positive number of tokens, got {raw_cap}"
         )
+    if raw_cap is not None and _cap(args) > MAX_LENGTH:
+        raise ValueError(
+            f"--max-tokens-per-gpu {raw_cap} (× context parallel size) is {_cap(args):,} tokens, "
+            f"above the {MAX_LENGTH:,} one micro-batch may hold; lower it"
+        )
     if dynamic and raw_cap is None:
         raise ValueError(
-            "--use-dynamic-batch-size needs a token cap: add --max-tokens-per-gpu TOKENS"
+            "--use-dynamic-batch-size needs a token cap: add --max-tokens-per-gpu TOKENS (or "
+            "your script's own flag for max_tokens_per_gpu)"
         )
     if by_flops and not dynamic:
         raise ValueError(
@@ -313,6 +321,11 @@ def scheduler_from_args(
         )
     if _flag(args, "balance_by_flops", False):
         model = getattr(args, _LOADED_ATTR)
+        if (model is not None and spec is not None
+                and as_spec(spec).fingerprint() != model.spec.fingerprint()
+                and not _flag(args, "cost_model_allow_other_shape", False)):
+            validate_args(args, spec=spec)  # validated for another spec: raises naming both
+            model = getattr(args, _LOADED_ATTR)
         if model is not None:
             cost: Any = model
         else:

@@ -128,6 +128,8 @@ def _check_run_flags(args: argparse.Namespace, dp_size: int) -> None:
         raise ValueError(f"--samples-per-step must be at least 1, got {args.samples_per_step}")
     if not args.lr > 0:
         raise ValueError(f"--lr must be positive, got {args.lr}")
+    if not 0 <= args.seed < 2**63:  # torch.manual_seed's range (it overflowed in the workers)
+        raise ValueError(f"--seed must be in 0..2^63-1, got {args.seed}")
     if args.attention is not None:
         check_attention(args.attention)  # in the parent, before workers start
     if not 0 < args.length_scale <= 1e3:  # a sanity limit: 1000x is ~100k-token samples
@@ -185,16 +187,19 @@ def prepare(args: argparse.Namespace, dp_size: int, *, dtype: str = "fp32") -> P
         file_lengths=file_lengths,
     )
     plan = Plan(spec=spec, source=source, dp_size=dp_size, scheduler_kwargs=kwargs)
-    for step in range(args.steps):
-        lengths = source.lengths(step)
-        longest = int(lengths.max())
-        if longest > cap:
-            where = args.lengths_file or "the synthetic draw"
-            raise ValueError(
-                f"step {step} has a {longest}-token sample but --max-tokens-per-gpu is {cap}: "
-                f"a micro-batch cannot hold it; raise --max-tokens-per-gpu to at least "
-                f"{longest} (or clip lengths in {where} with --max-len)"
-            )
+    steps = [source.lengths(step) for step in range(args.steps)]
+    over = [step for step, lengths in enumerate(steps) if int(lengths.max()) > cap]
+    if over:
+        # The cap every step needs, not the first step's: one rerun, not one per step.
+        longest = max(int(lengths.max()) for lengths in steps)
+        where = args.lengths_file or "the synthetic draw"
+        raise ValueError(
+            f"{len(over)} of {args.steps} steps (first: step {over[0]}) have samples longer "
+            f"than --max-tokens-per-gpu {cap}, the longest {longest} tokens: a micro-batch "
+            f"cannot hold them; raise --max-tokens-per-gpu to at least {longest} (or clip "
+            f"lengths in {where} with --max-len)"
+        )
+    for step, lengths in enumerate(steps):
         if int(np.maximum(lengths - 1, 0).sum()) == 0:
             raise ValueError(
                 f"every sample of step {step} is 1 token long: next-token training needs "
@@ -203,7 +208,10 @@ def prepare(args: argparse.Namespace, dp_size: int, *, dtype: str = "fp32") -> P
         try:
             schedule = build_schedule(lengths, dp_size=dp_size, **kwargs)
         except ValueError as err:
-            raise ValueError(f"cannot schedule step {step}: {err}") from None
+            raise ValueError(
+                f"cannot schedule step {step}: {err} (here max_tokens_per_microbatch is "
+                "--max-tokens-per-gpu and dp_size the number of processes)"
+            ) from None
         plan.lengths.append(lengths)
         plan.schedules.append(schedule)
     logger.info(

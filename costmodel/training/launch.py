@@ -82,6 +82,13 @@ def launch(args: argparse.Namespace, nproc: int) -> list[dict[str, Any]]:
         )
     args.device = device
     prepare(args, nproc, dtype="bf16" if device == "cuda" else "fp32")
+    if args.attention is not None:  # one line here, not a failure in every worker
+        from costmodel.kernels.attention import get_attention
+
+        try:
+            get_attention(args.attention)
+        except RuntimeError as exc:
+            raise ValueError(f"--attention {args.attention}: {exc}") from None
     # Workers validate and load again on their own: pass the flags, not loaded objects.
     clean = argparse.Namespace(**vars(args))
     vars(clean).pop(LOADED_ATTR, None)

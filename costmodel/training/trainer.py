@@ -202,6 +202,15 @@ def train(args: argparse.Namespace) -> TrainResult:
             dist.destroy_process_group()
 
 
+def move_grads_into(accum: list, params: list) -> None:
+    """Add each parameter's .grad into its (fp32) buffer in ``accum`` and clear it, so the
+    next micro-batch's backward starts from zero instead of summing in the model's dtype."""
+    for buf, p in zip(accum, params):
+        if p.grad is not None:
+            buf += p.grad
+            p.grad = None
+
+
 def _train_loop(args, plan: Plan, *, device, dtype, attention: str) -> TrainResult:
     import torch
     import torch.distributed as dist
@@ -239,17 +248,22 @@ def _train_loop(args, plan: Plan, *, device, dtype, attention: str) -> TrainResu
                 torch.cuda.synchronize(device)
             start = time.perf_counter()
             loss_sum = torch.zeros((), dtype=torch.float32, device=device)
+            # bf16 models: gradients summed over micro-batches in fp32 (Megatron's main_grad);
+            # summed in the bf16 .grad, 64 micro-batches drifted 0.84% from the fp32 sum.
+            accum = None if master is params else [torch.zeros_like(m) for m in master]
             for ids, targets, cu_seqlens, max_seqlen in batches:
                 logits = model(ids, cu_seqlens, max_seqlen)
                 loss = F.cross_entropy(logits.float(), targets, ignore_index=-100, reduction="sum")
                 (loss / global_targets).backward()
                 loss_sum += loss.detach()
+                if accum is not None:
+                    move_grads_into(accum, params)
             if cuda:
                 torch.cuda.synchronize(device)
             compute_ms = (time.perf_counter() - start) * 1e3
 
             # One fp32 all-reduce of every gradient (bf16 sums lose precision with ranks).
-            grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+            grads = accum or [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
             flat = torch.cat([g.reshape(-1).float() for g in grads])
             dist.all_reduce(flat)
             offset = 0
