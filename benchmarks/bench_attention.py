@@ -68,6 +68,10 @@ TUNE_CANDIDATES: dict[str, dict[int, list[tuple[int, ...]]]] = {
 }
 
 
+# Lengths `--tune` times the candidates at (`--tune-first` runs quick).
+TUNE_LENGTHS = {"quick": [8192], "full": [4096, 16384]}
+
+
 def _config(kernel: str, cand: tuple[int, ...]) -> dict[str, int]:
     block_m, block_n, warps, stages = cand[:4]
     cfg = dict(BLOCK_M=block_m, BLOCK_N=block_n, num_warps=warps, num_stages=stages)
@@ -350,7 +354,7 @@ def tune(
         # As it goes: a session cut short by its timeout still logs what was timed.
         print(f"tune L={L} {kernel} {cand}: {ms:.3f} ms {mode}", file=sys.stderr, flush=True)
 
-    for L in [8192] if args.quick else [4096, 16384]:
+    for L in TUNE_LENGTHS["quick" if args.quick else "full"]:
         lengths, cu, q, k, v, do = _packed(L, args.total_tokens, h, hkv, d, "cuda")
         ins = (q, k, v, cu, L)
         reference = results(ins, do, None)

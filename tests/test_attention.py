@@ -508,3 +508,39 @@ def test_config_overrides_are_checked_before_any_launch(configs, says):
     q, k, v, _ = _inputs([9], 2, 1, 64, torch.float32, seed=10)
     with pytest.raises(ValueError, match=says):
         ta.flash_attn_varlen(q, k, v, _cu([9]), 9, configs=configs)
+
+
+def test_tuning_runs_every_backward_candidate_and_checks_it(load_benchmark, monkeypatch):
+    """`--tune-first` end to end at a tiny length (no GPU: the interpreter, a fake timer):
+    every backward candidate computes the first choices' results, so none is refused as
+    wrong, and the fastest of the fake times wins. A crash here would cost a GPU session
+    its tuning step."""
+    import triton.testing
+
+    bench = load_benchmark("bench_attention")
+    monkeypatch.setattr(bench, "TUNE_LENGTHS", {"quick": [150], "full": [150]})
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(bench, "_provenance", lambda argv: {})
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+
+    def packed(L, total, h, hkv, d, device):
+        q, k, v, do = _inputs([L, 40], h, hkv, d, torch.float32, seed=L)
+        return [L, 40], _cu([L, 40]), q, k, v, do
+
+    monkeypatch.setattr(bench, "_packed", packed)
+    timed = []
+
+    def fake_do_bench(fn, warmup, rep, return_mode):
+        fn()
+        timed.append(1)
+        return 10.0 - 0.01 * len(timed)  # later candidates "faster"
+
+    monkeypatch.setattr(triton.testing, "do_bench", fake_do_bench)
+    args = bench._parse(["--quick", "--num-heads", "4", "--num-kv-heads", "1"])
+    result = bench.tune(args, [], ("dkdv", "dq"))
+    rows = result["tune_rows"]
+    assert not [r for r in rows if "error" in r], [r["error"] for r in rows if "error" in r]
+    cands = bench.TUNE_CANDIDATES
+    assert len(rows) == len(cands["dkdv"][128]) + len(cands["dq"][128]) + 1  # + the pair
+    assert all(r["rel_err"] < 1e-5 for r in rows)
+    assert set(result["best"]) <= {"dkdv", "dq"} and "dkdv" in result["best"]
