@@ -9,6 +9,7 @@ run compiled, plus bf16 at training shapes.
 from __future__ import annotations
 
 import importlib.util
+import json
 import math
 import os
 
@@ -510,7 +511,8 @@ def test_config_overrides_are_checked_before_any_launch(configs, says):
         ta.flash_attn_varlen(q, k, v, _cu([9]), 9, configs=configs)
 
 
-def test_tuning_runs_every_backward_candidate_and_checks_it(load_benchmark, monkeypatch):
+def test_tuning_runs_every_backward_candidate_and_checks_it(load_benchmark, monkeypatch,
+                                                            tmp_path):
     """`--tune-first` end to end at a tiny length (no GPU: the interpreter, a fake timer):
     every backward candidate computes the first choices' results, so none is refused as
     wrong, and the fastest of the fake times wins. A crash here would cost a GPU session
@@ -520,7 +522,8 @@ def test_tuning_runs_every_backward_candidate_and_checks_it(load_benchmark, monk
     bench = load_benchmark("bench_attention")
     monkeypatch.setattr(bench, "TUNE_LENGTHS", {"quick": [150], "full": [150]})
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(bench, "_provenance", lambda argv: {})
+    monkeypatch.setattr(bench, "_provenance", lambda argv: dict.fromkeys(
+        ("gpu", "torch", "triton", "date"), "fake"))
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
 
     def packed(L, total, h, hkv, d, device):
@@ -536,11 +539,17 @@ def test_tuning_runs_every_backward_candidate_and_checks_it(load_benchmark, monk
         return 10.0 - 0.01 * len(timed)  # later candidates "faster"
 
     monkeypatch.setattr(triton.testing, "do_bench", fake_do_bench)
-    args = bench._parse(["--quick", "--num-heads", "4", "--num-kv-heads", "1"])
-    result = bench.tune(args, [], ("dkdv", "dq"))
-    rows = result["tune_rows"]
+    # The --tune-first command as the GPU session runs it: tuning, then the table and JSON.
+    out = tmp_path / "bench_attention.json"
+    argv = ["--quick", "--tune-first", "--lengths", "150", "--num-heads", "4", "--num-kv-heads",
+            "1", "--backends", "triton", "sdpa", "--json", str(out)]
+    assert bench.main(argv) == 0
+    doc = json.loads(out.read_text())
+    rows = doc["tune_rows"]
     assert not [r for r in rows if "error" in r], [r["error"] for r in rows if "error" in r]
     cands = bench.TUNE_CANDIDATES
     assert len(rows) == len(cands["dkdv"][128]) + len(cands["dq"][128]) + 1  # + the pair
     assert all(r["rel_err"] < 1e-5 for r in rows)
-    assert set(result["best"]) <= {"dkdv", "dq"} and "dkdv" in result["best"]
+    assert set(doc["tuned_configs"]) <= {"dkdv", "dq"} and "dkdv" in doc["tuned_configs"]
+    assert {(r["backend"], r["mode"]) for r in doc["rows"]} == {
+        (b, m) for b in ("triton", "sdpa") for m in ("fwd", "fwd+bwd")}
