@@ -132,6 +132,9 @@ def test_plan_is_budgeted():
     assert tight.notes and len(tight.points) < len(make_plan(SPEC, max_len=32768, gpu="h200").points)
     with pytest.raises(ValueError, match="modes"):
         make_plan(SPEC, modes=("eval",))
+    # A GPU outside the registry is planned with H200 rates, and the plan says so.
+    assert "not in the GPU registry" in make_plan(SPEC, gpu="mystery-gpu").notes[0]
+    assert not make_plan(SPEC, gpu="h100").notes
 
 
 def test_report_and_plot(tmp_path, fitted):

@@ -305,12 +305,14 @@ def make_plan(
     budget = float(budget_s if budget_s is not None else (24.0 if quick else 75.0))
     if not budget > 0:
         raise ValueError(f"the time budget must be > 0 seconds, got {budget_s}")
+    notes: list[str] = []
     try:
         info = lookup_gpu(gpu)
-    except ValueError:
+    except ValueError:  # a GPU outside the registry (--gpu auto): plan with H200 rates
         info = lookup_gpu("h200")
+        notes.append(f"{gpu!r} is not in the GPU registry: the time budget was planned with "
+                     "H200 rates")
     model = estimate_cost_model(spec, info)
-    notes: list[str] = []
     # Thin the grids until the plan fits: linear step first, then density, then repeats.
     thinning = [
         lambda t: _replace(t, linear_step=t.linear_step * 2),
