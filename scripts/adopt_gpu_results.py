@@ -1,17 +1,19 @@
 """Ship what a GPU session (`scripts/gpu_session.sh`) wrote under $OUT, and summarise it.
 
-    PYTHONPATH=. python scripts/adopt_gpu_results.py OUT_DIR [--dry-run]
+    PYTHONPATH=. python scripts/adopt_gpu_results.py OUT_DIR [--dry-run] [--unvalidated]
 
-Run on the dev machine after the session's files came back. It copies, each only after it
-loads and checks:
+Run on the dev machine after the session's files came back. It checks everything first
+and then copies (a bad file is skipped, with the reason, before anything moved):
 
-- ``<model>.json`` (a measured cost model, not an estimate) to
-  ``costmodel/profiles/<gpu key>/<model>.json``, for every measured profile in OUT_DIR
-  (qwen3-8b, and qwen3-30b-a3b when the session got that far);
+- ``<model>.json`` (a measured and validated cost model; ``--unvalidated`` also takes a
+  ``--quick`` one) to ``costmodel/profiles/<gpu key>/<model>.json``, for every such
+  profile in OUT_DIR (qwen3-8b, and qwen3-30b-a3b when the session got that far); profiles
+  of two GPUs, or two of one model, are refused: one session folder at a time;
 - ``bench_attention.json``, ``bench_mlp.json``, ``bench_schedule.json`` to
   ``benchmarks/results/<name>_<gpu key>.json``, ``<model>.png`` to
   ``benchmarks/results/<model>_<gpu key>.png`` and ``session.log`` to
-  ``benchmarks/results/gpu_session_<gpu key>_<date>.log``;
+  ``benchmarks/results/gpu_session_<gpu key>_<date>.log`` (bench files also from the
+  session's ``results.tgz``, which it writes past 8 files);
 
 then prints what the README and the issues need: validation errors against the targets,
 the attention ratios against torch-varlen, the tuned backward configs next to the current
@@ -24,16 +26,19 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import shutil
 import sys
+import tarfile
+import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 BENCHES = ("bench_attention", "bench_mlp", "bench_schedule")
 
 
-def _profiles(out: Path) -> list[tuple[Path, object]]:
-    """(file, cost model) for every measured cost model in `out`."""
+def _profiles(out: Path, unvalidated: bool) -> list[tuple[Path, object]]:
+    """(file, cost model) for every measured cost model in `out` worth shipping."""
     from costmodel.model import load_cost_model
 
     found = []
@@ -47,8 +52,12 @@ def _profiles(out: Path) -> list[tuple[Path, object]]:
             continue
         if model.is_estimate:
             print(f"skip {path.name}: an estimate, not a measurement")
-            continue
-        found.append((path, model))
+        elif not re.fullmatch(r"[a-z0-9][a-z0-9-]*", str(model.gpu_key)):
+            print(f"skip {path.name}: GPU key {model.gpu_key!r} is not a folder name")
+        elif model.validation_summary("train") is None and not unvalidated:
+            print(f"skip {path.name}: not validated (a --quick run?); --unvalidated ships it")
+        else:
+            found.append((path, model))
     return found
 
 
@@ -97,37 +106,81 @@ def _schedule_summary(doc: dict) -> list[str]:
     return lines
 
 
-def adopt(out: Path, dry_run: bool = False) -> int:
-    profiles = _profiles(out)
+def _bench_doc(path: Path) -> dict | None:
+    """A bench result file's JSON object, or None (said why) when it is not one."""
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        print(f"skip {path.name}: unreadable ({exc})")
+        return None
+    if not isinstance(doc, dict) or not isinstance(doc.get("rows", doc.get("runs")), list):
+        print(f"skip {path.name}: not a benchmark result (no rows / runs list)")
+        return None
+    return doc
+
+
+def _bench_files(out: Path, unpack_to: Path) -> dict[str, Path]:
+    """name -> file of each benchmark result in `out`, or in its results.tgz (the session
+    archives all but the log and the profile when it wrote more than 8 files)."""
+    archive = out / "results.tgz"
+    if archive.exists():
+        with tarfile.open(archive) as tar:
+            tar.extractall(unpack_to, filter="data")
+    found = {}
+    for name in BENCHES:
+        for folder in (out, unpack_to):
+            if (folder / f"{name}.json").exists():
+                found[name] = folder / f"{name}.json"
+                break
+    return found
+
+
+def adopt(out: Path, dry_run: bool = False, unvalidated: bool = False) -> int:
+    """Check everything first, then copy: a bad file stops the run before anything moved."""
+    profiles = _profiles(out, unvalidated)
     if not profiles:
-        print(f"no measured cost model in {out}: nothing to ship", file=sys.stderr)
+        print(f"no measured cost model in {out} to ship", file=sys.stderr)
         return 1
-    key = profiles[0][1].gpu_key
+    keys = {model.gpu_key for _, model in profiles}
+    names = [model.spec.name for _, model in profiles]
+    if len(keys) > 1 or len(set(names)) < len(names):
+        print(f"{out} holds profiles of several GPUs ({sorted(keys)}) or two of one model "
+              f"({names}): ship them one session folder at a time", file=sys.stderr)
+        return 1
+    (key,) = keys
     date = str(profiles[0][1].extra.get("created", ""))[:10] or "undated"
+    results = ROOT / "benchmarks" / "results"
+    copies: list[tuple[Path, Path]] = []
     for path, model in profiles:
         print(f"\n{path.name}: {model.gpu}, {model.spec.name}")
         for mode in ("train", "forward"):
             print(f"  {model.validation_summary(mode) or f'{mode}: not validated'}")
-        _copy(path, ROOT / "costmodel" / "profiles" / model.gpu_key
-              / f"{model.spec.name}.json", dry_run)
+        copies.append((path, ROOT / "costmodel" / "profiles" / key / f"{model.spec.name}.json"))
         png = out / f"{path.stem}.png"
         if png.exists():
-            _copy(png, ROOT / "benchmarks" / "results" / f"{path.stem}_{key}.png", dry_run)
+            copies.append((png, results / f"{path.stem}_{key}.png"))
     print()
-    for name in BENCHES:
-        path = out / f"{name}.json"
-        if not path.exists():
-            print(f"{name}: not in {out}")
-            continue
-        doc = json.loads(path.read_text())
-        if name == "bench_attention":
-            print("\n".join(_attention_summary(doc)))
-        elif name == "bench_schedule":
-            print("\n".join(_schedule_summary(doc)))
-        _copy(path, ROOT / "benchmarks" / "results" / f"{name}_{key}.json", dry_run)
-    log = out / "session.log"
-    if log.exists():
-        _copy(log, ROOT / "benchmarks" / "results" / f"gpu_session_{key}_{date}.log", dry_run)
+    with tempfile.TemporaryDirectory() as unpacked:
+        benches = _bench_files(out, Path(unpacked))
+        for name in BENCHES:
+            doc = _bench_doc(benches[name]) if name in benches else None
+            if doc is None:
+                print(f"{name}: no result to ship")
+                continue
+            summarise = {"bench_attention": _attention_summary,
+                         "bench_schedule": _schedule_summary}.get(name)
+            try:
+                print("\n".join(summarise(doc)) if summarise else f"{name}: shipped as is")
+            except (KeyError, TypeError, ValueError, AttributeError) as exc:
+                print(f"skip {name}: unexpected contents ({type(exc).__name__}: {exc})")
+                continue
+            kept = Path(unpacked) / f"kept-{name}.json"  # outlives the archive's folder use
+            kept.write_bytes(benches[name].read_bytes())
+            copies.append((kept, results / f"{name}_{key}.json"))
+        if (out / "session.log").exists():
+            copies.append((out / "session.log", results / f"gpu_session_{key}_{date}.log"))
+        for src, dst in copies:
+            _copy(src, dst, dry_run)
     return 0
 
 
@@ -135,11 +188,13 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("out", type=Path, help="the folder the GPU session wrote ($OUT)")
     p.add_argument("--dry-run", action="store_true", help="print what would be copied")
+    p.add_argument("--unvalidated", action="store_true",
+                   help="also ship measured profiles that were not validated (--quick runs)")
     args = p.parse_args(argv)
     if not args.out.is_dir():
         print(f"error: {args.out} is not a folder", file=sys.stderr)
         return 2
-    return adopt(args.out, args.dry_run)
+    return adopt(args.out, args.dry_run, args.unvalidated)
 
 
 if __name__ == "__main__":

@@ -64,3 +64,44 @@ def test_dry_run_copies_nothing_and_an_empty_folder_ships_nothing(adopt_script, 
     assert adopt_script.main([str(empty)]) == 1
     assert "no measured cost model" in capsys.readouterr().err
     assert adopt_script.main([str(tmp_path / "missing")]) == 2
+
+
+def test_bad_or_ambiguous_files_are_skipped_or_refused_before_anything_moves(
+        adopt_script, tmp_path, capsys):
+    """A review found: a broken or partial bench file crashed after the profile was copied,
+    bench_mlp was copied unchecked, an unvalidated --quick profile replaced the shipped one,
+    and two GPUs' profiles mixed their keys."""
+    out = _session_folder(tmp_path)
+    (out / "bench_mlp.json").write_text("[1, 2, 3]")
+    (out / "bench_schedule.json").write_text('{"runs": [{"policy": "tokens"}]}')  # partial
+    doc = json.loads((out / "qwen3-8b.json").read_text())
+    doc.pop("validation")
+    (out / "qwen3-4b.json").write_text(json.dumps(doc))  # unvalidated (a --quick run)
+    assert adopt_script.main([str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "skip bench_mlp.json: not a benchmark result" in text
+    assert "skip bench_schedule: unexpected contents" in text
+    assert "skip qwen3-4b.json: not validated" in text
+    results = tmp_path / "repo" / "benchmarks" / "results"
+    assert (results / "bench_attention_h200.json").exists()
+    assert not (results / "bench_mlp_h200.json").exists()
+    assert not (results / "bench_schedule_h200.json").exists()
+    assert not (tmp_path / "repo" / "costmodel" / "profiles" / "h200" / "qwen3-4b.json").exists()
+
+    h100 = json.loads((out / "qwen3-8b.json").read_text())
+    h100["gpu"] = {"key": "h100", "name": "NVIDIA H100 80GB HBM3"}
+    (out / "other.json").write_text(json.dumps(h100))
+    assert adopt_script.main([str(out), "--unvalidated"]) == 1
+    assert "several GPUs" in capsys.readouterr().err
+
+
+def test_bench_files_inside_the_sessions_archive_are_shipped(adopt_script, tmp_path):
+    import tarfile
+
+    out = _session_folder(tmp_path)
+    with tarfile.open(out / "results.tgz", "w:gz") as tar:  # what gpu_session.sh writes
+        tar.add(out / "bench_attention.json", arcname="bench_attention.json")
+    (out / "bench_attention.json").unlink()
+    assert adopt_script.main([str(out)]) == 0
+    shipped = tmp_path / "repo" / "benchmarks" / "results" / "bench_attention_h200.json"
+    assert json.loads(shipped.read_text())["tuned_configs"]["dkdv"]["BLOCK_M"] == 64
