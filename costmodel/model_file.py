@@ -215,8 +215,12 @@ def _check_finite(obj: Any, source: str, where: str = "") -> None:
 def _shape_difference(file_spec: ModelSpec, spec: ModelSpec, most: int = 4) -> str:
     """The fields that differ, file's value first: what a fingerprint alone does not say."""
     mine, theirs = file_spec.to_dict(), spec.to_dict()
+    layout = ("moe_layers", "first_k_dense_layers", "moe_layer_freq")  # compared as one below
     diff = [f"{k} {mine[k]!r} vs {theirs[k]!r}" for k in mine
-            if k != "name" and mine[k] != theirs[k]]
+            if k != "name" and k not in layout and mine[k] != theirs[k]]
+    if file_spec.moe_layer_ids() != spec.moe_layer_ids():
+        diff.append(f"MoE layers {list(file_spec.moe_layer_ids())[:6]} vs "
+                    f"{list(spec.moe_layer_ids())[:6]}")
     more = f", and {len(diff) - most} more" if len(diff) > most else ""
     return ("differs in " + ", ".join(diff[:most]) + more) if diff else "the same fields, laid out differently"
 

@@ -166,6 +166,18 @@ def test_more_bad_inputs_found_by_a_sweep(tmp_path, capsys):
     assert "above the 2,147,483,647" in _error(["--max-tokens-per-gpu", "99999999999"], capsys)
 
 
+def test_cuda_only_attention_on_a_cpu_run_of_a_gpu_machine(monkeypatch):
+    """With CUDA present the backend loads, but --device cpu workers would still fail."""
+    import torch
+
+    from costmodel.training.launch import _check_attention_runs
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    with pytest.raises(ValueError, match="runs only on CUDA, and --device is cpu"):
+        _check_attention_runs("torch-varlen", "cpu")
+    _check_attention_runs("sdpa", "cpu")
+
+
 def test_example_bad_input_exits_before_the_first_step(tmp_path):
     junk = tmp_path / "lengths.txt"
     junk.write_text("100\n200\nnot-a-length\n")

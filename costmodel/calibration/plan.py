@@ -308,7 +308,7 @@ def make_plan(
     notes: list[str] = []
     try:
         info = lookup_gpu(gpu)
-    except ValueError:  # a GPU outside the registry (--gpu auto): plan with H200 rates
+    except ValueError:  # a GPU outside the registry (calibrate --gpu auto finds one)
         info = lookup_gpu("h200")
         notes.append(f"{gpu!r} is not in the GPU registry: the time budget was planned with "
                      "H200 rates")

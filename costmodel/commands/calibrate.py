@@ -107,9 +107,11 @@ def run(args: argparse.Namespace) -> int:
 
     timer = KernelTimer(spec, attention=args.attention, dtype=args.dtype, timing=args.timing,
                         fingerprint=fingerprint)
-    plan = plan_for(gpu_key if info else "h200")
+    plan = plan_for(gpu_key)  # outside the registry: planned with H200 rates, noted in the plan
     print(f"calibrating {spec.name} on {fingerprint['name']} ({gpu_key}), attention "
           f"{args.attention}, {args.dtype}, {args.timing} timing: {plan.summary()}", file=sys.stderr)
+    for note in plan.notes:  # also kept in the file's provenance
+        print(f"note: {note}", file=sys.stderr)
     partial = output.with_name(output.stem + ".partial.json")
     from costmodel.calibration.device import settle_gpu
 

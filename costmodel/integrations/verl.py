@@ -181,6 +181,8 @@ def _agree_on_count(schedule, min_count: int | None, group: Any) -> list:
                 )
             except Exception as exc:  # anything else: raised after the next all-reduce
                 failed = exc
+    if failed is not None:  # failed in the last round: its own error, not "did not agree"
+        raise failed
     raise RuntimeError(
         f"same_micro_num_in_dp: the ranks did not agree on a micro-batch count in "
         f"{_AGREE_ROUNDS} rounds (this rank: {count}); set same_micro_num_in_dp=False"

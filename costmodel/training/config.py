@@ -128,7 +128,7 @@ def _check_run_flags(args: argparse.Namespace, dp_size: int) -> None:
         raise ValueError(f"--samples-per-step must be at least 1, got {args.samples_per_step}")
     if not args.lr > 0:
         raise ValueError(f"--lr must be positive, got {args.lr}")
-    if not 0 <= args.seed < 2**63:  # torch.manual_seed's range (it overflowed in the workers)
+    if not 0 <= args.seed < 2**63:  # numpy wants >= 0; past 2^64 torch overflowed in the workers
         raise ValueError(f"--seed must be in 0..2^63-1, got {args.seed}")
     if args.attention is not None:
         check_attention(args.attention)  # in the parent, before workers start

@@ -61,6 +61,23 @@ def _worker(local_rank: int, args: argparse.Namespace, nproc: int, port: int, ou
         Path(out).write_text(json.dumps([r.to_dict() for r in result.records]))
 
 
+def _check_attention_runs(name: str, device: str) -> None:
+    """ValueError unless backend ``name`` runs on ``device`` here (the workers would fail)."""
+    from costmodel.kernels.attention import get_attention
+
+    try:
+        get_attention(name)  # installed, and usable on this machine
+    except RuntimeError as exc:
+        raise ValueError(f"--attention {name}: {exc}") from None
+    # A GPU machine passes the above; the workers would still run on the CPU.
+    if device == "cpu" and name in ("torch-varlen", "flash-attn"):
+        raise ValueError(f"--attention {name} runs only on CUDA, and --device is cpu; use "
+                         "--attention sdpa (the CPU default)")
+    if device == "cpu" and name == "triton" and os.environ.get("TRITON_INTERPRET") != "1":
+        raise ValueError("--attention triton on --device cpu needs TRITON_INTERPRET=1 (slow; "
+                         "tests only); use --attention sdpa")
+
+
 def launch(args: argparse.Namespace, nproc: int) -> list[dict[str, Any]]:
     """Train on ``nproc`` local processes; return rank 0's step records (dicts).
 
@@ -83,12 +100,7 @@ def launch(args: argparse.Namespace, nproc: int) -> list[dict[str, Any]]:
     args.device = device
     prepare(args, nproc, dtype="bf16" if device == "cuda" else "fp32")
     if args.attention is not None:  # one line here, not a failure in every worker
-        from costmodel.kernels.attention import get_attention
-
-        try:
-            get_attention(args.attention)
-        except RuntimeError as exc:
-            raise ValueError(f"--attention {args.attention}: {exc}") from None
+        _check_attention_runs(args.attention, device)
     # Workers validate and load again on their own: pass the flags, not loaded objects.
     clean = argparse.Namespace(**vars(args))
     vars(clean).pop(LOADED_ATTR, None)
