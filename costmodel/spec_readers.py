@@ -225,7 +225,10 @@ def _from_megatron(ns: Any) -> ModelSpec:
             raise ValueError(f"Megatron args: window_size must be an int or (left, right) ints, "
                              f"got {window!r}")
         if left > 0:
-            kw.update(sliding_window=left, sliding_window_layers=layers)
+            # Megatron / Transformer Engine (left, right) is inclusive, as in flash-attn: a
+            # query sees keys i-left..i, left + 1 of them; ModelSpec's window counts the keys
+            # a query sees, itself included (HF's sliding_window).
+            kw.update(sliding_window=left + 1, sliding_window_layers=layers)
     return ModelSpec(**kw)
 
 

@@ -161,6 +161,18 @@ def test_megatron_dense_matches_preset():
     assert spec.fingerprint() == PRESETS["qwen3-8b"].fingerprint()
 
 
+def test_megatron_window_counts_the_query_itself():
+    """Megatron's window_size=(left, 0) is inclusive (keys i-left..i, as in flash-attn and
+    Transformer Engine): left + 1 keys, where ModelSpec.sliding_window counts the keys a
+    query sees, itself included (HF's convention). It was stored as left: one key short."""
+    from costmodel.flops import causal_pairs
+
+    spec = ModelSpec.from_megatron_args(_megatron(window_size=(4, 0)))
+    assert (spec.sliding_window, spec.sliding_window_layers) == (5, 36)
+    # 8 tokens, keys i-4..i each: 1+2+3+4+5+5+5+5 = 30 pairs.
+    assert causal_pairs([8], spec.sliding_window).tolist() == [30]
+
+
 def test_megatron_default_ffn_is_megatrons_swiglu_default():
     # ffn_hidden_size None is filled by Megatron as int(4h·2/3 / 64)·64 for SwiGLU; 4h
     # overcounted dense-MLP FLOPs 1.5x.
