@@ -214,10 +214,11 @@ def test_real_layer_timer_path_on_cpu(tmp_path):
                      head_dim=16, intermediate_size=64, vocab_size=64, dtype="fp32")
     timer = timer_mod.LayerTimer(tiny, attention="sdpa", dtype="fp32", device="cpu")
     assert timer([40, 7]) > 0 and timer.measure_rank([[40, 7], [12]]) > 0
-    runs = bench.run_benchmark(
+    planned = bench.plan_benchmark(
         np.array([40, 7, 90, 12, 33, 64, 5, 20]), spec=tiny, cap=128, dp_sizes=[2],
-        measure=timer, policies=["tokens", "flops"], repeats=1, warmup=0,
+        policies=["tokens", "flops"],
     )
+    runs = bench.measure_benchmark(planned, measure=timer, spec=tiny, repeats=1, warmup=0)
     assert [r.policy for r in runs] == ["tokens", "flops"]
     assert all(r.slowest_rank_direct_ms > 0 and len(r.measured_ms) == 2 for r in runs)
 

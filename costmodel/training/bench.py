@@ -45,7 +45,6 @@ __all__ = [
     "build_policy_schedules",
     "measure_benchmark",
     "plan_benchmark",
-    "run_benchmark",
 ]
 
 logger = logging.getLogger(__name__)
@@ -252,39 +251,6 @@ def _own_costs(policy: str, mbs: list[list[list[int]]], spec, cost_model, moe: b
         return [float(sum(calculate_train_flops(mb, spec) for mb in rank)) for rank in mbs]
     cost = as_cost(policy_cost(policy, spec, cost_model, moe=moe), spec)
     return [float(sum(cost.microbatch_cost(mb) for mb in rank)) for rank in mbs]
-
-
-def run_benchmark(
-    lengths: np.ndarray,
-    *,
-    spec,
-    cap: int,
-    dp_sizes: Sequence[int],
-    measure: Measure,
-    cost_model=None,
-    policies: Sequence[str] = POLICIES,
-    lengths_for_dp: Callable[[int], np.ndarray] | None = None,
-    repeats: int = 2,
-    warmup: int = 2,
-    moe_layer: bool | None = None,
-    progress: Callable[[str], None] | None = None,
-    deadline: float | None = None,
-) -> list[PolicyRun]:
-    """Build every (dp, policy) schedule, measure every distinct micro-batch, sum per rank.
-
-    ``lengths_for_dp(dp)`` gives the batch for a DP size (default: ``lengths`` for all).
-    All schedules are built and checked before the first measurement (`plan_benchmark`).
-    Measuring stops at ``deadline`` (a `time.perf_counter` value) or on Ctrl-C; only the
-    (dp, policy) runs whose every micro-batch was measured are returned, in order.
-    """
-    planned = plan_benchmark(
-        lengths, spec=spec, cap=cap, dp_sizes=dp_sizes, cost_model=cost_model,
-        policies=policies, lengths_for_dp=lengths_for_dp, moe_layer=moe_layer,
-    )
-    return measure_benchmark(
-        planned, measure=measure, spec=spec, cost_model=cost_model, repeats=repeats,
-        warmup=warmup, moe_layer=moe_layer, progress=progress, deadline=deadline,
-    )
 
 
 class PlannedRun(NamedTuple):

@@ -258,7 +258,7 @@ class LayerTimer:
     def measure_rank(self, microbatches: Sequence[Sequence[int]]) -> float:
         """One rank end to end: its micro-batches back to back in one timed span.
 
-        A check on the per-micro-batch sums (`run_benchmark` records both for the slowest
+        A check on the per-micro-batch sums (`bench.measure_benchmark` records both for the slowest
         rank of each schedule): eagerly, one micro-batch's launch tail overlaps the next
         one's start, so the direct time can be slightly lower than the sum.
         """
