@@ -262,6 +262,26 @@ def test_torch_varlen_without_gpu_is_a_runtime_error():
         attn.get_attention("torch-varlen")
 
 
+def test_a_cpu_device_on_a_gpu_machine_refuses_cuda_only_backends(monkeypatch):
+    """get_attention(name, "cpu") answers for the CPU even where CUDA is present."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(attn, "_varlen_call_style", lambda: "is_causal")  # as if installed
+    monkeypatch.setattr(attn, "_flash_attn_import_error", lambda: None)
+    monkeypatch.setattr(attn.importlib.util, "find_spec", lambda name: object())
+    assert attn.get_attention("torch-varlen", "cuda") is attn._ADAPTERS["torch-varlen"]
+    with pytest.raises(RuntimeError, match="runs only on CUDA.*the device is cpu"):
+        attn.get_attention("torch-varlen", "cpu")
+    with pytest.raises(RuntimeError, match="flash-attn runs only on CUDA; the device is cpu"):
+        attn.get_attention("flash-attn", "cpu")
+    monkeypatch.delenv("TRITON_INTERPRET")
+    with pytest.raises(RuntimeError, match="need a CUDA GPU .the device is cpu.*TRITON_INTERPRET=1"):
+        attn.get_attention("triton", "cpu")
+    assert attn.get_attention("triton", "cuda") is attn._ADAPTERS["triton"]
+    assert attn.get_attention("sdpa", "cpu") is attn._ADAPTERS["sdpa"]
+    with pytest.raises(ValueError, match="device must be 'cuda' or 'cpu'"):
+        attn.get_attention("sdpa", "tpu")
+
+
 # -------------------------------------------------------------------------- validation
 def _valid(device="cpu"):
     q = torch.randn(10, 4, 64, device=device)

@@ -173,7 +173,7 @@ def test_cuda_only_attention_on_a_cpu_run_of_a_gpu_machine(monkeypatch):
     from costmodel.training.launch import _check_attention_runs
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    with pytest.raises(ValueError, match="runs only on CUDA, and --device is cpu"):
+    with pytest.raises(ValueError, match="runs only on CUDA.*the device is cpu; use --attention sdpa"):
         _check_attention_runs("torch-varlen", "cpu")
     _check_attention_runs("sdpa", "cpu")
 

@@ -348,16 +348,22 @@ _ADAPTERS: dict[str, AttentionFn] = {
 
 
 # ------------------------------------------------------------------------ availability
-def _unavailable_reason(name: str) -> str | None:
-    """Why backend `name` cannot run here (with how to fix it), or None if it can."""
+def _unavailable_reason(name: str, device: str | None = None) -> str | None:
+    """Why backend `name` cannot run on `device` here (with how to fix it), or None if it
+    can. `device` is "cuda" or "cpu"; None means this process's default (CUDA if present):
+    a GPU machine that runs on its CPU still cannot use a CUDA-only backend."""
     cuda = torch.cuda.is_available()
+    if device not in (None, "cuda", "cpu"):
+        raise ValueError(f"device must be 'cuda' or 'cpu', got {device!r}")
+    on_cpu = device == "cpu" or not cuda
+    where = "the device is cpu" if device == "cpu" and cuda else "no GPU here"
     if name == "triton":
         if importlib.util.find_spec("triton") is None:
             return "the triton package is not installed; pip install triton"
-        if not cuda and os.environ.get("TRITON_INTERPRET") != "1":
+        if on_cpu and os.environ.get("TRITON_INTERPRET") != "1":
             return (
-                "Triton kernels need a CUDA GPU; on CPU set TRITON_INTERPRET=1 before "
-                "triton is imported (slow; for tests only)"
+                f"Triton kernels need a CUDA GPU ({where}); on CPU set TRITON_INTERPRET=1 "
+                "before triton is imported (slow; for tests only)"
             )
         return None
     if name == "torch-varlen":
@@ -365,16 +371,16 @@ def _unavailable_reason(name: str) -> str | None:
             _varlen_call_style()
         except RuntimeError as exc:
             return str(exc)
-        if not cuda:
-            return "torch varlen_attn runs only on CUDA (flash-attention kernels); no GPU here"
+        if on_cpu:
+            return f"torch varlen_attn runs only on CUDA (flash-attention kernels); {where}"
         return None
     if name == "sdpa":
         return None
     if name == "flash-attn":
         if importlib.util.find_spec("flash_attn") is None:
             return "the flash-attn package is not installed; pip install flash-attn --no-build-isolation"
-        if not cuda:
-            return "flash-attn runs only on CUDA; no GPU here"
+        if on_cpu:
+            return f"flash-attn runs only on CUDA; {where}"
         return _flash_attn_import_error()
     raise ValueError(f"unknown attention backend {name!r}; known: {list(ATTENTION_BACKENDS)}")
 
@@ -384,15 +390,16 @@ def available_attention_backends() -> list[str]:
     return [name for name in ATTENTION_BACKENDS if _unavailable_reason(name) is None]
 
 
-def get_attention(name: str) -> AttentionFn:
+def get_attention(name: str, device: str | None = None) -> AttentionFn:
     """The backend `name` as ``fn(q, k, v, cu_seqlens, max_seqlen) -> out``.
 
     Raises ValueError for an unknown name (listing the known ones) and RuntimeError, with
-    the reason and the fix, for a backend that cannot run here.
+    the reason and the fix, for a backend that cannot run here on `device` ("cuda" or
+    "cpu"; None: CUDA when this machine has it).
     """
     if name not in _ADAPTERS:
         raise ValueError(f"unknown attention backend {name!r}; known: {list(ATTENTION_BACKENDS)}")
-    reason = _unavailable_reason(name)
+    reason = _unavailable_reason(name, device)
     if reason is not None:
         raise RuntimeError(f"attention backend {name!r} is unavailable: {reason}")
     return _ADAPTERS[name]

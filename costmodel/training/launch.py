@@ -66,16 +66,10 @@ def _check_attention_runs(name: str, device: str) -> None:
     from costmodel.kernels.attention import get_attention
 
     try:
-        get_attention(name)  # installed, and usable on this machine
+        get_attention(name, device)
     except RuntimeError as exc:
-        raise ValueError(f"--attention {name}: {exc}") from None
-    # A GPU machine passes the above; the workers would still run on the CPU.
-    if device == "cpu" and name in ("torch-varlen", "flash-attn"):
-        raise ValueError(f"--attention {name} runs only on CUDA, and --device is cpu; use "
-                         "--attention sdpa (the CPU default)")
-    if device == "cpu" and name == "triton" and os.environ.get("TRITON_INTERPRET") != "1":
-        raise ValueError("--attention triton on --device cpu needs TRITON_INTERPRET=1 (slow; "
-                         "tests only); use --attention sdpa")
+        hint = "; use --attention sdpa (the CPU default)" if device == "cpu" else ""
+        raise ValueError(f"--attention {name}: {exc}{hint}") from None
 
 
 def launch(args: argparse.Namespace, nproc: int) -> list[dict[str, Any]]:

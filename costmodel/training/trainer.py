@@ -171,7 +171,7 @@ def train(args: argparse.Namespace) -> TrainResult:
 
     from costmodel.kernels.attention import get_attention
 
-    get_attention(attention)  # an unavailable backend fails here, with how to get it
+    get_attention(attention, device.type)  # unusable on this device: fails here, saying how to fix it
 
     own_group = not dist.is_initialized()
     if own_group:
