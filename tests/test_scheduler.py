@@ -175,9 +175,18 @@ def test_easy_inputs_always_schedule(lengths, dp, align, grouped):
     check_schedule(s, lengths, dp=dp, cap=CAP, align=align, group_ids=group_ids)
 
 
-def test_oversized_sample_sits_alone_and_strict_rejects_it():
+def test_oversized_sample_sits_alone_and_strict_rejects_it(caplog, monkeypatch):
+    from costmodel.scheduler import schedule as schedule_module
+
+    monkeypatch.setattr(schedule_module, "_WARNED_OVERSIZED", set())  # another test's warning
     lengths = [100] * 40 + [5000]
-    s = build_schedule(lengths, dp_size=4, max_tokens_per_microbatch=1000)
+    with caplog.at_level("WARNING", logger="costmodel.scheduler.schedule"):
+        s = build_schedule(lengths, dp_size=4, max_tokens_per_microbatch=1000)
+        build_schedule(lengths, dp_size=4, max_tokens_per_microbatch=1000, cost="flops",
+                       spec="qwen3-8b")
+    # never silent, and said once for the same batch scheduled twice
+    warned = [r.getMessage() for r in caplog.records if "longer than the token cap" in r.getMessage()]
+    assert len(warned) == 1 and "1 sample(s)" in warned[0] and "longest 5000" in warned[0]
     check_schedule(s, lengths, dp=4, cap=1000)
     alone = [mb for rank in s.microbatches for mb in rank if 40 in mb]
     assert alone == [[40]]

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -48,6 +49,8 @@ from costmodel.scheduler.groups import first_appearance_ids, place_groups
 from costmodel.scheduler.order import ORDERS, run_order
 from costmodel.scheduler.pack import assign_bins, best_fit_pack, pack_tokens
 from costmodel.scheduler.refine import BinState, local_search
+
+logger = logging.getLogger(__name__)
 
 __all__ = ["Schedule", "build_schedule", "token_cap"]
 
@@ -177,6 +180,26 @@ def _dense_groups(group_ids: Sequence[Any], n: int) -> np.ndarray:
 # -- the scheduler -----------------------------------------------------------------------
 
 
+# (count, longest, cap) already warned about: a command that schedules one batch several
+# ways says it once, a training run once per batch that has such samples.
+_WARNED_OVERSIZED: set[tuple[int, int, int]] = set()
+
+
+def _warn_oversized(over: np.ndarray, cap: int) -> None:
+    """Not an error by default (slime and verl also let such a sample run alone), but never
+    silent: a micro-batch over the cap is what runs out of memory on a cluster."""
+    key = (int(over.size), int(over.max()), cap)
+    if key in _WARNED_OVERSIZED:
+        return
+    if len(_WARNED_OVERSIZED) > 1024:  # a long run: keep the set small
+        _WARNED_OVERSIZED.clear()
+    _WARNED_OVERSIZED.add(key)
+    logger.warning(
+        "%d sample(s) longer than the token cap of %d (the longest %d tokens) each run alone "
+        "in a micro-batch over the cap: raise the cap, truncate them, or pass strict=True "
+        "to refuse them", key[0], cap, key[1])
+
+
 def build_schedule(
     lengths: ArrayLike,
     *,
@@ -236,6 +259,8 @@ def build_schedule(
             f"sample {i} has {int(lens[i])} tokens, over the cap of {cap} "
             f"(strict=True; {int(over.sum())} sample(s) over the cap in all)"
         )
+    if over.any():
+        _warn_oversized(lens[over], cap)
     if n < dp * align:
         raise ValueError(
             f"{n} samples cannot fill dp_size × align = {dp} × {align} = {dp * align} "
