@@ -42,6 +42,7 @@ from costmodel.checks import positive_int
 from costmodel.curves import MODES, ModeCurves, TokenCurve
 from costmodel.flops import as_lengths, causal_pairs
 from costmodel.model_file import (
+    OTHER_SHAPE_HINT,
     SCHEMA,
     from_document,
     read_document,
@@ -405,7 +406,7 @@ def load_cost_model(
             raise ValueError(
                 f"cost model {text!r} is for model {model_spec.name!r} (shape "
                 f"{model_spec.fingerprint()}), not {spec.name!r} (shape {spec.fingerprint()}); "
-                "pass allow_other_shape=True to use it anyway"
+                f"{OTHER_SHAPE_HINT}"
             )
     logger.info("no measured profile for %s/%s; using the registry estimate", info.key, model_name)
     from costmodel.estimate import estimate_cost_model  # here: estimate builds on CostModel

@@ -32,6 +32,10 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
+#: How to use a cost model made for another model shape anyway, in every entry point.
+OTHER_SHAPE_HINT = ("to use it anyway: allow_other_shape=True in Python, "
+                    "--cost-model-allow-other-shape on the command line and in training scripts")
+
 SCHEMA = "costmodel/1"
 _REQUIRED_FIELDS = ("schema", "created", "is_estimate", "gpu", "spec", "spec_fingerprint", "curves")
 _EXTRA_FIELDS = (
@@ -319,9 +323,7 @@ def from_document(
                 source,
                 f"made for model {file_spec.name!r} (shape {file_spec.fingerprint()}), not for "
                 f"{spec.name!r} (shape {spec.fingerprint()}: {_shape_difference(file_spec, spec)}"
-                "); calibrate for this model (to use "
-                "it anyway: allow_other_shape=True in Python; --cost-model-allow-other-shape in "
-                "bench-schedule and training scripts, --allow-other-shape in report)",
+                f"); calibrate for this model ({OTHER_SHAPE_HINT})",
                 fix=None,
             )
         logger.warning(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -101,6 +102,32 @@ def test_flag_errors_come_before_the_gpu(argv, says, capsys):
 def test_typos_get_hints(argv, says, capsys):
     assert main(argv) == 2
     assert says in capsys.readouterr().err
+
+
+REPO = Path(__file__).resolve().parents[1]
+PROFILE_8B = "costmodel/profiles/h200/qwen3-8b.json"
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["simulate", "--n", "64", "--cost-model", "h200/qwen3-4b"], "--cost-model-allow-other-shape"),
+    (["schedule", "--n", "64", "--model", "qwen3-4b", "--cost", PROFILE_8B],
+     "made for model 'qwen3-8b'"),  # the loader's own reason, not "is not a cost model"
+    (["simulate", "--n", "64", "--cost-model", "tokens"], "already a row of the table"),
+])
+def test_cost_model_errors_say_what_to_do(argv, says, capsys, monkeypatch):
+    monkeypatch.chdir(REPO)
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert says in err and "is not 'tokens', 'flops' or a cost model" not in err, err
+
+
+def test_another_shape_when_asked_for(capsys, monkeypatch):
+    monkeypatch.chdir(REPO)
+    assert main(["schedule", "--n", "64", "--model", "qwen3-4b", "--cost", PROFILE_8B,
+                 "--cost-model-allow-other-shape"]) == 0
+    assert main(["simulate", "--n", "64", "--cost-model", "h200/qwen3-4b",
+                 "--cost-model-allow-other-shape"]) == 0
+    assert "max/mean" in capsys.readouterr().out
 
 
 def test_bench_schedule_builds_every_schedule_before_the_gpu(tmp_path, capsys):

@@ -38,12 +38,20 @@ def test_parse_lines_commas_comments():
     assert parse_lengths(text).tolist() == [100, 200, 300, 400, 500]
 
 
+def test_parse_spaces_and_whole_floats():
+    """Space-separated rows and "4096.0" (pandas writes whole lengths so from a float column)."""
+    assert parse_lengths("512 4096 900\n4096.0\n7.\n").tolist() == [512, 4096, 900, 4096, 7]
+
+
 @pytest.mark.parametrize(
     "text, match",
     [
         ("100\n200\nabc\n", "line 3: 'abc' is not a whole number"),
         ("100\n2.5\n", "line 2: '2.5'"),
         ("100,,200\n", "line 1: empty field"),
+        (",100\n", "line 1: empty field"),
+        ("100\n4096.5\n", "line 2: '4096.5' is not a whole number"),
+        ("100\n1e3\n", "line 2: '1e3'"),
         ("100\n0\n", "line 2: length 0 must be >= 1"),
         ("100\n-4\n", "line 2: length -4 must be >= 1"),
         ("# nothing\n\n", "no lengths found"),

@@ -1,6 +1,6 @@
 """`costmodel bench-schedule`: measured step-time balance of each scheduling policy (GPU).
 
-    PYTHONPATH=. python -m costmodel bench-schedule --model qwen3-8b --lengths rl \
+    PYTHONPATH=. python -m costmodel bench-schedule --model qwen3-8b --lengths rl \\
         --cap 16384 --dp 8,16,64 --cost-model h200/qwen3-8b -o bench_schedule.json
 
 Builds schedules by token balance, analytic-FLOPs balance, the common baseline (first-fit

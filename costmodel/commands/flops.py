@@ -11,11 +11,15 @@ from costmodel.spec import ModelSpec
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
-        "flops", help="exact forward matmul FLOPs by component (per sequence, summed)"
+        "flops", help="exact forward matmul FLOPs by component (per sequence, summed)",
+        description="Exact forward matmul FLOPs of each sequence length, by component "
+        "(projections, attention core, MLP or experts, LM head), and their sum; training "
+        "is 3 x forward. Causal attention counts L(L+1)/2 query-key pairs.",
     )
-    p.add_argument("--model", default="qwen3-8b", help="preset name or HF config.json path")
+    p.add_argument("--model", default="qwen3-8b",
+                   help="preset name or HF config.json path (default: qwen3-8b)")
     p.add_argument(
-        "--lengths", default="512,4096,32768", help="comma-separated sequence lengths (tokens)"
+        "--lengths", default="512,4096,32768", help="comma-separated sequence lengths (tokens) (default: 512,4096,32768)"
     )
     p.set_defaults(func=run)
 

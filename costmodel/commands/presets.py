@@ -9,7 +9,12 @@ from costmodel.spec import PRESETS
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser("presets", help="list the built-in model presets")
+    p = subparsers.add_parser(
+        "presets", help="list the built-in model presets",
+        description="The built-in model shapes --model accepts by name (a Hugging Face "
+        "config.json or a folder holding one works too): layers, hidden size, query/KV heads, "
+        "head dim, MLP or experts, active parameters.",
+    )
     p.set_defaults(func=run)
 
 

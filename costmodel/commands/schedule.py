@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import time
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -20,32 +21,33 @@ from costmodel.scheduler.lengths import DISTRIBUTIONS, MAX_GENERATED, generate_l
 
 def add_batch_arguments(p: argparse.ArgumentParser) -> None:
     """The flags that describe a batch and its scheduling problem (shared with simulate)."""
-    p.add_argument("--model", default="qwen3-8b", help="preset name or HF config.json path")
+    p.add_argument("--model", default="qwen3-8b", help="preset name or HF config.json path (default: %(default)s)")
     src = p.add_mutually_exclusive_group()
     src.add_argument(
         "--lengths",
         metavar="FILE",
-        help="file of sample lengths: one integer per line, or comma separated",
+        help="file of sample lengths: one integer per line, or separated by commas or spaces "
+        "(.json and .npy too)",
     )
     src.add_argument(
         "--dist",
         choices=DISTRIBUTIONS,
         default="rl",
         help="built-in length distribution (rl: prompt 200-1500 + lognormal response, "
-        "median 1500; bimodal: 90%% short, 10%% very long)",
+        "median 1500; bimodal: 90%% short, 10%% very long) (default: %(default)s)",
     )
-    p.add_argument("--n", type=int, default=4096, help="samples to draw with --dist")
-    p.add_argument("--seed", type=int, default=0, help="seed for --dist")
-    p.add_argument("--dp", type=int, default=8, help="data-parallel ranks")
-    p.add_argument("--max-tokens", type=int, default=16384, help="token cap of one micro-batch")
+    p.add_argument("--n", type=int, default=4096, help="samples to draw with --dist (default: %(default)s)")
+    p.add_argument("--seed", type=int, default=0, help="seed for --dist (default: %(default)s)")
+    p.add_argument("--dp", type=int, default=8, help="data-parallel ranks (default: %(default)s)")
+    p.add_argument("--max-tokens", type=int, default=16384, help="token cap of one micro-batch (default: %(default)s)")
     p.add_argument(
-        "--align", type=int, default=1, help="micro-batches per rank: a multiple of this"
+        "--align", type=int, default=1, help="micro-batches per rank: a multiple of this (default: %(default)s)"
     )
     p.add_argument(
         "--mode",
         choices=("train", "forward"),
         default="train",
-        help="cost of a training step or of a forward-only (log-prob) pass",
+        help="cost of a training step or of a forward-only (log-prob) pass (default: %(default)s)",
     )
 
 
@@ -64,15 +66,24 @@ def batch_lengths(args: argparse.Namespace) -> tuple[np.ndarray, str]:
     )
 
 
-def resolve_cost(name: str, spec: Any) -> Any:
+def add_allow_other_shape(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--cost-model-allow-other-shape", action="store_true",
+        help="accept a cost model calibrated for another model shape than --model",
+    )
+
+
+def resolve_cost(name: str, spec: Any, *, allow_other_shape: bool = False) -> Any:
     """'tokens' and 'flops' pass through; anything else loads a cost model for ``spec``."""
     if name in ("tokens", "flops"):
         return name
     from costmodel.model import load_cost_model
 
     try:
-        return load_cost_model(name, spec=spec)
+        return load_cost_model(name, spec=spec, allow_other_shape=allow_other_shape)
     except (ValueError, FileNotFoundError) as err:
+        if Path(name).is_file():  # a cost model that is there but does not load says why
+            raise ValueError(f"--cost {name!r}: {err}") from None
         raise ValueError(f"--cost {name!r} is not 'tokens', 'flops' or a cost model ({err})") from None
 
 
@@ -97,13 +108,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--cost",
         default="tokens",
-        help="tokens, flops, or a cost model (calibrated file or shipped name, e.g. h200/qwen3-8b)",
+        help="what to balance: tokens, flops, or a cost model (calibrated file or shipped "
+        "name, e.g. h200/qwen3-8b) (default: tokens)",
     )
+    add_allow_other_shape(p)
     p.add_argument(
         "--order",
         choices=("none", "longest-first", "pipeline"),
         default="none",
-        help="run order of the micro-batches inside a rank",
+        help="run order of the micro-batches inside a rank (default: %(default)s)",
     )
     p.add_argument("--json", metavar="PATH", help="also write the whole schedule as JSON")
     p.set_defaults(func=run)
@@ -118,7 +131,7 @@ def run(args: argparse.Namespace) -> int:
         check_output_path(args.json, "--json")
     spec = ModelSpec.from_any(args.model)
     lengths, source = batch_lengths(args)
-    cost = resolve_cost(args.cost, spec)
+    cost = resolve_cost(args.cost, spec, allow_other_shape=args.cost_model_allow_other_shape)
     t0 = time.perf_counter()
     s = build_schedule(
         lengths,

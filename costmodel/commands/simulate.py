@@ -21,7 +21,12 @@ from __future__ import annotations
 import argparse
 import time
 
-from costmodel.commands.schedule import add_batch_arguments, batch_lengths, cost_label
+from costmodel.commands.schedule import (
+    add_allow_other_shape,
+    add_batch_arguments,
+    batch_lengths,
+    cost_label,
+)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -39,6 +44,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="cost model that judges every policy (a calibrated file or a shipped name); "
         "default: h200/<model>",
     )
+    add_allow_other_shape(p)
     p.add_argument(
         "--variant",
         action="store_true",
@@ -61,7 +67,12 @@ def run(args: argparse.Namespace) -> int:
         check_output_path(args.json, "--json")
     spec = ModelSpec.from_any(args.model)
     lengths, source = batch_lengths(args)
-    model = load_cost_model(args.cost_model or f"h200/{spec.name}", spec=spec)
+    if args.cost_model in ("tokens", "flops"):
+        raise ValueError(f"--cost-model judges every policy in milliseconds: give a cost model "
+                         f"file or a name such as h200/{spec.name} ({args.cost_model} balance is "
+                         "already a row of the table)")
+    model = load_cost_model(args.cost_model or f"h200/{spec.name}", spec=spec,
+                            allow_other_shape=args.cost_model_allow_other_shape)
     common = dict(max_tokens_per_microbatch=args.max_tokens, mode=args.mode)
     flops = sequence_fwd_flops(lengths, spec)
 

@@ -314,7 +314,15 @@ def as_cost(cost: Any = "tokens", spec: Any = None, mode: str = "train") -> Cost
                 f"cost {cost!r} is not 'tokens' or 'flops', and cost models cannot be "
                 f"loaded here ({err})"
             ) from err
-        return ModelCost(cached_cost_model(cost, spec=spec), mode)
+        try:
+            model = cached_cost_model(cost, spec=spec)
+        except FileNotFoundError as err:
+            raise ValueError(f"cost {cost!r} is not 'tokens' or 'flops', and {err}") from None
+        except ValueError as err:
+            if "neither a cost model file" not in str(err) and "as a name" not in str(err):
+                raise  # a cost model that is there but does not load says why itself
+            raise ValueError(f"cost {cost!r} is not 'tokens' or 'flops', and {err}") from None
+        return ModelCost(model, mode)
     if hasattr(cost, "microbatch_costs") or hasattr(cost, "microbatch_cost"):
         return ModelCost(cost, mode)
     if callable(cost):

@@ -58,15 +58,16 @@ def generate_lengths(
     return prompt.astype(np.int64) + response
 
 
-_TOKEN = re.compile(r"^[+-]?\d+$")  # a sign is read, then checked: "-5" is below 1
-
+# A sign is read, then checked ("-5" is below 1); "4096.0", as pandas writes whole lengths
+# from a float column, is a whole number too ("4096.5" is not).
+_TOKEN = re.compile(r"^[+-]?\d+(\.0*)?$")
 
 
 def parse_lengths(text: str, source: str = "lengths") -> np.ndarray:
-    """Lengths from text: one integer per line, or comma separated (or both).
+    """Lengths from text: one integer per line, or separated by commas or spaces (or both).
 
     Blank lines and lines starting with ``#`` are skipped. Anything else that is not a
-    positive integer is a ValueError naming the line.
+    positive whole number is a ValueError naming the line.
     """
     values: list[int] = []
     text = text.removeprefix("\ufeff")  # a byte-order mark from some editors
@@ -74,28 +75,32 @@ def parse_lengths(text: str, source: str = "lengths") -> np.ndarray:
         line = raw.strip()
         if not line or line.startswith("#"):
             continue
-        for part in line.split(","):
-            token = part.strip()
-            if not token:
-                if line.endswith(",") and part is line.split(",")[-1]:
+        fields = line.split(",")
+        for i, field in enumerate(fields):
+            tokens = field.split()
+            if not tokens:
+                if i == len(fields) - 1 and i > 0:
                     continue  # trailing comma
-                raise ValueError(f"{source}: line {lineno}: empty field in {raw.strip()!r}")
-            if not _TOKEN.match(token):
-                raise ValueError(
-                    f"{source}: line {lineno}: {token!r} is not a whole number of tokens"
-                )
-            value = int(token)
-            if value < 1:
-                raise ValueError(f"{source}: line {lineno}: length {value} must be >= 1")
-            if value > MAX_LENGTH:
-                raise ValueError(
-                    f"{source}: line {lineno}: length {value} is too large: beyond any context window "
-                    f"(at most {MAX_LENGTH:,} tokens)"
-                )
-            values.append(value)
+                raise ValueError(f"{source}: line {lineno}: empty field in {line!r}")
+            for token in tokens:
+                values.append(_length(token, source, lineno))
     if not values:
         raise ValueError(f"{source}: no lengths found")
     return np.array(values, dtype=np.int64)
+
+
+def _length(token: str, source: str, lineno: int) -> int:
+    if not _TOKEN.match(token):
+        raise ValueError(f"{source}: line {lineno}: {token!r} is not a whole number of tokens")
+    value = int(token.split(".")[0])
+    if value < 1:
+        raise ValueError(f"{source}: line {lineno}: length {value} must be >= 1")
+    if value > MAX_LENGTH:
+        raise ValueError(
+            f"{source}: line {lineno}: length {value} is too large: beyond any context window "
+            f"(at most {MAX_LENGTH:,} tokens)"
+        )
+    return value
 
 
 def read_lengths(path: str | Path) -> np.ndarray:
