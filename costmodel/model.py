@@ -49,7 +49,7 @@ from costmodel.model_file import (
     utc_timestamp,
     write_json_atomic,
 )
-from costmodel.profiles import profile_path
+from costmodel.profiles import profile_for_shape, profile_path
 from costmodel.spec import ModelSpec, as_spec
 
 __all__ = [
@@ -393,6 +393,8 @@ def load_cost_model(
     except ValueError as err:
         raise ValueError(f"{text!r} is not an existing cost model file, and as a name: {err}") from None
     shipped = profile_path(info.key, model_name)
+    if shipped is None and spec is not None and spec.name.lower() == model_name.lower():
+        shipped = profile_for_shape(info.key, spec.fingerprint())  # a config.json's own name
     if shipped is not None:
         doc = read_document(shipped)
         return CostModel.from_dict(

@@ -80,6 +80,21 @@ def test_hf_qwen3_matches_preset(tmp_path):
     assert ModelSpec.from_any(tmp_path / "config.json") == spec
 
 
+def test_a_config_under_another_name_gets_the_measured_profile_of_its_shape(tmp_path):
+    from costmodel.model import load_cost_model
+
+    path = tmp_path / "my-finetune.json"
+    path.write_text(json.dumps(QWEN3_8B_HF))
+    spec = ModelSpec.from_any(path)
+    assert spec.name != "qwen3-8b"
+    model = load_cost_model("h200", spec=spec)
+    assert not model.is_estimate and model.spec.name == "qwen3-8b"
+    assert load_cost_model(f"h200/{spec.name}", spec=spec).extra["source"] == model.extra["source"]
+    # another shape under its own name still gets the registry estimate
+    other = ModelSpec.from_dict({**PRESETS["qwen3-8b"].to_dict(), "name": "mine", "num_layers": 30})
+    assert load_cost_model("h200", spec=other).is_estimate
+
+
 def test_hf_sliding_window_with_null_max_window_layers(tmp_path):
     # A TypeError before; null means no layer past the full-attention ones.
     cfg = {**QWEN3_8B_HF, "use_sliding_window": True, "sliding_window": 4096,

@@ -7,9 +7,10 @@ here falls back to the registry estimate (labelled as such).
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
-__all__ = ["PROFILES_DIR", "profile_path", "shipped_profiles"]
+__all__ = ["PROFILES_DIR", "profile_for_shape", "profile_path", "shipped_profiles"]
 
 PROFILES_DIR = Path(__file__).resolve().parent
 
@@ -25,3 +26,18 @@ def shipped_profiles() -> list[str]:
     return sorted(
         f"{p.parent.name}/{p.stem}" for p in PROFILES_DIR.glob("*/*.json") if p.is_file()
     )
+
+
+def profile_for_shape(gpu_key: str, fingerprint: str) -> Path | None:
+    """The shipped file for this GPU key whose model has this shape (`ModelSpec.fingerprint`),
+    or None: a model given as a config.json under another name still gets the measured
+    profile of its shape."""
+    for path in sorted((PROFILES_DIR / gpu_key.lower()).glob("*.json")):
+        try:
+            with path.open(encoding="utf-8") as f:
+                stored = json.load(f).get("spec_fingerprint")
+        except (OSError, ValueError, AttributeError):
+            continue  # a broken file is reported when it is loaded by name, not here
+        if stored == fingerprint:
+            return path
+    return None
