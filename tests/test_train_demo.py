@@ -162,7 +162,7 @@ def test_more_bad_inputs_found_by_a_sweep(tmp_path, capsys):
     lengths.write_text("100\n300\n100\n900\n")
     err = _error(["--lengths-file", str(lengths), "--samples-per-step", "2", "--steps", "2",
                   "--max-tokens-per-gpu", "50"], capsys)
-    assert "2 of 2 steps" in err and "at least 900" in err  # 300 (step 0's) was not enough
+    assert "2 of 2 steps (first: step 1)" in err and "at least 900" in err  # not just step 1's 300
     assert "above the 2,147,483,647" in _error(["--max-tokens-per-gpu", "99999999999"], capsys)
 
 
@@ -213,7 +213,7 @@ def test_lengths_file_drives_the_steps(tmp_path):
 
 def test_disagreeing_schedules_stop_with_a_clear_error():
     check_schedule_agreement([digest_to_int("abc")] * 3, step=0)
-    with pytest.raises(RuntimeError, match="step 4: the ranks built different schedules"):
+    with pytest.raises(RuntimeError, match="step 5: the ranks built different schedules"):
         check_schedule_agreement([digest_to_int("abc"), digest_to_int("abd")], step=4)
 
 
@@ -258,7 +258,7 @@ def test_a_rank_with_another_schedule_stops_every_rank(tmp_path):
     )
     assert done.returncode != 0
     for rank in (0, 1):
-        assert f"error (rank {rank}): step 0: the ranks built different schedules" in done.stderr
+        assert f"error (rank {rank}): step 1: the ranks built different schedules" in done.stderr
     assert "step 1/" not in done.stdout
 
 

@@ -194,7 +194,7 @@ def prepare(args: argparse.Namespace, dp_size: int, *, dtype: str = "fp32") -> P
         longest = max(int(lengths.max()) for lengths in steps)
         where = args.lengths_file or "the synthetic draw"
         raise ValueError(
-            f"{len(over)} of {args.steps} steps (first: step {over[0]}) have samples longer "
+            f"{len(over)} of {args.steps} steps (first: step {over[0] + 1}) have samples longer "
             f"than --max-tokens-per-gpu {cap}, the longest {longest} tokens: a micro-batch "
             f"cannot hold them; raise --max-tokens-per-gpu to at least {longest} (or clip "
             f"lengths in {where} with --max-len)"
@@ -202,14 +202,14 @@ def prepare(args: argparse.Namespace, dp_size: int, *, dtype: str = "fp32") -> P
     for step, lengths in enumerate(steps):
         if int(np.maximum(lengths - 1, 0).sum()) == 0:
             raise ValueError(
-                f"every sample of step {step} is 1 token long: next-token training needs "
+                f"every sample of step {step + 1} is 1 token long: next-token training needs "
                 "samples of at least 2 tokens"
             )
         try:
             schedule = build_schedule(lengths, dp_size=dp_size, **kwargs)
         except ValueError as err:
             raise ValueError(
-                f"cannot schedule step {step}: {err} (here max_tokens_per_microbatch is "
+                f"cannot schedule step {step + 1}: {err} (here max_tokens_per_microbatch is "
                 "--max-tokens-per-gpu and dp_size the number of processes)"
             ) from None
         plan.lengths.append(lengths)

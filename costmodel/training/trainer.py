@@ -82,11 +82,12 @@ def digest_to_int(digest: str) -> int:
 
 
 def check_schedule_agreement(digests: list[int], step: int) -> None:
-    """Raise RuntimeError when the ranks' schedule digests differ at ``step``."""
+    """Raise RuntimeError when the ranks' schedule digests differ at ``step`` (0-based; said
+    1-based, as the step log counts)."""
     if len(set(digests)) > 1:
         per_rank = ", ".join(f"rank {r}: {d:x}" for r, d in enumerate(digests))
         raise RuntimeError(
-            f"step {step}: the ranks built different schedules ({per_rank}); every rank must "
+            f"step {step + 1}: the ranks built different schedules ({per_rank}); every rank must "
             "run the same costmodel version with the same flags, lengths and cost model"
         )
 
