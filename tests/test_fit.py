@@ -89,3 +89,20 @@ def test_a_slow_token_point_is_not_a_step(where):
     curve = fit_token_curve(recs, "test")
     for t in (T[where], T[where] + 100 if where >= 0 else 2 * T[-1]):
         assert float(curve(t)) == pytest.approx(t * 1e-3, rel=0.01)
+
+
+def test_a_per_call_tail_that_grows_with_length_is_not_a_slow_pack():
+    """Graph timing leaves a call cost of microseconds, while the kernel's tail (one long
+    sequence's last blocks) still grows with L: a trend, not a slow measurement."""
+    call = 0.004
+    b = lambda L: 1e-7 * L**2 + 2e-5 * L
+    tail = lambda L: max(0.0, 2.7e-5 * (L - 2048))  # ~6-12% of one sequence, as on an H200
+    recs = []
+    for L in (512, 1024, 2048, 4096, 8192, 16384):
+        for n in (1, 2, 4):
+            recs.append(Record("attention", "forward", (L,) * n, call + tail(L) + n * b(L), 0.01))
+    curve, call_ms, details = fit_attention(recs)
+    assert details["refit_with_median_call_lengths"] == []
+    L = np.array([4096.0, 8192.0, 16384.0])
+    np.testing.assert_allclose(curve(L), b(L), rtol=1e-6)  # b is not biased by the tail
+    assert details["per_call_ms"]["16384"] == pytest.approx(call + tail(16384), rel=1e-6)

@@ -34,6 +34,9 @@ __all__ = ["Record", "fit_attention", "fit_mode", "fit_token_curve", "residuals"
 logger = logging.getLogger(__name__)
 
 _MIN_MS = 1e-5  # 10 ns: floor for per-sequence attention that fits to ~0 at tiny L
+# The most of a length's fastest pack that its per-call cost may be and still be taken as
+# the kernel's tail rather than a slow measurement (see fit_attention).
+_TAIL_SHARE = 0.15
 
 
 @dataclass(frozen=True)
@@ -137,11 +140,16 @@ def fit_attention(records: list[Record]) -> tuple[AttentionCurve, float, dict[st
     # or three pack sizes, one slow n = 1 pack tilts the line to a large a(L) and a small
     # b(L) (a 30% slow pack at the longest length cut b there by 30%). Such lengths take
     # the median a, and b from their fastest pack: interference only ever slows a pack
-    # down, so the smallest (t - a) / n is the one it spared. "Far": 5x the median and 10
-    # median deviations; the H200 profile's a(L) creeps from 0.14 to 0.52 ms at 13k (one
-    # long sequence fills fewer SMs), a trend this leaves alone.
+    # down, so the smallest (t - a) / n is the one it spared. "Far": 5x the median, 10
+    # median deviations, and a share of the pack's own time a kernel's tail cannot explain.
+    # The tail is real: a(L) creeps with L (the last query blocks of one long sequence run
+    # on few SMs; 0.08 -> 0.52 ms from 2k to 13k in the H200 profile's forward, 6-12% of
+    # one sequence), and without the share a graph-timed sweep (a call cost of microseconds)
+    # took that creep for slow packs at every length from 3k and biased b up by 3%.
     spread = float(np.median([abs(a - call_ms) for a in per_call.values()])) if per_call else 0.0
-    tilted = [L for L, a in per_call.items() if a - call_ms > max(10 * spread, 4 * call_ms)]
+    fastest = {L: min(r.ms for r in rs) for L, rs in by_len.items()}
+    tilted = [L for L, a in per_call.items()
+              if a - call_ms > max(10 * spread, 4 * call_ms, _TAIL_SHARE * fastest[L])]
     for L in tilted:
         n = np.array([len(r.lengths) for r in by_len[L]], dtype=np.float64)
         t = np.array([r.ms for r in by_len[L]])
