@@ -300,3 +300,35 @@ def test_sample_is_multimodal_is_accepted_as_slime_passes_it():
     assert flagged == plain
     with pytest.raises(ValueError, match="sample_is_multimodal has 3 entries for 16 samples"):
         build_dp_schedule(make_args(), config(dp=2), lengths, sample_is_multimodal=[True] * 3, **kw)
+
+
+@pytest.mark.parametrize("flags", [dict(), dict(balance_data=True), dict(use_dynamic_batch_size=False,
+                                                                        micro_batch_size=4)])
+def test_steps_given_as_sample_lists_schedule_like_rollout_steps(flags, caplog):
+    """slime releases with a custom step splitter pass step_sample_indices instead."""
+    lengths = generate_lengths(96, seed=5).tolist()
+    args, cfg = make_args(**flags), config(dp=4)
+    by_rollouts = build_dp_schedule(args, cfg, lengths, global_batch_size=32,
+                                    rollout_indices=list(range(96)))
+    steps = [list(range(s, s + 32)) for s in range(0, 96, 32)]
+    assert build_dp_schedule(args, cfg, lengths, step_sample_indices=steps) == by_rollouts
+    # unequal steps: each step's size is its own sample count; left-out samples warned about
+    uneven = [list(range(0, 32)), np.arange(32, 80)]  # multiples of 16 for fixed-size batches
+    partitions, mbi, num_mbs, sizes = build_dp_schedule(
+        args, cfg, lengths, step_sample_indices=uneven)
+    assert sizes == [32, 48] and sorted(i for p in partitions for i in p) == list(range(80))
+    assert "leave out 16 of 96 samples" in caplog.text
+
+
+@pytest.mark.parametrize("kwargs, says", [
+    (dict(step_sample_indices=[[0, 1, 2, 3], [3, 4, 5, 6]]), "repeats sample"),
+    (dict(step_sample_indices=[[0, 1, 2, 96]]), "96 is not a sample position in 0..95"),
+    (dict(step_sample_indices=[[0, 1, 1, 2]]), "lists a sample twice"),
+    (dict(step_sample_indices=[]), "non-empty list of steps"),
+    (dict(global_batch_size=8), "either global_batch_size and rollout_indices, or step_sample_indices"),
+    (dict(step_sample_indices=[[0, 1, 2, 3]], global_batch_size=1, rollout_indices=list(range(96))),
+     "not both"),
+])
+def test_bad_step_arguments_are_named(kwargs, says):
+    with pytest.raises(ValueError, match=says):
+        build_dp_schedule(make_args(), config(dp=4), generate_lengths(96, seed=5).tolist(), **kwargs)

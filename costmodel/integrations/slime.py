@@ -5,7 +5,12 @@
         args, train_parallel_config, total_lengths,
         global_batch_size=args.global_batch_size, rollout_indices=rollout_indices)
 
-Same arguments, same return value, same invariants as slime's:
+Same arguments, same return value, same invariants as slime's. slime's signature has
+changed across releases; both that the upstream repository has had are taken (checked
+against THUDM/slime's dp_schedule.py at 04e67434 and at b1de73ca): steps of
+``global_batch_size`` rollouts given ``rollout_indices`` (above), or steps a custom splitter
+made, ``build_dp_schedule(args, config, total_lengths, step_sample_indices=steps)``.
+Invariants:
 
 - samples of one rollout (equal ``rollout_indices``) stay in one step; steps take
   ``global_batch_size`` rollouts in order of first appearance; trailing rollouts that do
@@ -135,19 +140,61 @@ def _steps(rollout_ids: np.ndarray, global_batch_size: int) -> list[list[int]]:
     ]
 
 
+def _positions(step: Any, n: int, what: str) -> list[int]:
+    """Sample positions as Python ints: whole numbers in range(n), none twice."""
+    values = np.asarray(step.tolist() if hasattr(step, "tolist") else list(step), dtype=object)
+    if values.ndim != 1 or values.size == 0:
+        raise ValueError(f"{what} must be a non-empty list of sample positions, got {step!r:.60}")
+    out = []
+    for v in values.tolist():
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or not 0 <= v < n:
+            raise ValueError(f"{what}: {v!r} is not a sample position in 0..{n - 1}")
+        out.append(int(v))
+    if len(set(out)) < len(out):
+        raise ValueError(f"{what} lists a sample twice")
+    return out
+
+
+def _given_steps(step_sample_indices: Any, n: int) -> list[list[int]]:
+    """The steps a caller split itself (slime's ``custom_rollout_step_split``), checked: a
+    non-empty list of lists of sample positions in range, none in two steps. Samples in no
+    step are dropped, with a warning, as slime does."""
+    if isinstance(step_sample_indices, (str, bytes)) or not isinstance(step_sample_indices, Sequence) \
+            or not step_sample_indices:
+        raise ValueError("step_sample_indices must be a non-empty list of steps, each a list of "
+                         f"sample positions, got {step_sample_indices!r:.60}")
+    steps, seen = [], set()
+    for s, step in enumerate(step_sample_indices):
+        positions = _positions(step, n, f"step_sample_indices[{s}]")
+        again = seen.intersection(positions)
+        if again:
+            raise ValueError(f"step_sample_indices[{s}] repeats sample(s) of an earlier step: "
+                             f"{sorted(again)[:5]}")
+        seen.update(positions)
+        steps.append(positions)
+    if len(seen) < n:
+        logger.warning("step_sample_indices leave out %d of %d samples; they are not trained on",
+                       n - len(seen), n)
+    return steps
+
+
 def build_dp_schedule(
     args: Any,
     train_parallel_config: dict,
     total_lengths: Sequence[int],
     *,
-    global_batch_size: int,
-    rollout_indices: Sequence[Any],
+    global_batch_size: int | None = None,
+    rollout_indices: Sequence[Any] | None = None,
     sample_is_multimodal: Sequence[bool] | None = None,
+    step_sample_indices: Sequence[Sequence[int]] | None = None,
 ) -> tuple[list[list[int]], list[list[list[int]]], list[int], list[int]]:
     """Per-rank sample partition and micro-batch schedule, step by step (see module doc).
 
-    ``sample_is_multimodal`` is accepted as slime's signature has it; it only matters to
-    multimodal-aware packing, which this drop-in refuses.
+    Steps come from ``global_batch_size`` rollouts each (``rollout_indices``: each sample's
+    rollout), or, as in the slime releases whose steps a custom splitter makes, from
+    ``step_sample_indices`` (each step's sample positions; its ``global_batch_sizes`` entry
+    is its sample count). ``sample_is_multimodal`` is accepted as slime's signature has it;
+    it only matters to multimodal-aware packing, which this drop-in refuses.
 
     Returns ``(partitions, micro_batch_indices, num_microbatches, global_batch_sizes)``.
     """
@@ -161,7 +208,6 @@ def build_dp_schedule(
     group = positive_int(config.get("microbatch_group_size_per_vp_stage") or 1,
                    "microbatch_group_size_per_vp_stage")
     align = group if vpp > 1 else 1
-    global_batch_size = positive_int(global_batch_size, "global_batch_size")
     lengths = as_lengths(total_lengths, "total_lengths")
 
     if sample_is_multimodal is not None and len(sample_is_multimodal) != lengths.size:
@@ -169,9 +215,19 @@ def build_dp_schedule(
             f"sample_is_multimodal has {len(sample_is_multimodal)} entries for {lengths.size} "
             "samples"
         )
-    rollout_ids = first_appearance_ids(rollout_indices, "rollout_indices")
-    if rollout_ids.size != lengths.size:
-        raise ValueError(f"rollout_indices has {rollout_ids.size} entries for {lengths.size} samples")
+    if (step_sample_indices is None) == (global_batch_size is None or rollout_indices is None):
+        raise ValueError("give either global_batch_size and rollout_indices, or "
+                         "step_sample_indices (the steps' sample positions), not both")
+    if step_sample_indices is not None:
+        steps = _given_steps(step_sample_indices, lengths.size)
+        step_sizes = [len(step) for step in steps]
+    else:
+        global_batch_size = positive_int(global_batch_size, "global_batch_size")
+        rollout_ids = first_appearance_ids(rollout_indices, "rollout_indices")
+        if rollout_ids.size != lengths.size:
+            raise ValueError(f"rollout_indices has {rollout_ids.size} entries for {lengths.size} samples")
+        steps = _steps(rollout_ids, global_batch_size)
+        step_sizes = [global_batch_size] * len(steps)
     for unsupported in ("global_batch_tokens", "multimodal_aware_packing"):
         if getattr(args, unsupported, None) not in (None, "off"):
             raise ValueError(
@@ -201,7 +257,7 @@ def build_dp_schedule(
     micro_batch_indices: list[list[list[int]]] = [[] for _ in range(dp)]
     num_microbatches: list[int] = []
     global_batch_sizes: list[int] = []
-    for step, samples in enumerate(_steps(rollout_ids, global_batch_size)):
+    for step, (samples, step_size) in enumerate(zip(steps, step_sizes)):
         step_lengths = lengths[samples]
         try:
             if dynamic and balance:
@@ -222,7 +278,7 @@ def build_dp_schedule(
         except ValueError as err:
             raise ValueError(f"step {step} ({len(samples)} samples): {err}") from err
         num_microbatches.append(len(per_rank[0]))
-        global_batch_sizes.append(global_batch_size)
+        global_batch_sizes.append(step_size)
         for r in range(dp):
             for mb in per_rank[r]:
                 start = len(partitions[r])
