@@ -410,7 +410,11 @@ def load_cost_model(
                 f"{model_spec.fingerprint()}), not {spec.name!r} (shape {spec.fingerprint()}); "
                 f"{OTHER_SHAPE_HINT}"
             )
-    logger.info("no measured profile for %s/%s; using the registry estimate", info.key, model_name)
+    # A warning: a trainer that named a GPU/model expecting measured curves balances by an
+    # estimate otherwise without a word at its usual log level.
+    logger.warning("no measured profile for %s/%s; using the registry estimate (peak rates "
+                   "times an efficiency curve): run `costmodel calibrate` on that GPU for "
+                   "measured curves", info.key, model_name)
     from costmodel.estimate import estimate_cost_model  # here: estimate builds on CostModel
 
     return estimate_cost_model(model_spec, info)

@@ -202,10 +202,26 @@ def test_rearrange_agrees_on_the_count_across_a_dp_group(tmp_path):
     assert basic == [8, 8]
     assert tight_case == [16, 16]
     assert "this rank cannot make the 8 micro-batches" in short[0]
-    assert "another rank of the data-parallel group could not" in short[1]
+    assert "rank 0 of the data-parallel group could not" in short[1]  # names the one that failed
     # It raised before the first all-reduce, and the other rank waited there for good.
-    assert "another rank of the data-parallel group could not" in over[0]
+    assert "rank 1 of the data-parallel group could not" in over[0]
     assert "1500" in over[1] and "max_token_len" in over[1], over
+
+
+def test_caps_as_verl_computes_them_and_empty_rows():
+    """verl's cap is a product of config values: a 0-d tensor or a whole float works; an
+    all-zero attention_mask row is named in verl's terms."""
+    import torch
+
+    batch = _padded_batch([3, 5, 2, 4], 8)
+    want = rearrange_micro_batches(batch, 8, same_micro_num_in_dp=False)[1]
+    for cap in (torch.tensor(4) * 2, 8.0, np.int64(8)):
+        assert rearrange_micro_batches(batch, cap, same_micro_num_in_dp=False)[1] == want
+    with pytest.raises(ValueError, match="max_token_len must be an integer >= 1, got 8.5"):
+        rearrange_micro_batches(batch, 8.5, same_micro_num_in_dp=False)
+    batch["attention_mask"][2] = 0
+    with pytest.raises(ValueError, match="row 2 of the batch has no tokens .an all-zero attention_mask"):
+        rearrange_micro_batches(batch, 8, same_micro_num_in_dp=False)
 
 
 def test_rearrange_refuses_force_group_size():

@@ -19,7 +19,16 @@
   all-reduce needed: every rank gets the same count).
 
 The default cost is verl's own workload proxy, ``24576·L + L²``; pass ``cost="flops"``
-(with ``spec``), a cost model, or a callable to balance something better.
+(with ``spec``), a cost model, or a callable to balance something better. verl's own call
+sites pass only verl's arguments, so bind the cost where the function is swapped in:
+
+    import functools
+    from verl.utils import seqlen_balancing
+    from costmodel.integrations import verl as cm_verl
+    seqlen_balancing.rearrange_micro_batches = functools.partial(
+        cm_verl.rearrange_micro_batches, cost="h200/qwen3-8b", spec="qwen3-8b")
+
+(patch the name in every module that imported it, e.g. verl's dp_actor, too).
 """
 
 from __future__ import annotations
@@ -50,6 +59,16 @@ def _verl_workload(lengths: np.ndarray) -> np.ndarray:
 
 #: verl's `calculate_workload`: 24576·L + L² (a 7B-shaped FLOPs proxy).
 VERL_WORKLOAD = AdditiveCost("verl workload 24576·L + L²", _verl_workload)
+
+
+def _token_count(value: Any, name: str) -> int:
+    """A count given the way verl computes it (a product of config values): a 0-d tensor or
+    a whole float is as good as an int."""
+    if getattr(value, "ndim", None) == 0 and hasattr(value, "item"):
+        value = value.item()
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    return positive_int(value, name)
 
 
 def get_seqlen_balanced_partitions(
@@ -158,14 +177,14 @@ def _agree_on_count(schedule, min_count: int | None, group: Any) -> list:
         failed = exc
     count = len(micro_bsz_idx)
     for _ in range(_AGREE_ROUNDS):
-        most, fewest, any_failed = _count_extremes(count, failed is not None, group)
+        most, fewest, failed_rank = _count_extremes(count, failed is not None, group)
         if failed is not None:
             raise failed
-        if any_failed:
+        if failed_rank is not None:
             raise ValueError(
-                "same_micro_num_in_dp: another rank of the data-parallel group could not "
-                f"schedule its micro-batches (this rank made {count}; the largest count was "
-                f"{most}); see that rank's error"
+                f"same_micro_num_in_dp: rank {failed_rank} of the data-parallel group could "
+                f"not schedule its micro-batches (this rank made {count}); see that rank's "
+                "error"
             )
         if most == fewest:
             return micro_bsz_idx
@@ -207,7 +226,13 @@ def _effective_lengths(batch: Any) -> np.ndarray:
                 f"{type(batch).__name__} with {found}"
             )
         lengths = mask.sum(dim=1) if hasattr(mask, "cpu") else np.asarray(mask).sum(axis=1)
-    return np.asarray(lengths.tolist(), dtype=np.int64)
+    lengths = np.asarray(lengths.tolist(), dtype=np.int64)
+    empty = np.flatnonzero(lengths < 1)
+    if empty.size:
+        raise ValueError(f"row {int(empty[0])} of the batch has no tokens (an all-zero "
+                         f"attention_mask; {empty.size} such rows): drop empty rows before "
+                         "rearrange_micro_batches")
+    return lengths
 
 
 def _select_rows(batch: Any, idx: list[int]) -> Any:
@@ -225,23 +250,25 @@ def _select_rows(batch: Any, idx: list[int]) -> Any:
     return index_select_tensor_dict(batch, idx)
 
 
-def _count_extremes(count: int, failed: bool, group: Any) -> tuple[int, int, bool]:
-    """(largest count, smallest count, whether any rank failed) over the ranks of
-    ``group``, from one all-reduce (this rank's own without torch.distributed)."""
+def _count_extremes(count: int, failed: bool, group: Any) -> tuple[int, int, int | None]:
+    """(largest count, smallest count, a failed rank or None) over the ranks of ``group``
+    (its highest failed rank, by its rank in the group), from one all-reduce; this rank's
+    own without torch.distributed."""
     try:
         import torch
         import torch.distributed as dist
     except ImportError:
-        return count, count, failed
+        return count, count, (0 if failed else None)
     if not dist.is_available() or not dist.is_initialized():
-        return count, count, failed
+        return count, count, (0 if failed else None)
     device = "cpu"
     if dist.get_backend(group) == "nccl":
         device = torch.device("cuda", torch.cuda.current_device())
-    t = torch.tensor([count, -count, int(failed)], dtype=torch.int64, device=device)
+    me = dist.get_rank(group) + 1 if failed else 0  # 0: no failure here
+    t = torch.tensor([count, -count, me], dtype=torch.int64, device=device)
     dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
-    most, neg_fewest, any_failed = t.tolist()
-    return most, -neg_fewest, bool(any_failed)
+    most, neg_fewest, failed_rank = t.tolist()
+    return most, -neg_fewest, (failed_rank - 1 if failed_rank else None)
 
 
 def balanced_micro_batches(
@@ -282,8 +309,8 @@ def balanced_micro_batches(
         ranks' micro-batches laid end to end, rank after rank.
     """
     # Checked here so that errors name verl's parameters, not build_schedule's.
-    for name, value in (("max_token_len", max_token_len),
-                        ("num_batches_divided_by", num_batches_divided_by),
+    max_token_len = _token_count(max_token_len, "max_token_len")
+    for name, value in (("num_batches_divided_by", num_batches_divided_by),
                         ("min_num_micro_batch", min_num_micro_batch)):
         if value is not None:
             positive_int(value, name)
