@@ -3,6 +3,7 @@ with a synthetic timer of known shape (the same code path as the CUDA timer)."""
 
 import json
 import logging
+import re
 
 import numpy as np
 import pytest
@@ -141,6 +142,8 @@ def test_report_and_plot(tmp_path, fitted):
     text = format_report(fitted)
     assert "synthetic: qwen3-8b on NVIDIA H200" in text and "FLOPs check: passed" in text
     assert "ESTIMATE" not in text
+    # the attention call's own cost by length, one line per pass, from the fit's record
+    assert len(re.findall(r"attention per-call cost a\(L\).*: 64: [0-9.]+, ", text)) == 2, text
     png = plot_report(fitted, str(tmp_path / "plot.png"))
     assert (tmp_path / "plot.png").stat().st_size > 10_000 and png.endswith(".png")
 

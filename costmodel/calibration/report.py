@@ -103,6 +103,8 @@ def format_report(model: CostModel) -> str:
             eff = f"{tf * 1e12 / peak:6.1%}" if peak else "     -"
             tail = "  (extrapolated)" if measured_max < L else ""
             out.append(f"    {L:7d} {ms:10.4f} {tf:8.1f} {eff}{tail}")
+        _optional(out, f"provenance.fit.{mode}.attention.per_call_ms",
+                  lambda mode=mode: _per_call_lines(model.provenance, mode))
         for kind, curve in c.linear.items():
             out.append(f"  linear part of one {kind} layer (knots {int(curve.tokens[0])}.."
                        f"{int(curve.tokens[-1])}):")
@@ -132,6 +134,20 @@ def format_report(model: CostModel) -> str:
         out.append("\nvalidation: none (run `costmodel validate` on the GPU)")
     _optional(out, "validation", lambda: ["\n" + format_validation(val)] if val else [])
     return "\n".join(out)
+
+
+def _per_call_lines(provenance: Any, mode: str) -> list[str]:
+    """The attention call's own cost by length, from the fit: a kernel tail that grows with
+    the pack's longest sequence shows as a rising a(L). The model charges one per-layer
+    overhead instead; this shows how far a(L) strays from it."""
+    per_call = (((provenance or {}).get("fit") or {}).get(mode) or {}).get("attention", {}).get("per_call_ms")
+    if not per_call:
+        return []
+    items = sorted((int(L), float(ms)) for L, ms in per_call.items())
+    shown = [items[0]] + [x for x in items if x[0] >= 1024][::2] + [items[-1]]
+    shown = sorted(dict(shown).items())
+    return ["  attention per-call cost a(L) (packs of n equal sequences: a(L) + n b(L)): "
+            + ", ".join(f"{L}: {ms:.3f}" for L, ms in shown) + " ms"]
 
 
 def _optional(out: list[str], field: str, lines: Callable[[], list[str]]) -> None:
