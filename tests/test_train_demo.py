@@ -96,6 +96,7 @@ def test_torchrun_two_ranks_balanced_by_the_cost_model(tmp_path, tiny_cost_model
         assert r["schedules_agree"] and r["cost"].startswith("cost-model")
         assert len(r["compute_ms"]) == 2 and min(r["compute_ms"]) > 0
         assert r["measured_imbalance"] >= 1.0 and r["predicted_imbalance"] >= 1.0
+        assert r["flops_imbalance"] >= 1.0
         assert len(r["predicted_costs"]) == 2
     assert records[-1]["loss"] < records[0]["loss"] - 0.1
     assert "max/mean measured" in done.stdout and "predicted" in done.stdout
@@ -123,6 +124,9 @@ def test_train_demo_spawns_two_ranks(tmp_path, capfd):
     assert "balanced by flops over 2 ranks" in out and "schedules agreed" in out
     records = [json.loads(line) for line in log.read_text().splitlines()]
     assert len(records) == 2 and all(len(r["compute_ms"]) == 2 for r in records)
+    # balanced by FLOPs: the FLOPs yardstick is the predicted figure itself
+    for r in records:
+        assert r["flops_imbalance"] == pytest.approx(r["predicted_imbalance"], rel=1e-9)
 
 
 def _error(argv: list[str], capsys) -> str:

@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from costmodel.flops import sequence_fwd_flops
 from costmodel.training.config import Plan, prepare
 from costmodel.training.data import sample_tokens
 
@@ -51,6 +52,9 @@ class StepRecord:
     """Per rank: the schedule's predicted cost (in the balanced cost's unit)."""
     predicted_imbalance: float
     """max/mean of predicted_costs."""
+    flops_imbalance: float
+    """max/mean of the ranks' analytic training FLOPs: one yardstick for every policy (the
+    predicted figure judges each by its own cost, so token balance predicts 1.000)."""
     cost: str
     digest: str
     schedules_agree: bool = True
@@ -286,6 +290,9 @@ def _train_loop(args, plan: Plan, *, device, dtype, attention: str) -> TrainResu
             per_rank = [t.tolist() for t in all_stats]
             times = [row[0] for row in per_rank]
             predicted = [float(c) for c in schedule.rank_costs]
+            sample_flops = sequence_fwd_flops(lengths, plan.spec)
+            rank_flops = [float(sum(sample_flops[i] for mb in mbs for i in mb))
+                          for mbs in schedule.microbatches]
             record = StepRecord(
                 step=step,
                 loss=sum(row[1] for row in per_rank) / global_targets,
@@ -295,6 +302,7 @@ def _train_loop(args, plan: Plan, *, device, dtype, attention: str) -> TrainResu
                 measured_imbalance=_max_over_mean(times),
                 predicted_costs=predicted,
                 predicted_imbalance=_max_over_mean(predicted),
+                flops_imbalance=_max_over_mean(rank_flops),
                 cost=plan.cost_label,
                 digest=digest,
             )
@@ -302,11 +310,12 @@ def _train_loop(args, plan: Plan, *, device, dtype, attention: str) -> TrainResu
             if rank == 0:
                 logger.info(
                     "step %d/%d loss %.4f tokens %d mb/rank %d | compute ms %s | max/mean "
-                    "measured %.3f predicted %.3f (%s) | schedule %s agreed by %d ranks",
+                    "measured %.3f predicted %.3f (%s) flops %.3f | schedule %s agreed by %d "
+                    "ranks",
                     step + 1, len(plan.schedules), record.loss, record.tokens,
                     record.microbatches_per_rank, " ".join(f"{t:.1f}" for t in times),
                     record.measured_imbalance, record.predicted_imbalance, record.cost,
-                    digest[:12], world,
+                    record.flops_imbalance, digest[:12], world,
                 )
                 if log_file is not None:
                     log_file.write(json.dumps(record.to_dict()) + "\n")
@@ -317,9 +326,10 @@ def _train_loop(args, plan: Plan, *, device, dtype, attention: str) -> TrainResu
     if rank == 0 and result.records:
         logger.info(
             "done: loss %.4f -> %.4f over %d steps; schedules agreed on every step; "
-            "mean max/mean measured %.3f, predicted %.3f",
+            "mean max/mean measured %.3f, predicted %.3f, flops %.3f",
             result.first_loss, result.last_loss, len(result.records),
             float(np.mean([r.measured_imbalance for r in result.records])),
             float(np.mean([r.predicted_imbalance for r in result.records])),
+            float(np.mean([r.flops_imbalance for r in result.records])),
         )
     return result
