@@ -320,3 +320,60 @@ def test_validation_count_and_a_mode_given_as_text(fitted):
         run_validation(fitted, timer, count=2, num_layers=1)
     result = run_validation(fitted, timer, count=4, caps=(2048,), modes="train", num_layers=1)
     assert list(result["modes"]) == ["train"]  # not "t", "r", "a", ...
+
+
+def _with_validation(model):
+    """The model's file with a validation block (the shared fixture is left as it is)."""
+    timer = SyntheticTimer(SPEC, SHAPE, noise=0.005, seed=11)
+    doc = model.to_dict()
+    doc["validation"] = run_validation(model, timer, count=12, num_layers=2, caps=[2048, 8192])
+    return doc
+
+
+def test_a_refit_judges_the_stored_validation_again(fitted):
+    """The GPU's validation times hold for any fit of the same sweep: a refit keeps them and
+    predicts them with its own curves, from the stored lengths or from the seed."""
+    from costmodel.calibration.pipeline import refit
+
+    doc = _with_validation(fitted)
+    refitted = refit(doc, source="test")
+    block = refitted.extra["validation"]
+    assert block["revalidated"] and "refitted curves" in format_validation(block)
+    for mode in ("train", "forward"):
+        old, new = doc["validation"]["modes"][mode]["points"], block["modes"][mode]["points"]
+        assert [p["measured_ms"] for p in new] == [p["measured_ms"] for p in old]
+        for p in new:
+            assert p["predicted_ms"] == pytest.approx(
+                refitted.stack_cost(p["lengths"], mode, num_layers=2), rel=1e-12)
+    # a file whose points store no lengths: drawn again from the seed, same micro-batches
+    for res in doc["validation"]["modes"].values():
+        for p in res["points"]:
+            del p["lengths"]
+    assert refit(doc, source="test").extra["validation"]["modes"] == block["modes"]
+
+
+def test_a_validation_that_cannot_be_judged_again_is_dropped(fitted, caplog):
+    from costmodel.calibration.pipeline import refit
+
+    doc = _with_validation(fitted)
+    for res in doc["validation"]["modes"].values():
+        for p in res["points"]:
+            del p["lengths"]
+    doc["validation"]["seed"] += 1  # other micro-batches than the points
+    assert refit(doc, source="test").extra["validation"] is None
+    assert "cannot be judged again" in caplog.text
+
+
+def test_the_shipped_h200_validation_replays_exactly():
+    """The shipped profile stored no lengths; its seed with the sampler of that time draws
+    the same 120 micro-batches, and its own curves give back its stored figures."""
+    from costmodel.calibration.validate import revalidate
+
+    model = load_cost_model("h200/qwen3-8b")
+    stored = model.extra["validation"]
+    block = revalidate(model, stored)
+    for mode in ("train", "forward"):
+        for split in ("all", ">=1024"):
+            got, want = (b["modes"][mode]["summary"][split]["cost_model"] for b in (block, stored))
+            assert got["mape"] == pytest.approx(want["mape"], rel=1e-9)
+            assert got["worst"] == pytest.approx(want["worst"], rel=1e-9)

@@ -255,4 +255,15 @@ def refit(doc: Mapping[str, Any], *, source: str, command: str | None = None) ->
     )
     model.provenance["refit"] = {"from": source, "at": utc_timestamp(), "command": command,
                                  "partial_error": doc.get("error")}
+    if doc.get("validation"):
+        # The GPU's validation times hold for any fit of the same sweep; judge them again
+        # with the new curves rather than drop them (a refit then needs no GPU to say how
+        # good it is).
+        from costmodel.calibration.validate import revalidate
+
+        block = revalidate(model, doc["validation"])
+        if block is not None:
+            block["revalidated"] = {"at": utc_timestamp(), "note": "measured times from the "
+                                    "validation run; predictions from the refitted curves"}
+            model.extra["validation"] = block
     return model

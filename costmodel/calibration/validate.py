@@ -32,7 +32,9 @@ from costmodel.calibration.timer import Timer
 from costmodel.model import CostModel
 from costmodel.model_file import utc_timestamp
 
-__all__ = ["best_scale", "error_metrics", "random_microbatches", "run_validation", "summarize"]
+__all__ = [
+    "best_scale", "error_metrics", "random_microbatches", "revalidate", "run_validation", "summarize",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -52,9 +54,12 @@ def rl_lengths(rng: np.random.Generator, n: int, max_len: int) -> np.ndarray:
 
 
 def random_microbatches(
-    rng: np.random.Generator, *, count: int, caps: Sequence[int], max_len: int
+    rng: np.random.Generator, *, count: int, caps: Sequence[int], max_len: int,
+    sampler: Callable[[np.random.Generator, int, int], np.ndarray] | None = None,
 ) -> list[tuple[int, ...]]:
-    """`count` micro-batches, an equal share per cap, each packed in order up to its cap."""
+    """`count` micro-batches, an equal share per cap, each packed in order up to its cap;
+    lengths from `sampler` (default `rl_lengths`)."""
+    sampler = sampler or rl_lengths
     bad = [c for c in (*caps, max_len) if not (isinstance(c, (int, np.integer)) and c >= 16)]
     if bad or not caps:  # a cap of 0 (or NaN) never closes a micro-batch: an endless loop
         raise ValueError(f"caps and max_len must be integers >= 16 tokens, got caps={list(caps)} "
@@ -65,7 +70,7 @@ def random_microbatches(
         current: list[int] = []
         made = 0
         while made < want:
-            L = int(rl_lengths(rng, 1, min(max_len, cap))[0])
+            L = int(sampler(rng, 1, min(max_len, cap))[0])
             if current and sum(current) + L > cap:
                 out.append(tuple(current))
                 made += 1
@@ -193,27 +198,90 @@ def run_validation(
         "repeats": repeats,
         "modes": {},
     }
-    toks = np.array([sum(b) for b in batches], dtype=np.float64)
-    fl = np.array([stack_flops(b, spec, num_layers=num_layers, moe=moe) for b in batches])
     for mode in modes:
-        m = np.array(measured[mode])
-        predicted = np.array([model.stack_cost(b, mode, num_layers=num_layers, moe=moe) for b in batches])
-        summary = summarize(m, {"cost_model": predicted, "tokens": toks, "flops": fl}, toks)
-        result["modes"][mode] = {
-            "summary": summary,
-            "points": [
-                {"tokens": int(t), "n": len(b), "measured_ms": float(x), "predicted_ms": float(p)}
-                for b, t, x, p in zip(batches, toks, m, predicted)
-            ],
-        }
+        result["modes"][mode] = _compare(model, batches, np.array(measured[mode]), mode,
+                                         num_layers=num_layers, moe=moe)
     result["seconds"] = round(time.perf_counter() - t0, 2)
     return result
+
+
+def _compare(model: CostModel, batches: list[tuple[int, ...]], m: np.ndarray, mode: str, *,
+             num_layers: int, moe: bool) -> dict[str, Any]:
+    """One mode's summary and points: the model's predictions of measured times ``m``."""
+    toks = np.array([sum(b) for b in batches], dtype=np.float64)
+    fl = np.array([stack_flops(b, model.spec, num_layers=num_layers, moe=moe) for b in batches])
+    predicted = np.array([model.stack_cost(b, mode, num_layers=num_layers, moe=moe) for b in batches])
+    summary = summarize(m, {"cost_model": predicted, "tokens": toks, "flops": fl}, toks)
+    return {
+        "summary": summary,
+        "points": [
+            {"tokens": int(t), "n": len(b), "lengths": [int(L) for L in b],
+             "measured_ms": float(ms), "predicted_ms": float(p)}
+            for b, t, ms, p in zip(batches, toks, m, predicted)
+        ],
+    }
+
+
+def revalidate(model: CostModel, block: Any) -> dict[str, Any] | None:
+    """A stored validation block judged again by ``model``'s curves (after a refit): the
+    measured times are the GPU's and do not change; the predictions and figures do. The
+    micro-batches' lengths are read from the points, or, for files that did not store them,
+    drawn again from the block's seed (now or with the sampler of before 90e548f) and kept
+    only when every point's token count and size match. None, with a warning, when the
+    block cannot be judged again."""
+    try:
+        modes = {mode: list(res["points"]) for mode, res in block["modes"].items()}
+        num_layers, moe = int(block["num_layers"]), bool(block["moe_layers"])
+        first = next(iter(modes.values()))
+        if all(isinstance(p.get("lengths"), list) for p in first):
+            batches = [tuple(int(x) for x in p["lengths"]) for p in first]
+        else:
+            batches = _drawn_again(model, block, first)
+        out = {k: v for k, v in block.items() if k != "modes"}
+        out["modes"] = {}
+        for mode, points in modes.items():
+            if mode not in model.modes:
+                continue
+            if [(int(p["tokens"]), int(p["n"])) for p in points] != [(sum(b), len(b)) for b in batches]:
+                raise ValueError(f"the {mode} points are not the micro-batches of the others")
+            measured = np.array([float(p["measured_ms"]) for p in points])
+            out["modes"][mode] = _compare(model, batches, measured, mode,
+                                          num_layers=num_layers, moe=moe)
+    except (AttributeError, KeyError, TypeError, ValueError, StopIteration) as err:
+        logger.warning("the stored validation cannot be judged again (%s: %s); it is dropped",
+                       type(err).__name__, err)
+        return None
+    return out
+
+
+def _legacy_rl_lengths(rng: np.random.Generator, n: int, max_len: int) -> np.ndarray:
+    """`rl_lengths` before 90e548f (clipped, not truncated): files validated then stored no
+    lengths, only the seed that drew them."""
+    return np.clip(np.round(rng.lognormal(np.log(1200), 1.1, n)), 16, max_len).astype(np.int64)
+
+
+def _drawn_again(model: CostModel, block: Any, points: list[Any]) -> list[tuple[int, ...]]:
+    """The micro-batches of a block without stored lengths, drawn again from its seed."""
+    want = [(int(p["tokens"]), int(p["n"])) for p in points]
+    max_len = int(min(c.attention.lengths[-1] for c in model.curves.values()))
+    for sampler in (rl_lengths, _legacy_rl_lengths):
+        rng = np.random.default_rng(int(block["seed"]))
+        batches = random_microbatches(rng, count=int(block["requested_count"]),
+                                      caps=[int(c) for c in block["caps"]], max_len=max_len,
+                                      sampler=sampler)
+        batches = [batches[i] for i in rng.permutation(len(batches))][: len(want)]
+        if [(sum(b), len(b)) for b in batches] == want:
+            return batches
+    raise ValueError("its points store no lengths, and drawing them again from its seed "
+                     "gives other micro-batches")
 
 
 def format_validation(block: dict[str, Any]) -> str:
     """A table of the validation block (also used by `report`)."""
     stopped = (f"; stopped at the time limit, {block.get('requested_count')} requested"
                if block.get("stopped_at_time_limit") else "")
+    if block.get("revalidated"):
+        stopped += "; times as measured, predictions of the refitted curves"
     lines = [
         f"validation: {block.get('count')} random micro-batches per mode through "
         f"{block.get('num_layers')} layers + head (caps {block.get('caps')}{stopped})",

@@ -173,6 +173,11 @@ def _refit(source: str, output: Path, command: str) -> int:
     model.save(output)
     print(f"wrote {output}: refitted from {len(model.extra['measurements'])} measurements in {path}")
     _print_summary(model)
+    if model.extra.get("validation"):
+        from costmodel.calibration.validate import format_validation
+
+        print("the stored validation's measured times, judged by the refitted curves:")
+        print(format_validation(model.extra["validation"]))
     return 0
 
 
