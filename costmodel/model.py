@@ -123,7 +123,8 @@ class CostModel:
 
     @property
     def label(self) -> str:
-        kind = "ESTIMATE" if self.is_estimate else "measured"
+        # A synthetic-timer or CPU dry-run file is no measurement, whatever GPU it names.
+        kind = "ESTIMATE" if self.is_estimate else str(self.provenance.get("kind") or "measured")
         return f"{self.spec.name} on {self.gpu} ({kind})"
 
     def __repr__(self) -> str:

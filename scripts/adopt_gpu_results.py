@@ -50,8 +50,11 @@ def _profiles(out: Path, unvalidated: bool) -> list[tuple[Path, object]]:
         except (ValueError, OSError) as exc:
             print(f"skip {path.name}: not a cost model ({exc})")
             continue
+        kind = model.provenance.get("kind", "measured")
         if model.is_estimate:
             print(f"skip {path.name}: an estimate, not a measurement")
+        elif kind != "measured":  # a synthetic-timer or CPU dry-run file names a GPU too
+            print(f"skip {path.name}: made by a {kind} run, not measured on a GPU")
         elif not re.fullmatch(r"[a-z0-9][a-z0-9-]*", str(model.gpu_key)):
             print(f"skip {path.name}: GPU key {model.gpu_key!r} is not a folder name")
         elif model.validation_summary("train") is None and not unvalidated:

@@ -75,10 +75,13 @@ def test_bad_or_ambiguous_files_are_skipped_or_refused_before_anything_moves(
     (out / "bench_mlp.json").write_text("[1, 2, 3]")
     (out / "bench_schedule.json").write_text('{"runs": [{"policy": "tokens"}]}')  # partial
     doc = json.loads((out / "qwen3-8b.json").read_text())
+    synthetic = {**doc, "provenance": {**doc["provenance"], "kind": "synthetic"}}
+    (out / "llama-3.1-8b.json").write_text(json.dumps(synthetic))  # a test's file, names a GPU
     doc.pop("validation")
     (out / "qwen3-4b.json").write_text(json.dumps(doc))  # unvalidated (a --quick run)
     assert adopt_script.main([str(out)]) == 0
     text = capsys.readouterr().out
+    assert "skip llama-3.1-8b.json: made by a synthetic run, not measured on a GPU" in text
     assert "skip bench_mlp.json: not a benchmark result" in text
     assert "skip bench_schedule: unexpected contents" in text
     assert "skip qwen3-4b.json: not validated" in text

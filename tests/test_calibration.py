@@ -142,6 +142,7 @@ def test_report_and_plot(tmp_path, fitted):
     text = format_report(fitted)
     assert "synthetic: qwen3-8b on NVIDIA H200" in text and "FLOPs check: passed" in text
     assert "ESTIMATE" not in text
+    assert fitted.label.endswith("(synthetic)")  # simulate's "judged by:" line: no "measured"
     # the attention call's own cost by length, one line per pass, from the fit's record
     assert len(re.findall(r"attention per-call cost a\(L\).*: 64: [0-9.]+, ", text)) == 2, text
     png = plot_report(fitted, str(tmp_path / "plot.png"))
