@@ -33,8 +33,16 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 #: How to use a cost model made for another model shape anyway, in every entry point.
-OTHER_SHAPE_HINT = ("to use it anyway: allow_other_shape=True in Python, "
+OTHER_SHAPE_HINT = ("to use it anyway: load_cost_model(..., allow_other_shape=True) in Python, "
                     "--cost-model-allow-other-shape on the command line and in training scripts")
+
+
+def is_unknown_name(err: BaseException) -> bool:
+    """Whether a `load_cost_model` error says the name is no file and no GPU/model name (a
+    typo), rather than that a cost model it found does not fit or does not load."""
+    return isinstance(err, FileNotFoundError) or any(
+        s in str(err) for s in ("neither a cost model file", "not an existing cost model file",
+                                "unknown model preset"))
 
 SCHEMA = "costmodel/1"
 _REQUIRED_FIELDS = ("schema", "created", "is_estimate", "gpu", "spec", "spec_fingerprint", "curves")

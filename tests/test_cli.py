@@ -113,6 +113,8 @@ PROFILE_8B = "costmodel/profiles/h200/qwen3-8b.json"
     (["schedule", "--n", "64", "--model", "qwen3-4b", "--cost", PROFILE_8B],
      "made for model 'qwen3-8b'"),  # the loader's own reason, not "is not a cost model"
     (["simulate", "--n", "64", "--cost-model", "tokens"], "already a row of the table"),
+    (["schedule", "--n", "64", "--model", "qwen3-4b", "--cost", "h200/qwen3-8b"],
+     "made for model 'qwen3-8b'"),  # a shipped name of another shape, too
 ])
 def test_cost_model_errors_say_what_to_do(argv, says, capsys, monkeypatch):
     monkeypatch.chdir(REPO)

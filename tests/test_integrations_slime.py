@@ -325,9 +325,12 @@ def test_steps_given_as_sample_lists_schedule_like_rollout_steps(flags, caplog):
     (dict(step_sample_indices=[[0, 1, 2, 96]]), "96 is not a sample position in 0..95"),
     (dict(step_sample_indices=[[0, 1, 1, 2]]), "lists a sample twice"),
     (dict(step_sample_indices=[]), "non-empty list of steps"),
-    (dict(global_batch_size=8), "either global_batch_size and rollout_indices, or step_sample_indices"),
+    (dict(global_batch_size=8), "give global_batch_size and rollout_indices .steps of whole"),
+    (dict(), "or step_sample_indices"),
     (dict(step_sample_indices=[[0, 1, 2, 3]], global_batch_size=1, rollout_indices=list(range(96))),
-     "not both"),
+     "global_batch_size and rollout_indices would be ignored"),
+    (dict(step_sample_indices=[[0, 1, 2, 3]], rollout_indices=list(range(96))),
+     "rollout_indices would be ignored"),
 ])
 def test_bad_step_arguments_are_named(kwargs, says):
     with pytest.raises(ValueError, match=says):

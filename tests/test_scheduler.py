@@ -184,9 +184,10 @@ def test_oversized_sample_sits_alone_and_strict_rejects_it(caplog, monkeypatch):
         s = build_schedule(lengths, dp_size=4, max_tokens_per_microbatch=1000)
         build_schedule(lengths, dp_size=4, max_tokens_per_microbatch=1000, cost="flops",
                        spec="qwen3-8b")
-    # never silent, and said once for the same batch scheduled twice
+        build_schedule([120] * 40 + [5000], dp_size=4, max_tokens_per_microbatch=1000)
+    # never silent: said once for the same batch scheduled twice, again for the next batch
     warned = [r.getMessage() for r in caplog.records if "longer than the token cap" in r.getMessage()]
-    assert len(warned) == 1 and "1 sample(s)" in warned[0] and "longest 5000" in warned[0]
+    assert len(warned) == 2 and "1 sample(s)" in warned[0] and "longest 5000" in warned[0]
     check_schedule(s, lengths, dp=4, cap=1000)
     alone = [mb for rank in s.microbatches for mb in rank if 40 in mb]
     assert alone == [[40]]

@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from costmodel.model_file import is_unknown_name
 from costmodel.scheduler.lengths import DISTRIBUTIONS, MAX_GENERATED, generate_lengths, read_lengths
 
 
@@ -82,8 +83,8 @@ def resolve_cost(name: str, spec: Any, *, allow_other_shape: bool = False) -> An
     try:
         return load_cost_model(name, spec=spec, allow_other_shape=allow_other_shape)
     except (ValueError, FileNotFoundError) as err:
-        if Path(name).is_file():  # a cost model that is there but does not load says why
-            raise ValueError(f"--cost {name!r}: {err}") from None
+        if Path(name).is_file() or not is_unknown_name(err):
+            raise ValueError(f"--cost {name!r}: {err}") from None  # there, but does not fit
         raise ValueError(f"--cost {name!r} is not 'tokens', 'flops' or a cost model ({err})") from None
 
 

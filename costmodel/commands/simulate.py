@@ -42,7 +42,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default=None,
         metavar="PATH_OR_NAME",
         help="cost model that judges every policy (a calibrated file or a shipped name); "
-        "default: h200/<model>",
+        "default: the H200 one of --model's shape (measured where shipped, else the estimate)",
     )
     add_allow_other_shape(p)
     p.add_argument(
@@ -71,7 +71,9 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--cost-model judges every policy in milliseconds: give a cost model "
                          f"file or a name such as h200/{spec.name} ({args.cost_model} balance is "
                          "already a row of the table)")
-    model = load_cost_model(args.cost_model or f"h200/{spec.name}", spec=spec,
+    # "h200" with the spec: that GPU's profile of this shape, whatever the model's name
+    # (a config folder's name may be no valid "gpu/model" name)
+    model = load_cost_model(args.cost_model or "h200", spec=spec,
                             allow_other_shape=args.cost_model_allow_other_shape)
     common = dict(max_tokens_per_microbatch=args.max_tokens, mode=args.mode)
     flops = sequence_fwd_flops(lengths, spec)

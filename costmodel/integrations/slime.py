@@ -215,9 +215,14 @@ def build_dp_schedule(
             f"sample_is_multimodal has {len(sample_is_multimodal)} entries for {lengths.size} "
             "samples"
         )
-    if (step_sample_indices is None) == (global_batch_size is None or rollout_indices is None):
-        raise ValueError("give either global_batch_size and rollout_indices, or "
-                         "step_sample_indices (the steps' sample positions), not both")
+    legacy = [name for name, value in (("global_batch_size", global_batch_size),
+                                       ("rollout_indices", rollout_indices)) if value is not None]
+    if step_sample_indices is not None and legacy:
+        raise ValueError(f"step_sample_indices sets the steps; {' and '.join(legacy)} would be "
+                         "ignored: give one or the other, not both")
+    if step_sample_indices is None and len(legacy) < 2:
+        raise ValueError("give global_batch_size and rollout_indices (steps of whole rollouts), "
+                         "or step_sample_indices (the steps' sample positions)")
     if step_sample_indices is not None:
         steps = _given_steps(step_sample_indices, lengths.size)
         step_sizes = [len(step) for step in steps]

@@ -309,6 +309,7 @@ def as_cost(cost: Any = "tokens", spec: Any = None, mode: str = "train") -> Cost
             return flops_cost(spec, mode)
         try:
             from costmodel.model import cached_cost_model
+            from costmodel.model_file import is_unknown_name
         except ImportError as err:  # pragma: no cover - model.py ships with the package
             raise ValueError(
                 f"cost {cost!r} is not 'tokens' or 'flops', and cost models cannot be "
@@ -316,10 +317,8 @@ def as_cost(cost: Any = "tokens", spec: Any = None, mode: str = "train") -> Cost
             ) from err
         try:
             model = cached_cost_model(cost, spec=spec)
-        except FileNotFoundError as err:
-            raise ValueError(f"cost {cost!r} is not 'tokens' or 'flops', and {err}") from None
-        except ValueError as err:
-            if "neither a cost model file" not in str(err) and "as a name" not in str(err):
+        except (FileNotFoundError, ValueError) as err:
+            if not is_unknown_name(err):
                 raise  # a cost model that is there but does not load says why itself
             raise ValueError(f"cost {cost!r} is not 'tokens' or 'flops', and {err}") from None
         return ModelCost(model, mode)

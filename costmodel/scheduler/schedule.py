@@ -180,15 +180,16 @@ def _dense_groups(group_ids: Sequence[Any], n: int) -> np.ndarray:
 # -- the scheduler -----------------------------------------------------------------------
 
 
-# (count, longest, cap) already warned about: a command that schedules one batch several
-# ways says it once, a training run once per batch that has such samples.
-_WARNED_OVERSIZED: set[tuple[int, int, int]] = set()
+# Batches already warned about (a digest of their lengths, and the cap): a command that
+# schedules one batch several ways says it once, a training run once per batch that has
+# such samples.
+_WARNED_OVERSIZED: set[tuple[str, int]] = set()
 
 
-def _warn_oversized(over: np.ndarray, cap: int) -> None:
+def _warn_oversized(lens: np.ndarray, over: np.ndarray, cap: int) -> None:
     """Not an error by default (slime and verl also let such a sample run alone), but never
     silent: a micro-batch over the cap is what runs out of memory on a cluster."""
-    key = (int(over.size), int(over.max()), cap)
+    key = (hashlib.sha1(lens.tobytes()).hexdigest(), cap)
     if key in _WARNED_OVERSIZED:
         return
     if len(_WARNED_OVERSIZED) > 1024:  # a long run: keep the set small
@@ -197,7 +198,7 @@ def _warn_oversized(over: np.ndarray, cap: int) -> None:
     logger.warning(
         "%d sample(s) longer than the token cap of %d (the longest %d tokens) each run alone "
         "in a micro-batch over the cap: raise the cap, truncate them, or pass strict=True "
-        "to refuse them", key[0], cap, key[1])
+        "to refuse them", int(over.size), cap, int(over.max()))
 
 
 def build_schedule(
@@ -259,8 +260,6 @@ def build_schedule(
             f"sample {i} has {int(lens[i])} tokens, over the cap of {cap} "
             f"(strict=True; {int(over.sum())} sample(s) over the cap in all)"
         )
-    if over.any():
-        _warn_oversized(lens[over], cap)
     if n < dp * align:
         raise ValueError(
             f"{n} samples cannot fill dp_size × align = {dp} × {align} = {dp * align} "
@@ -279,6 +278,8 @@ def build_schedule(
         if n_groups == n:
             groups = None  # every sample alone: the fast path applies
     cost_obj = as_cost(cost, spec, mode)
+    if over.any():  # after the input checks: a batch refused is not warned about too
+        _warn_oversized(lens, lens[over], cap)
 
     m_lb, m_max = microbatch_range(lens, cap, dp, align, min_m, groups)
 
