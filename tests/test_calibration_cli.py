@@ -441,3 +441,40 @@ def test_refit_with_a_model_says_refit_keeps_the_measured_model(tmp_path, capsys
             "llama-3.1-8b", "-o", str(tmp_path / "o.json")]
     assert main(argv) == 2
     assert "drop --model" in capsys.readouterr().err
+
+
+def test_refit_refuses_measuring_flags_and_other_schemas(tmp_path, capsys):
+    """A calibration walkthrough: --gpu/--max-len/--quick were silently ignored by --refit,
+    and a file of an unknown schema was refitted into a costmodel/1 file."""
+    src, out = "costmodel/profiles/h200/qwen3-8b.json", tmp_path / "o.json"
+    assert main(["calibrate", "--refit", src, "--gpu", "h100", "--max-len", "10", "--quick",
+                 "-o", str(out)]) == 2
+    assert "--gpu, --max-len, --quick would be ignored" in capsys.readouterr().err
+    doc = json.loads(Path(src).read_text())
+    doc["schema"] = "costmodel/99"
+    future = tmp_path / "future.json"
+    future.write_text(json.dumps(doc))
+    assert main(["calibrate", "--refit", str(future), "-o", str(out)]) == 2
+    assert "unsupported schema 'costmodel/99'" in capsys.readouterr().err
+    assert not out.exists()
+
+
+def test_refit_without_layer_probes_says_where_the_overhead_comes_from(tmp_path, caplog):
+    doc = json.loads(Path("costmodel/profiles/h200/qwen3-8b.json").read_text())
+    doc["measurements"] = [m for m in doc["measurements"] if m["kind"] != "layer"]
+    src = tmp_path / "no-probes.json"
+    src.write_text(json.dumps(doc))
+    assert main(["calibrate", "--refit", str(src), "-o", str(tmp_path / "o.json")]) == 0
+    assert "no whole-layer probes" in caplog.text
+
+
+def test_report_says_a_file_was_refitted_and_which_modes_it_lost(tmp_path, capsys):
+    doc = json.loads(Path("costmodel/profiles/h200/qwen3-8b.json").read_text())
+    doc["measurements"] = [m for m in doc["measurements"] if m["mode"] != "forward"]
+    src, out = tmp_path / "train-only.json", tmp_path / "o.json"
+    src.write_text(json.dumps(doc))
+    assert main(["calibrate", "--refit", str(src), "-o", str(out)]) == 0
+    capsys.readouterr()
+    assert main(["report", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert f"refit: from {src}" in text and "dropped mode: forward" in text

@@ -248,6 +248,9 @@ def fit_mode(records: list[Record], mode: str, *, needs: tuple[str, ...]) -> tup
         # Inverse-variance weights: the glue is a small difference of large times, and a
         # probe's absolute noise is its time × its relative spread.
         weights.append(1.0 / (r.ms * max(r.spread, 0.005)) ** 2)
+    if not glue:
+        logger.warning("%s: no whole-layer probes; the per-layer overhead is the attention "
+                       "call's cost alone (%.4f ms), without the layer's glue", mode, call_ms)
     per_layer = float(np.average(glue, weights=weights)) if glue else call_ms
     if per_layer < 0:
         logger.warning(

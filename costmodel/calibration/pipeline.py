@@ -26,7 +26,7 @@ from costmodel.calibration.timer import Timer
 from costmodel.curves import MODES
 from costmodel.gpus import GpuInfo, lookup_gpu
 from costmodel.model import CostModel
-from costmodel.model_file import utc_timestamp
+from costmodel.model_file import SCHEMA, utc_timestamp
 from costmodel.spec import ModelSpec
 
 __all__ = ["DRIFT_WARNING", "PARTIAL_SCHEMA", "Progress", "calibrate", "fit_measurements", "refit"]
@@ -212,6 +212,10 @@ def fit_measurements(
 def refit(doc: Mapping[str, Any], *, source: str, command: str | None = None) -> CostModel:
     """A cost model fitted again from the measurements stored in a calibrated file or in a
     partial one (`PARTIAL_SCHEMA`); ValueError if it holds none."""
+    schema = doc.get("schema") if isinstance(doc, Mapping) else None
+    if schema not in (SCHEMA, PARTIAL_SCHEMA):
+        raise ValueError(f"{source}: cannot refit: unsupported schema {schema!r}; this version "
+                         f"reads {SCHEMA!r} and {PARTIAL_SCHEMA!r} files")
     try:
         spec = ModelSpec.from_dict(doc["spec"])
         measurements = list(doc["measurements"])

@@ -66,6 +66,7 @@ def format_report(model: CostModel) -> str:
     for key in ("source", "created", "command"):
         if model.extra.get(key):
             out.append(f"  {key}: {model.extra[key]}")
+    _optional(out, "provenance.refit", lambda: _refit_lines(model.provenance))
     dev = model.extra.get("device") or {}
     if dev:  # an object (checked on load)
         out.append(
@@ -134,6 +135,18 @@ def format_report(model: CostModel) -> str:
         out.append("\nvalidation: none (run `costmodel validate` on the GPU)")
     _optional(out, "validation", lambda: ["\n" + format_validation(val)] if val else [])
     return "\n".join(out)
+
+
+def _refit_lines(provenance: Any) -> list[str]:
+    """When the file was fitted again from stored measurements, and which passes it lost."""
+    out = []
+    refit = (provenance or {}).get("refit")
+    if refit:
+        out.append(f"  refit: from {refit.get('from')} at {refit.get('at')} (the measurements "
+                   "of the command above, fitted again)")
+    for mode, why in ((provenance or {}).get("dropped_modes") or {}).items():
+        out.append(f"  dropped mode: {mode} (its fit failed: {why})")
+    return out
 
 
 def _per_call_lines(provenance: Any, mode: str) -> list[str]:

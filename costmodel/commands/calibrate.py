@@ -27,6 +27,15 @@ def parse_modes(text: str) -> tuple[str, ...]:
     return modes
 
 
+# The defaults of the flags that shape a sweep (what --refit, which measures nothing, needs
+# to see left alone).
+_SWEEP_DEFAULTS = {
+    "gpu": "auto", "attention": "torch-varlen", "dtype": "bf16", "modes": "train,forward",
+    "max_len": 32768, "max_tokens": None, "quick": False, "timing": "graph", "budget_s": None,
+    "settle_s": None,
+}
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "calibrate",
@@ -39,20 +48,23 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             "takes about 90 s on an H200, --quick about 30 s."
         ),
     )
-    p.add_argument("--gpu", default="auto",
+    p.add_argument("--gpu", default=_SWEEP_DEFAULTS["gpu"],
                    help="registry key of the GPU the file is for (h100, h200, a100, ...), checked "
                    "against the device; 'auto' takes the device found (default)")
     p.add_argument("--model", help="preset name or HF config.json path (required unless --refit)")
-    p.add_argument("--attention", default="torch-varlen",
+    p.add_argument("--attention", default=_SWEEP_DEFAULTS["attention"],
                    help="attention backend: triton, torch-varlen, sdpa, flash-attn (default torch-varlen)")
-    p.add_argument("--dtype", default="bf16", choices=("bf16", "fp16"), help="compute dtype")
-    p.add_argument("--modes", default="train,forward",
-                   help="passes to calibrate: train (forward+backward), forward (log-probs)")
-    p.add_argument("--max-len", type=int, default=32768, help="longest sequence length measured")
+    p.add_argument("--dtype", default=_SWEEP_DEFAULTS["dtype"], choices=("bf16", "fp16"),
+                   help="compute dtype (default bf16)")
+    p.add_argument("--modes", default=_SWEEP_DEFAULTS["modes"],
+                   help="passes to calibrate: train (forward+backward), forward (log-probs) "
+                   "(default train,forward)")
+    p.add_argument("--max-len", type=int, default=_SWEEP_DEFAULTS["max_len"],
+                   help="longest sequence length measured (default 32768)")
     p.add_argument("--max-tokens", type=int, default=None,
                    help="largest micro-batch measured (default max(max-len, 16384))")
     p.add_argument("--quick", action="store_true", help="a coarser sweep (~30 s on an H200)")
-    p.add_argument("--timing", default="graph", choices=("graph", "eager"),
+    p.add_argument("--timing", default=_SWEEP_DEFAULTS["timing"], choices=("graph", "eager"),
                    help="graph (default): time replays of a CUDA graph of each workload, the "
                    "GPU's own time without Python launch overhead; eager: time plain calls, "
                    "with this process's launch overhead (for stacks that cannot be captured)")
@@ -83,6 +95,10 @@ def run(args: argparse.Namespace) -> int:
         if args.model:
             raise ValueError("--refit fits FILE's measurements for the model they were taken "
                              "on; drop --model (calibrate again to measure another model)")
+        measuring = [flag for flag, given in _measuring_flags(args) if given]
+        if measuring:  # they would be ignored: the file's sweep and GPU stand
+            raise ValueError(f"--refit measures nothing, so {', '.join(measuring)} would be "
+                             "ignored: drop them (the file keeps its own GPU and sweep)")
         return _refit(args.refit, output, command)
     if not args.model:
         raise ValueError("--model is required (a preset name or a HF config.json path), unless --refit")
@@ -159,6 +175,12 @@ def _signals_interrupt() -> Iterator[None]:
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+def _measuring_flags(args: argparse.Namespace) -> list[tuple[str, bool]]:
+    """(flag, whether given other than its default) for every flag that shapes a sweep."""
+    return [("--" + dest.replace("_", "-"), getattr(args, dest) != default)
+            for dest, default in _SWEEP_DEFAULTS.items()]
 
 
 def _refit(source: str, output: Path, command: str) -> int:

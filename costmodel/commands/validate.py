@@ -24,10 +24,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("path", help="cost model file from `costmodel calibrate`")
     p.add_argument("--count", type=int, default=150, help="micro-batches per mode (default 150)")
     p.add_argument("--layers", type=int, default=4, help="layers in the timed stack (default 4)")
-    p.add_argument("--caps", default="768,2048,4096,8192,16384", help="token caps of the micro-batches")
+    p.add_argument("--caps", default="768,2048,4096,8192,16384",
+                   help="token caps of the micro-batches (default %(default)s)")
     p.add_argument("--modes", default=None, help="passes to validate (default: all in the file)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--seed", type=int, default=0,
+                   help="seed of the random micro-batches (default 0); stored with them")
+    p.add_argument("--repeats", type=int, default=3,
+                   help="timed runs of each micro-batch, the median kept (default 3)")
     add_settle_argument(p)
     p.add_argument("--time-limit-s", type=float, default=None,
                    help="stop starting new micro-batches after this many seconds and report "
