@@ -80,6 +80,7 @@ def test_output_paths_that_cannot_be_written_are_refused_first(target, says, cap
      "--repeats must be at least 1"),
     (["bench-schedule", "--attention", "bogus"], "'bogus' is not an attention backend"),
     (["bench-schedule", "--warmup", "-5"], "--warmup and --seed must be >= 0"),
+    (["bench-schedule", "--cap", "10"], "--cap 10 is below the longest sample"),
     (["train-demo", "--attention", "bogus"], "'bogus' is not an attention backend"),
     (["calibrate", "--gpu", "h200", "--model", "qwen3-8b", "-o", "x.json", "--settle-s", "inf"],
      "expected a finite number of seconds"),  # would wait forever

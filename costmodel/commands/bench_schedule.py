@@ -173,11 +173,15 @@ def run(args: argparse.Namespace, *, measure=None) -> int:
                 cache[dp] = generate_lengths(per_rank * dp, args.lengths, seed=args.seed)
             return cache[dp]
 
+    longest = max(int(lengths_for_dp(dp).max()) for dp in dp_sizes)
+    if longest > args.cap:  # every policy would run it alone, over the cap: nothing to compare
+        raise ValueError(f"--cap {args.cap} is below the longest sample ({longest} tokens); "
+                         f"raise --cap to at least {longest} or give shorter --lengths")
     cost_model = None
     if "calibrated" in policies:
         name = args.cost_model
-        if name == "auto":
-            name = f"{_detected_gpu_key() or 'h200'}/{spec.name}"
+        if name == "auto":  # this GPU's profile of the model's shape, whatever its name
+            name = _detected_gpu_key() or "h200"
         cost_model = load_cost_model(
             name, spec=spec, allow_other_shape=args.cost_model_allow_other_shape
         )
