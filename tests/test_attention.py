@@ -489,11 +489,17 @@ def test_future_keys_never_leak_into_the_causal_softmax():
 
 def test_double_backward_is_refused_not_silently_zero():
     """With create_graph=True the returned dq had no graph: a gradient penalty on it was
-    silently dropped (45% off against float64)."""
+    silently dropped (45% off against float64). Now the gradient itself is served (a
+    caller may need the graph for something else) and differentiating it raises."""
     q, k, v, _ = _inputs([9], 2, 1, 64, torch.float32, seed=8)
     out = ta.flash_attn_varlen(q, k, v, _cu([9]), 9)
-    with pytest.raises(RuntimeError, match="double backward"):
-        torch.autograd.grad(out.sum(), q, create_graph=True)
+    (plain,) = torch.autograd.grad(out.sum(), q, retain_graph=True)
+    (dq,) = torch.autograd.grad(out.sum(), q, create_graph=True)
+    torch.testing.assert_close(dq.detach(), plain)
+    with pytest.raises(RuntimeError, match="triton attention: double backward"):
+        (dq**2).sum().backward(retain_graph=True)
+    with pytest.raises(RuntimeError, match="triton attention: double backward"):
+        torch.autograd.grad((dq**2).sum(), (q, k))
 
 
 @pytest.mark.parametrize(("call", "says"), [

@@ -271,8 +271,15 @@ def test_fused_swiglu_edge_shapes_and_double_backward():
     with pytest.raises(ValueError, match="even and positive"):
         swiglu_fused(torch.randn(3, 0, device=DEV))
     x = torch.randn(4, 8, device=DEV, requires_grad=True)
-    with pytest.raises(RuntimeError, match="double backward"):
-        torch.autograd.grad(swiglu_fused(x).sum(), x, create_graph=True)
+    (plain,) = torch.autograd.grad(swiglu_fused(x).sum(), x)
+    (g,) = torch.autograd.grad(swiglu_fused(x).sum(), x, create_graph=True)  # first order: served
+    torch.testing.assert_close(g.detach(), plain)
+    with pytest.raises(RuntimeError, match="triton swiglu: double backward"):
+        torch.autograd.grad(g.sum(), x)
+    gate, up = (torch.randn(4, 8, device=DEV, requires_grad=True) for _ in range(2))
+    dg, du = torch.autograd.grad(swiglu(gate, up).sum(), (gate, up), create_graph=True)
+    with pytest.raises(RuntimeError, match="triton swiglu: double backward"):
+        (dg * du).sum().backward()
 
 
 # ---------------------------------------------------------- found by a bad-input sweep

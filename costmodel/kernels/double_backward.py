@@ -2,18 +2,46 @@
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
+from typing import Any
+
 import torch
 
 
-def refuse_double_backward(what: str) -> None:
-    """Raise when a backward runs with ``create_graph=True`` (grad mode on inside it).
+def first_order_backward(what: str) -> Callable:
+    """Decorate a `torch.autograd.Function.backward` that is a kernel with no graph of its own.
 
-    Without this, the gradients such a backward returns have no graph: a loss built on
-    them (a gradient penalty) silently loses that term. `once_differentiable` does not
-    help there: it only objects when the incoming gradient itself requires grad.
+    Under ``create_graph=True`` the gradients it returns still flow (a caller that only
+    needed the graph elsewhere is served), but differentiating them again raises, naming
+    the kernel: without a guard they had no graph, so a loss built on them (a gradient
+    penalty) silently lost that term. `once_differentiable` guards only when the incoming
+    gradient itself requires grad, which the first backward's usually does not.
     """
-    if torch.is_grad_enabled():
-        raise RuntimeError(
-            f"{what}: double backward (create_graph=True) is not supported by this kernel; "
-            "use a differentiable backend (e.g. attention 'sdpa', or the unfused SwiGLU)"
-        )
+    message = (f"{what}: double backward (a gradient of this kernel's gradients) is not "
+               "supported; use a differentiable backend (e.g. attention 'sdpa', or the unfused "
+               "SwiGLU)").encode()
+
+    def wrap(backward: Callable) -> Callable:
+        @functools.wraps(backward)
+        def guarded(ctx: Any, *grads: Any) -> Any:
+            with torch.no_grad():
+                out = backward(ctx, *grads)
+            if not torch.is_grad_enabled():  # a plain backward: nothing to guard
+                return out
+            outs = out if isinstance(out, tuple) else (out,)
+            # Each gradient gets a node that raises if anything backpropagates through it
+            # (as once_differentiable builds it: the node needs inputs that require grad).
+            # The forward's saved inputs go in too, so that a gradient taken with respect
+            # to them (autograd.grad) reaches the node instead of finding no path.
+            grads_in = [o.detach().requires_grad_() for o in outs if isinstance(o, torch.Tensor)]
+            saved = [t for t in ctx.saved_tensors if t is not None and t.requires_grad]
+            raised = torch._C._functions.DelayedError(message, len(grads_in) + len(saved))(
+                *grads_in, *saved)
+            raising = iter((raised,) if isinstance(raised, torch.Tensor) else raised)
+            wrapped = tuple(next(raising) if isinstance(o, torch.Tensor) else o for o in outs)
+            return wrapped if isinstance(out, tuple) else wrapped[0]
+
+        return guarded
+
+    return wrap

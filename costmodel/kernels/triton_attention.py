@@ -42,7 +42,7 @@ import torch
 import triton
 import triton.language as tl
 
-from costmodel.kernels.double_backward import refuse_double_backward
+from costmodel.kernels.double_backward import first_order_backward
 
 try:  # triton >= 2.1 (checked against 3.6 and 3.9)
     from triton.runtime.errors import OutOfResources
@@ -908,8 +908,8 @@ class _FlashAttnVarlen(torch.autograd.Function):
         return o
 
     @staticmethod
+    @first_order_backward("triton attention")
     def backward(ctx, do):
-        refuse_double_backward("triton attention")
         q, k, v, o, lse, cu_seqlens = ctx.saved_tensors
         dq, dk, dv = _backward(
             do, q, k, v, o, lse, cu_seqlens, ctx.max_seqlen, ctx.sm_scale, ctx.configs

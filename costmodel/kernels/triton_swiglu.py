@@ -30,7 +30,7 @@ import torch
 import triton
 import triton.language as tl
 
-from costmodel.kernels.double_backward import refuse_double_backward
+from costmodel.kernels.double_backward import first_order_backward
 
 __all__ = [
     "swiglu",
@@ -246,14 +246,17 @@ class _SwiGLUFusedFunction(torch.autograd.Function):
         gu = _as_rows(gate_up)
         f = gu.shape[1] // 2
         out = swiglu_forward(gu[:, :f], gu[:, f:])
-        ctx.save_for_backward(gu)
+        # The input itself, not its row view: a view made here has no graph, and the
+        # double-backward guard needs the input to reach (see first_order_backward).
+        ctx.save_for_backward(gate_up)
         ctx.lead = lead
         return out.view(*lead, f)
 
     @staticmethod
+    @first_order_backward("triton swiglu")
     def backward(ctx, dout: torch.Tensor) -> torch.Tensor:
-        refuse_double_backward("triton swiglu")
-        (gu,) = ctx.saved_tensors
+        (gate_up,) = ctx.saved_tensors
+        gu = _as_rows(gate_up)
         f = gu.shape[1] // 2
         do = _as_rows(dout)
         dgu = torch.empty((gu.shape[0], 2 * f), dtype=gu.dtype, device=gu.device)
@@ -269,14 +272,15 @@ class _SwiGLUFunction(torch.autograd.Function):
         lead = gate.shape[:-1]
         g, u = _as_rows(gate), _as_rows(up)
         out = swiglu_forward(g, u)
-        ctx.save_for_backward(g, u)
+        ctx.save_for_backward(gate, up)  # the inputs, as in _SwiGLUFusedFunction
         ctx.lead = lead
         return out.view(*lead, g.shape[1])
 
     @staticmethod
+    @first_order_backward("triton swiglu")
     def backward(ctx, dout: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        refuse_double_backward("triton swiglu")
-        g, u = ctx.saved_tensors
+        gate, up = ctx.saved_tensors
+        g, u = _as_rows(gate), _as_rows(up)
         dg, du = swiglu_backward(_as_rows(dout), g, u)
         shape = (*ctx.lead, g.shape[1])
         return dg.view(shape), du.view(shape)
