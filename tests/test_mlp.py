@@ -280,6 +280,23 @@ def test_fused_swiglu_edge_shapes_and_double_backward():
     dg, du = torch.autograd.grad(swiglu(gate, up).sum(), (gate, up), create_graph=True)
     with pytest.raises(RuntimeError, match="triton swiglu: double backward"):
         (dg * du).sum().backward()
+    # a jvp differentiates with respect to the incoming gradient: it read zeros (a review)
+    with pytest.raises(RuntimeError, match="triton swiglu: double backward"):
+        torch.autograd.functional.jvp(swiglu_fused, torch.randn(4, 8, device=DEV),
+                                      torch.randn(4, 8, device=DEV))
+
+
+def test_fused_swiglu_first_order_gradient_under_checkpoint_with_create_graph():
+    """A non-reentrant checkpoint allows one unpacking of each saved tensor: the guard read
+    them a second time, and the first-order gradient failed (a review)."""
+    from torch.utils.checkpoint import checkpoint
+
+    w = torch.randn(16, 16, device=DEV, requires_grad=True)
+    x = torch.randn(5, 2, 16, device=DEV)
+    y = checkpoint(lambda x: swiglu_fused(x @ w), x, use_reentrant=False)
+    (g,) = torch.autograd.grad(y.pow(2).sum(), w, create_graph=True)
+    (plain,) = torch.autograd.grad(swiglu_fused(x @ w).pow(2).sum(), w)
+    torch.testing.assert_close(g.detach(), plain)
 
 
 # ---------------------------------------------------------- found by a bad-input sweep

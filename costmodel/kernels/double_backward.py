@@ -11,6 +11,7 @@ import torch
 
 def first_order_backward(what: str) -> Callable:
     """Decorate a `torch.autograd.Function.backward` that is a kernel with no graph of its own.
+    The decorated function takes ``(ctx, saved_tensors, *grads)``.
 
     Under ``create_graph=True`` the gradients it returns still flow (a caller that only
     needed the graph elsewhere is served), but differentiating them again raises, naming
@@ -25,17 +26,23 @@ def first_order_backward(what: str) -> Callable:
     def wrap(backward: Callable) -> Callable:
         @functools.wraps(backward)
         def guarded(ctx: Any, *grads: Any) -> Any:
+            # Read once and handed to the backward: a non-reentrant checkpoint allows one
+            # unpacking of each saved tensor.
+            saved_all = ctx.saved_tensors
             with torch.no_grad():
-                out = backward(ctx, *grads)
+                out = backward(ctx, saved_all, *grads)
             if not torch.is_grad_enabled():  # a plain backward: nothing to guard
                 return out
             outs = out if isinstance(out, tuple) else (out,)
             # Each gradient gets a node that raises if anything backpropagates through it
             # (as once_differentiable builds it: the node needs inputs that require grad).
-            # The forward's saved inputs go in too, so that a gradient taken with respect
-            # to them (autograd.grad) reaches the node instead of finding no path.
+            # The forward's saved inputs and the incoming gradients go in too, so that a
+            # gradient taken with respect to either (autograd.grad; a jvp differentiates
+            # with respect to the incoming gradient) reaches the node instead of finding no
+            # path and reading as zero.
             grads_in = [o.detach().requires_grad_() for o in outs if isinstance(o, torch.Tensor)]
-            saved = [t for t in ctx.saved_tensors if t is not None and t.requires_grad]
+            saved = [t for t in (*saved_all, *grads)
+                     if isinstance(t, torch.Tensor) and t.requires_grad]
             raised = torch._C._functions.DelayedError(message, len(grads_in) + len(saved))(
                 *grads_in, *saved)
             raising = iter((raised,) if isinstance(raised, torch.Tensor) else raised)

@@ -909,8 +909,8 @@ class _FlashAttnVarlen(torch.autograd.Function):
 
     @staticmethod
     @first_order_backward("triton attention")
-    def backward(ctx, do):
-        q, k, v, o, lse, cu_seqlens = ctx.saved_tensors
+    def backward(ctx, saved, do):
+        q, k, v, o, lse, cu_seqlens = saved
         dq, dk, dv = _backward(
             do, q, k, v, o, lse, cu_seqlens, ctx.max_seqlen, ctx.sm_scale, ctx.configs
         )

@@ -254,8 +254,8 @@ class _SwiGLUFusedFunction(torch.autograd.Function):
 
     @staticmethod
     @first_order_backward("triton swiglu")
-    def backward(ctx, dout: torch.Tensor) -> torch.Tensor:
-        (gate_up,) = ctx.saved_tensors
+    def backward(ctx, saved, dout: torch.Tensor) -> torch.Tensor:
+        (gate_up,) = saved
         gu = _as_rows(gate_up)
         f = gu.shape[1] // 2
         do = _as_rows(dout)
@@ -278,8 +278,8 @@ class _SwiGLUFunction(torch.autograd.Function):
 
     @staticmethod
     @first_order_backward("triton swiglu")
-    def backward(ctx, dout: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        gate, up = ctx.saved_tensors
+    def backward(ctx, saved, dout: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        gate, up = saved
         g, u = _as_rows(gate), _as_rows(up)
         dg, du = swiglu_backward(_as_rows(dout), g, u)
         shape = (*ctx.lead, g.shape[1])
