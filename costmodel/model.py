@@ -366,7 +366,8 @@ def load_cost_model(
     """A cost model from a file, or by name: "h200/qwen3-8b" (or "h200" with `spec`).
 
     A name resolves to the shipped measured profile `costmodel/profiles/<gpu>/<model>.json`
-    when one exists, else to the registry estimate for that GPU (`is_estimate=True`).
+    when one exists, else to the registry estimate for that GPU (`is_estimate=True`). A GPU
+    alone takes that GPU's shipped profile of `spec`'s shape, whatever `spec` is called.
     A file made for a different model shape than `spec` is an error unless
     `allow_other_shape=True`.
     """
@@ -393,9 +394,12 @@ def load_cost_model(
         info = gpus.lookup_gpu(gpu_name)
     except ValueError as err:
         raise ValueError(f"{text!r} is not an existing cost model file, and as a name: {err}") from None
-    shipped = profile_path(info.key, model_name)
-    if shipped is None and spec is not None and spec.name.lower() == model_name.lower():
-        shipped = profile_for_shape(info.key, spec.fingerprint())  # a config.json's own name
+    if not m:  # a GPU alone: its profile of the spec's shape, whatever the model is called
+        shipped = profile_for_shape(info.key, spec.fingerprint())
+    else:
+        shipped = profile_path(info.key, model_name)
+        if shipped is None and spec is not None and spec.name.lower() == model_name.lower():
+            shipped = profile_for_shape(info.key, spec.fingerprint())  # a config.json's own name
     if shipped is not None:
         doc = read_document(shipped)
         return CostModel.from_dict(

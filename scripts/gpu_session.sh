@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# One GPU session on an H200 (torch 2.11, triton 3.6), from a checkout, in <= 9.5 minutes.
+# One GPU session on an H200 (torch 2.11, triton 3.6), from a checkout, in about 8 minutes
+# (LIMIT_S, default 460 s).
 # Most important first, so a short session still ships a measured cost model:
 #   1. costmodel calibrate qwen3-8b, torch-varlen, CUDA-graph timing  <= 170 s (~90 s)
 #      if it stops short: refit what it measured ($OUT/$MODEL.partial.json, seconds);

@@ -90,9 +90,14 @@ def test_a_config_under_another_name_gets_the_measured_profile_of_its_shape(tmp_
     model = load_cost_model("h200", spec=spec)
     assert not model.is_estimate and model.spec.name == "qwen3-8b"
     assert load_cost_model(f"h200/{spec.name}", spec=spec).extra["source"] == model.extra["source"]
-    # another shape under its own name still gets the registry estimate
+    # another shape under its own name still gets the registry estimate, and so does one
+    # that happens to carry a shipped profile's name (a folder called qwen3-8b)
     other = ModelSpec.from_dict({**PRESETS["qwen3-8b"].to_dict(), "name": "mine", "num_layers": 30})
     assert load_cost_model("h200", spec=other).is_estimate
+    misnamed = ModelSpec.from_dict({**other.to_dict(), "name": "qwen3-8b"})
+    assert load_cost_model("h200", spec=misnamed).is_estimate
+    with pytest.raises(ValueError, match="made for model 'qwen3-8b'"):
+        load_cost_model("h200/qwen3-8b", spec=misnamed)  # asked for by name: the shape is checked
 
 
 def test_hf_sliding_window_with_null_max_window_layers(tmp_path):

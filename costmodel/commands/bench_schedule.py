@@ -39,8 +39,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--lengths", default="rl", metavar="NAME_OR_FILE",
         help="a built-in RL-like distribution of costmodel.scheduler.generate_lengths (rl: "
         "prompt 200-1500 + lognormal response, median 1500, sigma 1; bimodal: 90%% short, "
-        "10%% near the length limit; default: rl) or a file of lengths (one positive integer "
-        "per line, or .json/.npy)",
+        "10%% near the length limit; default: rl) or a file of lengths (whole numbers "
+        "separated by newlines, commas or spaces, or .json/.npy)",
     )
     size = p.add_mutually_exclusive_group()
     size.add_argument(

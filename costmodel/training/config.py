@@ -45,8 +45,8 @@ def add_trainer_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentP
     g.add_argument("--lr", type=float, default=3e-3, help="AdamW learning rate (default: 3e-3)")
     g.add_argument(
         "--lengths-file", default=None, metavar="PATH",
-        help="take sample lengths from this file (one positive integer per line, or .json/"
-        ".npy) instead of the synthetic RL-like draw",
+        help="take sample lengths from this file (whole numbers separated by newlines, commas "
+        "or spaces, or .json/.npy) instead of the synthetic RL-like draw",
     )
     g.add_argument(
         "--length-scale", type=float, default=_DEFAULT_SCALE,
