@@ -136,6 +136,15 @@ def test_validate_needs_a_measured_file(tmp_path, capsys):
     assert main(["validate", str(path)]) == 2
     assert "is an estimate" in capsys.readouterr().err
     assert main(["validate", str(tmp_path / "missing.json")]) == 2
+    # a shipped profile by name: only with --no-save (nothing to store it in); then it gets
+    # as far as the GPU check
+    assert main(["validate", "h200/qwen3-8b"]) == 2
+    assert "can be validated with --no-save" in capsys.readouterr().err
+    assert main(["validate", "h100/qwen3-8b", "--no-save"]) == 2
+    assert "is an estimate" in capsys.readouterr().err
+    if not HAS_CUDA:
+        assert main(["validate", "h200/qwen3-8b", "--no-save"]) == 2
+        assert "CUDA" in capsys.readouterr().err
 
 
 # ---- GPU ------------------------------------------------------------------------------------

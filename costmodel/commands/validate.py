@@ -21,7 +21,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             "The result is stored in the file (atomically) unless --no-save."
         ),
     )
-    p.add_argument("path", help="cost model file from `costmodel calibrate`")
+    p.add_argument("path", help="cost model file from `costmodel calibrate` (or, with --no-save, a "
+                   "shipped profile such as h200/qwen3-8b)")
     p.add_argument("--count", type=int, default=150, help="micro-batches per mode (default 150)")
     p.add_argument("--layers", type=int, default=4, help="layers in the timed stack (default 4)")
     p.add_argument("--caps", default="768,2048,4096,8192,16384",
@@ -37,7 +38,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    "those measured (default: no limit)")
     p.add_argument("--allow-other-gpu", action="store_true",
                    help="validate on a GPU other than the one the file was calibrated on")
-    p.add_argument("--no-save", action="store_true", help="do not store the result in the file")
+    p.add_argument("--no-save", action="store_true",
+                   help="do not store the result in the file (needed to validate a shipped "
+                   "profile by name, e.g. h200/qwen3-8b)")
     p.set_defaults(func=run)
 
 
@@ -50,11 +53,16 @@ def run(args: argparse.Namespace) -> int:
     from costmodel.model_file import check_output_path, read_document, write_json_atomic
 
     path = Path(args.path)
-    if not path.is_file():
-        raise FileNotFoundError(f"no cost model file at {path}")
-    model = load_cost_model(path)
+    if path.is_file():
+        model = load_cost_model(path)
+    elif args.no_save and "/" in args.path and not args.path.endswith(".json"):
+        model = load_cost_model(args.path)  # a shipped profile, checked on this GPU, not stored
+    else:
+        raise FileNotFoundError(f"no cost model file at {path} (a shipped profile such as "
+                                "h200/qwen3-8b can be validated with --no-save)")
     if model.is_estimate:
-        raise ValueError(f"{path} is an estimate; validate a measured file from `costmodel calibrate`")
+        raise ValueError(f"{args.path} is an estimate; validate a measured file from "
+                         "`costmodel calibrate`")
     modes = parse_modes(args.modes) if args.modes else tuple(model.modes)
     caps = comma_ints(args.caps, "--caps")
     if args.count < 4 or args.layers < 1:
