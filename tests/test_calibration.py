@@ -378,3 +378,14 @@ def test_the_shipped_h200_validation_replays_exactly():
             got, want = (b["modes"][mode]["summary"][split]["cost_model"] for b in (block, stored))
             assert got["mape"] == pytest.approx(want["mape"], rel=1e-9)
             assert got["worst"] == pytest.approx(want["worst"], rel=1e-9)
+
+
+def test_a_validation_of_modes_the_refit_lacks_is_dropped(caplog):
+    from costmodel.calibration.validate import revalidate
+
+    model = load_cost_model("h200/qwen3-8b")
+    block = dict(model.extra["validation"])
+    block["modes"] = {"forward": block["modes"]["forward"]}
+    model.curves.pop("forward")  # as a refit whose forward fit failed
+    assert revalidate(model, block) is None
+    assert "validated forward, which the model lacks" in caplog.text

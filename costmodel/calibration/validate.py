@@ -247,6 +247,8 @@ def revalidate(model: CostModel, block: Any) -> dict[str, Any] | None:
             measured = np.array([float(p["measured_ms"]) for p in points])
             out["modes"][mode] = _compare(model, batches, measured, mode,
                                           num_layers=num_layers, moe=moe)
+        if not out["modes"]:
+            raise ValueError(f"it validated {', '.join(modes)}, which the model lacks")
     except (AttributeError, KeyError, TypeError, ValueError, StopIteration) as err:
         logger.warning("the stored validation cannot be judged again (%s: %s); it is dropped",
                        type(err).__name__, err)
