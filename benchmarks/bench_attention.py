@@ -559,7 +559,14 @@ def main(argv: list[str] | None = None) -> int:
         elif args.tune_first:
             tuning = tune(argparse.Namespace(**{**vars(args), "quick": True}), argv, ("dkdv", "dq"))
             _print_tuning(tuning)
-            result = run(args, argv, triton_configs=tuning["best"])
+            try:
+                result = run(args, argv, triton_configs=tuning["best"])
+            except KeyboardInterrupt:
+                # The GPU session's step timeout (SIGINT) during the table: keep the tuning,
+                # what that step is for, rather than nothing.
+                print("interrupted during the table: writing the tuning only", file=sys.stderr)
+                result = {"provenance": tuning["provenance"], "rows": [], "unavailable": {},
+                          "tuned_configs": tuning["best"], "interrupted": True}
             result["tune_rows"] = tuning["tune_rows"]
         else:
             result = run(args, argv)

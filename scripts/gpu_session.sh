@@ -6,16 +6,19 @@
 #      if it stops short: refit what it measured ($OUT/$MODEL.partial.json, seconds);
 #      if that cannot fit: calibrate again with --timing eager, and refit that one's
 #      partial measurements if it fails too
-#   2. costmodel validate on random packed micro-batches           <= 120 s (stops at 80 s)
+#   2. costmodel validate on random packed micro-batches           <= 110 s (stops at 70 s)
 #   3. costmodel report --png                                      seconds
 #   4. costmodel bench-schedule with the fresh cost model (dp 8,16,64)  <= 130 s
 #      (stops measuring at 105 s, or at the step's SIGINT, and writes what it measured)
 #   5. attention benchmark, backward configs tuned first            <= 120 s
+#      (a timeout during its table still writes the tuning to bench_attention.json)
 #   6. GPU pytest tests (-m gpu)                                   <= 90 s
 #   7. MLP benchmark, if time is left (STEPS without bench_mlp skips it)
 #   8. a quick MoE calibration (qwen3-30b-a3b), if time is left
-# STEPS picks and orders a subset, e.g. STEPS="bench_schedule pytest" with CAL=<a shipped
-# profile> for a session that only needs those. At most 8 files come back from $OUT, so
+# STEPS picks a subset (run in the order above), e.g. STEPS="bench_schedule pytest" with
+# CAL=<a shipped profile> for a session that only needs those, or, in a second call while
+# the machine is still warm, the steps the first call's LIMIT_S skipped (CAL: the first
+# call's profile, copied into the checkout). At most 8 files come back from $OUT, so
 # only these are written there: session.log, $MODEL.json (+ .partial.json on failure),
 # $MODEL.png, pytest-gpu.xml, bench_attention.json, bench_mlp.json, bench_schedule.json,
 # qwen3-30b-a3b.json; past 8, all but the log and $MODEL.json go into results.tgz.
@@ -110,8 +113,8 @@ if want calibrate; then
   fi
 fi
 if [[ -f "$CAL" ]]; then
-  want validate && step "validate $MODEL" 120 "$PY" -m costmodel -v validate "$CAL" \
-    --count 120 --layers 4 --time-limit-s 80 --settle-s 3
+  want validate && step "validate $MODEL" 110 "$PY" -m costmodel -v validate "$CAL" \
+    --count 120 --layers 4 --time-limit-s 70 --settle-s 3
   want report && step "report $MODEL" 40 "$PY" -m costmodel report "$CAL" --png "$OUT/$MODEL.png"
 else
   echo "== no $CAL: calibrate failed, skipping validate/report"

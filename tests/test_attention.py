@@ -579,3 +579,13 @@ def test_tuning_runs_every_backward_candidate_and_checks_it(load_benchmark, monk
     assert set(doc["tuned_configs"]) <= {"dkdv", "dq"} and "dkdv" in doc["tuned_configs"]
     assert {(r["backend"], r["mode"]) for r in doc["rows"]} == {
         (b, m) for b in ("triton", "sdpa") for m in ("fwd", "fwd+bwd")}
+
+    # The session's step timeout (SIGINT) during the table keeps the tuning in the JSON.
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(bench, "run", interrupted)
+    assert bench.main(argv) == 0
+    cut = json.loads(out.read_text())
+    assert cut["interrupted"] and cut["tuned_configs"] == doc["tuned_configs"] and not cut["rows"]
+    assert len(cut["tune_rows"]) == len(rows)
