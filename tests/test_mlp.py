@@ -286,6 +286,17 @@ def test_fused_swiglu_edge_shapes_and_double_backward():
                                       torch.randn(4, 8, device=DEV))
 
 
+def test_without_torchs_delayed_error_a_double_backward_is_refused_at_once(monkeypatch):
+    """DelayedError is private to torch: should a release drop it, create_graph=True is
+    refused outright (as before the lazy guard), never answered without a graph."""
+    monkeypatch.delattr(torch._C._functions, "DelayedError")
+    x = torch.randn(4, 8, device=DEV, requires_grad=True)
+    with pytest.raises(RuntimeError, match="triton swiglu: double backward"):
+        torch.autograd.grad(swiglu_fused(x).sum(), x, create_graph=True)
+    swiglu_fused(x).sum().backward()  # a plain backward does not need it
+    assert x.grad is not None
+
+
 def test_fused_swiglu_first_order_gradient_under_checkpoint_with_create_graph():
     """A non-reentrant checkpoint allows one unpacking of each saved tensor: the guard read
     them a second time, and the first-order gradient failed (a review)."""

@@ -43,8 +43,10 @@ def first_order_backward(what: str) -> Callable:
             grads_in = [o.detach().requires_grad_() for o in outs if isinstance(o, torch.Tensor)]
             saved = [t for t in (*saved_all, *grads)
                      if isinstance(t, torch.Tensor) and t.requires_grad]
-            raised = torch._C._functions.DelayedError(message, len(grads_in) + len(saved))(
-                *grads_in, *saved)
+            delayed = getattr(getattr(torch._C, "_functions", None), "DelayedError", None)
+            if delayed is None:  # a torch without it (private API): refuse now, never silently
+                raise RuntimeError(message.decode())
+            raised = delayed(message, len(grads_in) + len(saved))(*grads_in, *saved)
             raising = iter((raised,) if isinstance(raised, torch.Tensor) else raised)
             wrapped = tuple(next(raising) if isinstance(o, torch.Tensor) else o for o in outs)
             return wrapped if isinstance(out, tuple) else wrapped[0]
