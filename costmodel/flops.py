@@ -52,6 +52,8 @@ BREAKDOWN_KEYS = (
 
 def as_lengths(seqlens: ArrayLike, what: str = "sequence lengths") -> np.ndarray:
     """Validate lengths: a 1-D sequence of integers in 1..`MAX_LENGTH`, returned as int64."""
+    if hasattr(seqlens, "detach") and hasattr(seqlens, "cpu"):  # a torch tensor, even one
+        seqlens = seqlens.detach().cpu()  # that requires grad or lives on a GPU
     try:
         arr = np.asarray(seqlens)
     except ValueError:  # ragged nesting: numpy's "inhomogeneous shape" says little

@@ -97,10 +97,42 @@ def test_min_num_microbatches_error_blames_it():
         build_schedule([10] * 8, dp_size=2, max_tokens_per_microbatch=100, min_num_microbatches=5)
 
 
-@pytest.mark.parametrize("group_ids", [[[1]] * 8, np.zeros((8, 2))])
-def test_unhashable_group_ids_are_a_value_error(group_ids):
-    with pytest.raises(ValueError, match=r"group_ids\[0\] = .* cannot be a group id"):
+@pytest.mark.parametrize("group_ids, says", [
+    ([[1]] * 8, r"one id per sample, got an array of shape \(8, 1\)"),
+    (np.zeros((8, 2)), r"one id per sample, got an array of shape \(8, 2\)"),
+    ([[1], [1, 2]] + [[3]] * 6, r"group_ids\[0\] = .* cannot be a group id"),  # ragged lists
+    ([np.zeros(2)] + [np.zeros(3)] * 7, r"group_ids\[0\] = .* is not a single id"),
+])
+def test_group_ids_that_are_not_one_id_per_sample_are_a_value_error(group_ids, says):
+    with pytest.raises(ValueError, match=says):
         build_schedule([10] * 8, dp_size=2, max_tokens_per_microbatch=100, group_ids=group_ids)
+
+
+def test_torch_group_ids_keep_groups_together():
+    """An (n, 1) torch column was read row by row, and tensors hash by identity: every
+    sample became its own group, silently (an API walkthrough)."""
+    torch = pytest.importorskip("torch")
+    lengths = [100] * 64
+    with pytest.raises(ValueError, match=r"shape \(64, 1\)"):
+        build_schedule(lengths, dp_size=8, max_tokens_per_microbatch=1000,
+                       group_ids=(torch.arange(64) // 8).reshape(-1, 1))
+    for ids in ((torch.arange(64) // 8), [torch.tensor(i // 8) for i in range(64)]):
+        s = build_schedule(lengths, dp_size=8, max_tokens_per_microbatch=1000, group_ids=ids)
+        rank_of = {i: r for r, mbs in enumerate(s.microbatches) for mb in mbs for i in mb}
+        assert all(len({rank_of[i] for i in range(g * 8, g * 8 + 8)}) == 1 for g in range(8))
+
+
+def test_torch_lengths_that_require_grad_are_read():
+    torch = pytest.importorskip("torch")
+    lengths = torch.tensor([500.0, 900.0, 300.0, 200.0], requires_grad=True)
+    s = build_schedule(lengths, dp_size=2, max_tokens_per_microbatch=1000)
+    assert sorted(i for r in s.microbatches for mb in r for i in mb) == [0, 1, 2, 3]
+
+
+def test_a_bad_cost_on_a_probe_says_it_was_a_probe():
+    with pytest.raises(ValueError, match="for a probe micro-batch .a filler, then the sample"):
+        build_schedule([500, 900, 15184, 300], dp_size=2, max_tokens_per_microbatch=16384,
+                       cost=lambda x: float("nan") if x.sum() > 15000 else float(x.sum()))
 
 
 @pytest.mark.parametrize("group_ids, says", [

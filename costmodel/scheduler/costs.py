@@ -98,8 +98,10 @@ class Cost:
         return float(self.evaluate(arr, np.array([0, arr.size], dtype=np.int64))[0])
 
     # -- checked entry points used by the scheduler ------------------------------------
-    def evaluate(self, lengths: np.ndarray, offsets: np.ndarray) -> np.ndarray:
-        """`microbatch_costs`, converted to float64 and checked (finite, >= 0)."""
+    def evaluate(self, lengths: np.ndarray, offsets: np.ndarray, *,
+                 what: str = "a micro-batch") -> np.ndarray:
+        """`microbatch_costs`, converted to float64 and checked (finite, >= 0); ``what`` names
+        the micro-batches in an error."""
         k = offsets.size - 1
         try:
             out = np.asarray(self.microbatch_costs(lengths, offsets), dtype=np.float64).reshape(-1)
@@ -110,7 +112,7 @@ class Cost:
                             f"{err})") from err
         if out.size != k:
             raise ValueError(f"cost {self.name!r} returned {out.size} values for {k} micro-batches")
-        _check_values(out, self.name, lengths, offsets)
+        _check_values(out, self.name, lengths, offsets, what)
         return out
 
     def marginal_costs(self, lengths: np.ndarray, fill_tokens: int) -> np.ndarray:
@@ -133,13 +135,16 @@ class Cost:
         pair_lengths = np.empty(2 * u, dtype=np.int64)
         pair_lengths[0::2] = filler
         pair_lengths[1::2] = uniq
-        with_sample = self.evaluate(pair_lengths, np.arange(0, 2 * u + 1, 2, dtype=np.int64))
-        alone = self.evaluate(filler, np.arange(u + 1, dtype=np.int64))
+        probe = "a probe micro-batch (a filler, then the sample whose marginal cost it measures)"
+        with_sample = self.evaluate(pair_lengths, np.arange(0, 2 * u + 1, 2, dtype=np.int64),
+                                    what=probe)
+        alone = self.evaluate(filler, np.arange(u + 1, dtype=np.int64), what=probe)
         marginal = np.maximum(with_sample - alone, 0.0)
         return marginal[inverse]
 
 
-def _check_values(values: np.ndarray, name: str, lengths: np.ndarray, offsets: np.ndarray) -> None:
+def _check_values(values: np.ndarray, name: str, lengths: np.ndarray, offsets: np.ndarray,
+                  what: str = "a micro-batch") -> None:
     bad = ~np.isfinite(values) | (values < 0)
     if not bad.any():
         return
@@ -147,7 +152,7 @@ def _check_values(values: np.ndarray, name: str, lengths: np.ndarray, offsets: n
     members = np.asarray(lengths[offsets[k] : offsets[k + 1]]).tolist()
     shown = members if len(members) <= 8 else members[:8] + ["..."]
     raise ValueError(
-        f"cost {name!r} returned {float(values[k])!r} for a micro-batch with lengths {shown}: "
+        f"cost {name!r} returned {float(values[k])!r} for {what} with lengths {shown}: "
         "costs must be finite and non-negative"
     )
 

@@ -40,6 +40,11 @@ def first_appearance_ids(ids: Any, what: str) -> np.ndarray:
     seen: dict[Any, int] = {}
     out = np.empty(len(ids), dtype=np.int64)
     for i, g in enumerate(ids):
+        if getattr(g, "ndim", None) is not None:  # a numpy or torch scalar, or an array
+            if g.ndim != 0:
+                raise ValueError(f"{what}[{i}] = {g!r:.60} is not a single id (shape "
+                                 f"{tuple(g.shape)}): give one id per sample")
+            g = g.item()  # a torch tensor hashes by identity: every sample its own group
         if isinstance(g, (float, np.floating)) and g != g:
             raise ValueError(f"{what}[{i}] is NaN, which cannot name a group: use integers or "
                              "strings")

@@ -171,6 +171,9 @@ def _dense_groups(group_ids: Sequence[Any], n: int) -> np.ndarray:
         arr = np.asarray(group_ids)
     except ValueError:  # ragged: ids of different shapes, refused one by one below
         arr = np.empty(0, dtype=object)
+    if arr.ndim > 1:  # an (n, 1) column read row by row would make every sample a group
+        raise ValueError(f"group_ids must hold one id per sample, got an array of shape "
+                         f"{arr.shape}; flatten it")
     if arr.ndim == 1 and arr.dtype.kind in "iub":
         _, dense = np.unique(arr, return_inverse=True)
         return dense.astype(np.int64)
@@ -224,11 +227,15 @@ def build_schedule(
             than the cap sits alone in its micro-batch (or, with ``strict``, is an error).
         cost: "tokens", "flops" (exact analytic FLOPs of ``spec``), a cost model (object,
             file path, or shipped name such as "h200/qwen3-8b"), or a callable on one
-            micro-batch's lengths (called about once per distinct length and once per
-            micro-batch, a Python call each: at tens of thousands of samples, prefer a
-            cost model, whose costs are vectorised).
+            micro-batch's lengths (a Python call each time: about twice per distinct length,
+            to probe each sample's marginal cost, and several times per micro-batch during
+            the search; ~100 ms at 16k samples: prefer a cost model, whose costs are
+            vectorised).
         spec: the model (`ModelSpec` or preset name), for ``cost="flops"``.
-        align: micro-batches per rank must be a multiple of this (virtual pipeline stages).
+        align: micro-batches per rank must be a multiple of this: for Megatron's interleaved
+            (virtual) pipeline, its micro-batch group per virtual stage
+            (``microbatch_group_size_per_vp_stage``, the pipeline-parallel size by default),
+            not the number of virtual stages; 1 without virtual stages.
         group_ids: samples sharing an id (one prompt's responses) stay on one rank.
         order: run order inside a rank: "none", "longest-first" or "pipeline".
         strict: raise instead of letting an over-cap sample sit alone.
