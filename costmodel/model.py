@@ -44,6 +44,7 @@ from costmodel.flops import as_lengths, causal_pairs
 from costmodel.model_file import (
     OTHER_SHAPE_HINT,
     SCHEMA,
+    UnknownCostModel,
     from_document,
     read_document,
     utc_timestamp,
@@ -386,14 +387,14 @@ def load_cost_model(
     elif spec is not None and "/" not in text:
         gpu_name, model_name = text.strip(), spec.name
     else:
-        raise ValueError(
+        raise UnknownCostModel(
             f"{text!r} is neither a cost model file nor a name like 'h200/qwen3-8b' "
             f"(GPU key / model preset); known GPUs: {', '.join(gpus.gpu_keys())}"
         )
     try:
         info = gpus.lookup_gpu(gpu_name)
     except ValueError as err:
-        raise ValueError(f"{text!r} is not an existing cost model file, and as a name: {err}") from None
+        raise UnknownCostModel(f"{text!r} is not an existing cost model file, and as a name: {err}") from None
     if not m:  # a GPU alone: its profile of the spec's shape, whatever the model is called
         shipped = profile_for_shape(info.key, spec.fingerprint())
     else:
@@ -408,7 +409,10 @@ def load_cost_model(
     if spec is not None and spec.name.lower() == model_name.lower():
         model_spec = spec
     else:
-        model_spec = ModelSpec.from_preset(model_name)
+        try:
+            model_spec = ModelSpec.from_preset(model_name)
+        except ValueError as err:  # "h200/qwen3-8bb": a typo in the model part of the name
+            raise UnknownCostModel(str(err)) from None
         if spec is not None and spec.fingerprint() != model_spec.fingerprint() and not allow_other_shape:
             raise ValueError(
                 f"cost model {text!r} is for model {model_spec.name!r} (shape "

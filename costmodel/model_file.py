@@ -37,12 +37,14 @@ OTHER_SHAPE_HINT = ("to use it anyway: load_cost_model(..., allow_other_shape=Tr
                     "--cost-model-allow-other-shape on the command line and in training scripts")
 
 
+class UnknownCostModel(ValueError):
+    """`load_cost_model` was given a name that is no file and no GPU/model name (a typo), as
+    opposed to a cost model it found that does not fit or does not load."""
+
+
 def is_unknown_name(err: BaseException) -> bool:
-    """Whether a `load_cost_model` error says the name is no file and no GPU/model name (a
-    typo), rather than that a cost model it found does not fit or does not load."""
-    return isinstance(err, FileNotFoundError) or any(
-        s in str(err) for s in ("neither a cost model file", "not an existing cost model file",
-                                "unknown model preset"))
+    """Whether a `load_cost_model` error says the name resolved to nothing."""
+    return isinstance(err, (FileNotFoundError, UnknownCostModel))
 
 SCHEMA = "costmodel/1"
 _REQUIRED_FIELDS = ("schema", "created", "is_estimate", "gpu", "spec", "spec_fingerprint", "curves")

@@ -157,7 +157,7 @@ def run_validation(
     modes = list(modes or model.modes)
     for mode in modes:
         model._mode(mode)  # ValueError for a mode the model lacks
-    max_len = int(min(c.attention.lengths[-1] for c in model.curves.values()))
+    max_len = _longest_calibrated(model)
     caps = [c for c in (caps or DEFAULT_CAPS) if c >= 64]
     if not caps:
         raise ValueError("validation needs at least one token cap >= 64")
@@ -205,6 +205,11 @@ def run_validation(
     return result
 
 
+def _longest_calibrated(model: CostModel) -> int:
+    """The longest length every pass measured: what validation draws lengths up to."""
+    return int(min(c.attention.lengths[-1] for c in model.curves.values()))
+
+
 def _compare(model: CostModel, batches: list[tuple[int, ...]], m: np.ndarray, mode: str, *,
              num_layers: int, moe: bool) -> dict[str, Any]:
     """One mode's summary and points: the model's predictions of measured times ``m``."""
@@ -237,12 +242,13 @@ def revalidate(model: CostModel, block: Any) -> dict[str, Any] | None:
             batches = [tuple(int(x) for x in p["lengths"]) for p in first]
         else:
             batches = _drawn_again(model, block, first)
+        sizes = [(sum(b), len(b)) for b in batches]
         out = {k: v for k, v in block.items() if k != "modes"}
         out["modes"] = {}
         for mode, points in modes.items():
             if mode not in model.modes:
                 continue
-            if [(int(p["tokens"]), int(p["n"])) for p in points] != [(sum(b), len(b)) for b in batches]:
+            if [(int(p["tokens"]), int(p["n"])) for p in points] != sizes:
                 raise ValueError(f"the {mode} points are not the micro-batches of the others")
             measured = np.array([float(p["measured_ms"]) for p in points])
             out["modes"][mode] = _compare(model, batches, measured, mode,
@@ -265,7 +271,7 @@ def _legacy_rl_lengths(rng: np.random.Generator, n: int, max_len: int) -> np.nda
 def _drawn_again(model: CostModel, block: Any, points: list[Any]) -> list[tuple[int, ...]]:
     """The micro-batches of a block without stored lengths, drawn again from its seed."""
     want = [(int(p["tokens"]), int(p["n"])) for p in points]
-    max_len = int(min(c.attention.lengths[-1] for c in model.curves.values()))
+    max_len = _longest_calibrated(model)
     for sampler in (rl_lengths, _legacy_rl_lengths):
         rng = np.random.default_rng(int(block["seed"]))
         batches = random_microbatches(rng, count=int(block["requested_count"]),

@@ -95,7 +95,7 @@ def run(args: argparse.Namespace) -> int:
         if args.model:
             raise ValueError("--refit fits FILE's measurements for the model they were taken "
                              "on; drop --model (calibrate again to measure another model)")
-        measuring = [flag for flag, given in _measuring_flags(args) if given]
+        measuring = _sweep_flags_given(args)
         if measuring:  # they would be ignored: the file's sweep and GPU stand
             raise ValueError(f"--refit measures nothing, so {', '.join(measuring)} would be "
                              "ignored: drop them (the file keeps its own GPU and sweep)")
@@ -177,10 +177,10 @@ def _signals_interrupt() -> Iterator[None]:
             signal.signal(sig, handler)
 
 
-def _measuring_flags(args: argparse.Namespace) -> list[tuple[str, bool]]:
-    """(flag, whether given other than its default) for every flag that shapes a sweep."""
-    return [("--" + dest.replace("_", "-"), getattr(args, dest) != default)
-            for dest, default in _SWEEP_DEFAULTS.items()]
+def _sweep_flags_given(args: argparse.Namespace) -> list[str]:
+    """The flags that shape a sweep and are set to other than their defaults."""
+    return ["--" + dest.replace("_", "-") for dest, default in _SWEEP_DEFAULTS.items()
+            if getattr(args, dest) != default]
 
 
 def _refit(source: str, output: Path, command: str) -> int:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import time
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -83,7 +82,7 @@ def resolve_cost(name: str, spec: Any, *, allow_other_shape: bool = False) -> An
     try:
         return load_cost_model(name, spec=spec, allow_other_shape=allow_other_shape)
     except (ValueError, FileNotFoundError) as err:
-        if Path(name).is_file() or not is_unknown_name(err):
+        if not is_unknown_name(err):
             raise ValueError(f"--cost {name!r}: {err}") from None  # there, but does not fit
         raise ValueError(f"--cost {name!r} is not 'tokens', 'flops' or a cost model ({err})") from None
 
