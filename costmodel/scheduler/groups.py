@@ -19,7 +19,7 @@ pack swaps or hands over one group (`_repair`).
 from __future__ import annotations
 
 import heapq
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -56,14 +56,24 @@ def first_appearance_ids(ids: Any, what: str) -> np.ndarray:
     return out
 
 
-def _units(groups: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+class _Units(NamedTuple):
+    """Per group: its quantised cost, its tokens (an oversized sample counts as the cap:
+    it takes a whole micro-batch), and its number of samples."""
+
+    cost: np.ndarray
+    tokens: np.ndarray
+    count: np.ndarray
+
+
+def _members(groups: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     members = np.argsort(groups, kind="stable")
     starts = np.concatenate([[0], np.cumsum(np.bincount(groups))]).astype(np.int64)
     return members, starts
 
 
-def _greedy(uq: np.ndarray, ut: np.ndarray, dp: int, budget: int) -> np.ndarray:
+def _greedy(units: _Units, dp: int, budget: int) -> np.ndarray:
     """Costliest group first, to the least-loaded rank with token room (else the roomiest)."""
+    uq, ut, _ = units
     n_units = uq.size
     order = np.lexsort((np.arange(n_units), -ut, -uq)).tolist()
     rank_of_unit = np.empty(n_units, dtype=np.int64)
@@ -94,12 +104,13 @@ def _greedy(uq: np.ndarray, ut: np.ndarray, dp: int, budget: int) -> np.ndarray:
     return rank_of_unit
 
 
-def _greedy_by_count(uc: np.ndarray, ut: np.ndarray, dp: int, budget: int) -> np.ndarray:
+def _greedy_by_count(units: _Units, dp: int, budget: int) -> np.ndarray:
     """Largest group first, to the rank with the fewest samples that has token room.
 
     The fallback when the cost-first greedy leaves a rank short of samples: with few
     samples per rank (m close to n / dp), counts, not costs, decide what is feasible.
     """
+    _, ut, uc = units
     order = np.lexsort((np.arange(uc.size), -ut, -uc)).tolist()
     rank_of_unit = np.empty(uc.size, dtype=np.int64)
     tokens = [0] * dp
@@ -116,9 +127,7 @@ def _greedy_by_count(uc: np.ndarray, ut: np.ndarray, dp: int, budget: int) -> np
 
 def _sweep(
     rank_of_unit: np.ndarray,
-    uq: np.ndarray,
-    ut: np.ndarray,
-    uc: np.ndarray,
+    units: _Units,
     dp: int,
     budget: int,
     min_count: int,
@@ -126,6 +135,7 @@ def _sweep(
     fold: bool,
 ) -> int:
     """One sweep of group moves/swaps between paired ranks. Returns changes applied."""
+    uq, ut, uc = units
     load = np.bincount(rank_of_unit, weights=uq, minlength=dp).astype(np.int64)
     tok = np.bincount(rank_of_unit, weights=ut, minlength=dp).astype(np.int64)
     cnt = np.bincount(rank_of_unit, weights=uc, minlength=dp).astype(np.int64)
@@ -190,10 +200,9 @@ def _sweep(
     return int(pick.size)
 
 
-def _fix_counts(
-    rank_of_unit: np.ndarray, uq: np.ndarray, uc: np.ndarray, dp: int, min_count: int
-) -> bool:
+def _fix_counts(rank_of_unit: np.ndarray, units: _Units, dp: int, min_count: int) -> bool:
     """Give every rank at least ``min_count`` samples by moving small groups. False if not."""
+    uq, _, uc = units
     for _ in range(4 * dp + 16):
         cnt = np.bincount(rank_of_unit, weights=uc, minlength=dp).astype(np.int64)
         short = np.flatnonzero(cnt < min_count)
@@ -230,33 +239,32 @@ def place_groups(
     shortest samples (see `schedule._start_m`). ``tight``: when not 0, before saying
     "tokens", try a best-fit packer and swaps of groups between ranks that pack at most this
     many samples in all (slower: for when no other ``m`` worked)."""
-    members, starts = _units(groups)
+    members, starts = _members(groups)
     seg = starts[:-1]
-    # An oversized sample takes a whole micro-batch: count it as cap tokens of budget.
-    eff = np.minimum(lens, cap)
-    uq = np.add.reduceat(q[members], seg)
-    ut = np.add.reduceat(eff[members], seg)
-    uc = np.diff(starts)
+    units = _Units(
+        cost=np.add.reduceat(q[members], seg),
+        tokens=np.add.reduceat(np.minimum(lens, cap)[members], seg),
+        count=np.diff(starts),
+    )
     budget = m * (cap - short + 1)
-    rank_of_unit = _greedy(uq, ut, dp, budget)
-    if not _fix_counts(rank_of_unit, uq, uc, dp, m):
-        rank_of_unit = _greedy_by_count(uc, ut, dp, budget)
-        if not _fix_counts(rank_of_unit, uq, uc, dp, m):
+    rank_of_unit = _greedy(units, dp, budget)
+    if not _fix_counts(rank_of_unit, units, dp, m):
+        rank_of_unit = _greedy_by_count(units, dp, budget)
+        if not _fix_counts(rank_of_unit, units, dp, m):
             return "samples"
-    total = int(uq.sum())
-    tol = rel_tol * total / dp
+    tol = rel_tol * int(units.cost.sum()) / dp
     for sweep in range(max_sweeps):
-        if _sweep(rank_of_unit, uq, ut, uc, dp, budget, m, tol, fold=sweep % 2 == 0) == 0:
+        if _sweep(rank_of_unit, units, dp, budget, m, tol, fold=sweep % 2 == 0) == 0:
             break
     rank_of = np.empty(lens.size, dtype=np.int64)
-    rank_of[members] = np.repeat(rank_of_unit, uc)
+    rank_of[members] = np.repeat(rank_of_unit, units.count)
     bin_of = _pack_ranks(lens, rank_of, dp, m, cap, bool(tight))
     if bin_of is None and tight:
         packs = _Packs(lens, members, starts, m, cap, tight)
         for r in range(dp):
-            if not packs.fit(rank_of_unit == r) and not _repair(packs, rank_of_unit, r, ut, uc, dp, m):
+            if not packs.fit(rank_of_unit == r) and not _repair(packs, rank_of_unit, r, units, dp, m):
                 return "tokens"
-        rank_of[members] = np.repeat(rank_of_unit, uc)
+        rank_of[members] = np.repeat(rank_of_unit, units.count)
         bin_of = _pack_ranks(lens, rank_of, dp, m, cap, True)
     return "tokens" if bin_of is None else (rank_of, bin_of)
 
@@ -316,8 +324,7 @@ def _repair(
     packs: _Packs,
     rank_of_unit: np.ndarray,
     r: int,
-    ut: np.ndarray,
-    uc: np.ndarray,
+    units: _Units,
     dp: int,
     min_count: int,
 ) -> bool:
@@ -330,6 +337,7 @@ def _repair(
     allowed); feasibility comes first, so balance is not checked. False if nothing works
     within the packer's sample budget.
     """
+    _, ut, uc = units
     units_of = [np.flatnonzero(rank_of_unit == s) for s in range(dp)]
     mine = units_of[r][np.lexsort((units_of[r], -ut[units_of[r]]))]  # most tokens first
     if uc[mine[0]] > packs.m and not packs.fit(mine[:1]):

@@ -324,9 +324,8 @@ def build_schedule(
             lens, by_length, q, dp, m_lb, m_start, m_max, align, cap, cost_obj, scale, exact
         )
     else:
-        rank_of, bin_of, m = _place_groups(
-            lens, q, groups, dp, (m_lb, m_start, m_max), align, cap, short
-        )
+        grouped = _Grouped(lens, q, groups, dp, align, cap, short)
+        rank_of, bin_of, m = _place_groups(grouped, (m_lb, m_start, m_max))
         bin_q = None
     state = BinState(lens, q, rank_of, bin_of, dp, m, cap, cost_obj, scale, bin_q)
     greedy_imbalance = _imbalance(state.load)
@@ -478,16 +477,25 @@ _LAST_TRIES = 8
 _REPAIR_SAMPLES = 1 << 17
 
 
-def _place_groups(
-    lens: np.ndarray,
-    q: np.ndarray,
-    groups: np.ndarray,
-    dp: int,
-    m_range: tuple[int, int, int],
-    align: int,
-    cap: int,
-    short: int,
-) -> tuple[np.ndarray, np.ndarray, int]:
+@dataclass(frozen=True)
+class _Grouped:
+    """Grouped samples and the constraints every placement try shares."""
+
+    lens: np.ndarray
+    q: np.ndarray
+    groups: np.ndarray
+    dp: int
+    align: int
+    cap: int
+    short: int
+
+    def place(self, m: int, tight: int = 0) -> tuple[np.ndarray, np.ndarray] | str:
+        return place_groups(
+            self.lens, self.q, self.groups, self.dp, m, self.cap, self.short, tight=tight
+        )
+
+
+def _place_groups(g: _Grouped, m_range: tuple[int, int, int]) -> tuple[np.ndarray, np.ndarray, int]:
     """Place whole groups for the fewest micro-batches per rank that work.
 
     ``m_range``: (lowest possible, where to start, highest possible). A failure says which
@@ -495,16 +503,17 @@ def _place_groups(
     whose samples do not pack asks for more. Each try narrows the range, so the search ends.
     """
     lo, m, hi = m_range
+    dp, align, cap = g.dp, g.align, g.cap
     # Whole groups balance less finely than samples, and balancing cost moves tokens
     # around: leave each rank room for 1% more tokens plus half a group.
-    n_groups = int(groups.max()) + 1
-    tokens = int(np.minimum(lens, cap).sum())
+    n_groups = int(g.groups.max()) + 1
+    tokens = int(np.minimum(g.lens, cap).sum())
     need = tokens * 1.01 + dp * tokens / (2 * n_groups)
-    m = max(m, min(round_up(math.ceil(need / (dp * (cap - short + 1))), align), hi))
+    m = max(m, min(round_up(math.ceil(need / (dp * (cap - g.short + 1))), align), hi))
     failed: list[tuple[int, str]] = []  # (m, why) of every try so far
     shrunk = False
     while True:
-        placed = place_groups(lens, q, groups, dp, m, cap, short)
+        placed = g.place(m)
         if not isinstance(placed, str):
             return placed[0], placed[1], m
         failed.append((m, placed))
@@ -513,7 +522,7 @@ def _place_groups(
         else:
             lo = m + align
         if lo > hi:
-            return _place_groups_tight(lens, q, groups, dp, m_range, align, cap, short, failed)
+            return _place_groups_tight(g, m_range, failed)
         if placed == "samples" or shrunk:
             m = lo + (hi - lo) // (2 * align) * align  # bisect what is left
         else:
@@ -521,15 +530,7 @@ def _place_groups(
 
 
 def _place_groups_tight(
-    lens: np.ndarray,
-    q: np.ndarray,
-    groups: np.ndarray,
-    dp: int,
-    m_range: tuple[int, int, int],
-    align: int,
-    cap: int,
-    short: int,
-    failed: list[tuple[int, str]],
+    g: _Grouped, m_range: tuple[int, int, int], failed: list[tuple[int, str]]
 ) -> tuple[np.ndarray, np.ndarray, int]:
     """The last resort of `_place_groups`, or the ValueError that says what to change.
 
@@ -540,17 +541,15 @@ def _place_groups_tight(
     all. Rarely reached: tight inputs only (a few samples per micro-batch).
     """
     short_at = min([x for x, why in failed if why == "samples"], default=m_range[2] + 1)
-    retried = list(range(m_range[0], short_at, align))[::-1][:_LAST_TRIES]
+    retried = list(range(m_range[0], short_at, g.align))[::-1][:_LAST_TRIES]
     for m in retried:
-        placed = place_groups(
-            lens, q, groups, dp, m, cap, short, tight=_REPAIR_SAMPLES // len(retried)
-        )
+        placed = g.place(m, tight=_REPAIR_SAMPLES // len(retried))
         if not isinstance(placed, str):
             return placed[0], placed[1], m
     again = f", then {retried} with a tighter packer and swaps of groups" if retried else ""
     raise ValueError(
-        f"could not pack {lens.size} samples in {int(groups.max()) + 1} groups into {dp} "
-        f"ranks × m micro-batches of at most {cap} tokens (tried m = {[x for x, _ in failed]}"
+        f"could not pack {g.lens.size} samples in {int(g.groups.max()) + 1} groups into {g.dp} "
+        f"ranks × m micro-batches of at most {g.cap} tokens (tried m = {[x for x, _ in failed]}"
         f"{again}); a group stays on one rank and every rank needs m samples: raise "
         f"max_tokens_per_microbatch, lower dp_size or align, or use smaller groups"
     )
