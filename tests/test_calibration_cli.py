@@ -272,7 +272,8 @@ def test_kernel_timer_rejects_an_unknown_timing():
 @pytest.mark.parametrize("layers", ["dense", "all-moe", "mixed"])
 def test_start_up_capture_check_covers_the_layer_kinds_the_model_has(monkeypatch, layers):
     """The graph-capture check at start (CUDA only) builds a stack of each layer kind the
-    model has, and no other: an all-MoE model may have no dense MLP to build."""
+    model has, and no other (an all-MoE model may have no dense MLP to build), small and
+    mid-sized."""
     import dataclasses
 
     import costmodel.calibration.workloads as workloads
@@ -285,8 +286,11 @@ def test_start_up_capture_check_covers_the_layer_kinds_the_model_has(monkeypatch
     monkeypatch.setattr(timer, "_build", lambda point: (built.append(point), (None, 0))[1])
     monkeypatch.setattr(workloads, "capture_cuda_graph", lambda fn, warmup: None)
     timer._check_capture()
-    stacks = sorted(p.moe for p in built if p.kind == "stack")
+    stacks = sorted({p.moe for p in built if p.kind == "stack"})
     assert stacks == {"dense": [False], "all-moe": [True], "mixed": [False, True]}[layers]
+    # Each at a tiny and at a mid size: kernels pick their paths by size.
+    for kind in ("attention", "stack"):
+        assert {sum(p.lengths) for p in built if p.kind == kind} == {128, 4096}
 
 
 @pytest.mark.skipif(torch is None, reason="needs torch")

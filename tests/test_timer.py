@@ -80,8 +80,8 @@ class FakeCuda:
             yield
             if self.capture_fails:
                 raise RuntimeError("operation not permitted when stream is capturing\nmore")
-        except RuntimeError:
-            # As torch does: capture_end fails again after an error inside the capture,
+        except BaseException:
+            # As torch does: capture_end fails again after any error inside the capture,
             # and that second error carries the first as its __context__.
             if not self.capture_fails:
                 raise RuntimeError("operation failed due to a previous error during capture")  # noqa: B904 (implicit __context__, as torch)
@@ -150,6 +150,42 @@ def test_a_sync_inside_the_capture_is_reported_not_the_follow_up_error(fake_cuda
     with pytest.raises(GraphCaptureError, match=r"\(CUDA error: operation not permitted when "
                        r"stream is capturing\)"):
         capture_cuda_graph(syncs, warmup=1)
+
+
+def test_a_failed_capture_logs_the_traceback_of_its_cause(fake_cuda, caplog):
+    cuda = fake_cuda()
+
+    def syncs():
+        if cuda.capturing:
+            raise RuntimeError("CUDA error: operation not permitted when stream is capturing")
+
+    with pytest.raises(GraphCaptureError):
+        capture_cuda_graph(syncs, warmup=1)
+    (record,) = [r for r in caplog.records if r.name == "costmodel.calibration.timer"]
+    assert record.levelname == "WARNING" and "syncs" in caplog.text  # the frame that broke it
+    assert "operation not permitted" in str(record.exc_info[1])
+
+
+@pytest.mark.parametrize("error", [ValueError("bad shape"), KeyboardInterrupt()])
+def test_errors_that_are_not_capture_problems_pass_through(fake_cuda, error):
+    cuda = fake_cuda()
+
+    def breaks():
+        if cuda.capturing:
+            raise error
+
+    # Not "time it eagerly": a bug in the workload, or Ctrl-C / a step's timeout.
+    with pytest.raises(type(error)) as info:
+        capture_cuda_graph(breaks, warmup=1)
+    assert info.value is error
+
+
+def test_the_captured_call_follows_two_warm_up_calls_at_least(fake_cuda):
+    cuda = fake_cuda()
+    capture_cuda_graph(workload(cuda), warmup=1)
+    # The first backward creates .grad without a kernel; the second adds into it as every
+    # replay will, so the capture meets no operation the warm-up did not run.
+    assert [e for e in cuda.log if e.startswith("call")] == ["call on side"] * 2 + ["call on capture"]
 
 
 def test_out_of_memory_in_the_capture_stays_out_of_memory(fake_cuda):

@@ -26,6 +26,7 @@ Torch is imported inside functions only.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
@@ -33,6 +34,8 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 
 from costmodel.calibration.plan import SweepPoint
+
+logger = logging.getLogger(__name__)
 
 __all__ = [
     "TIMINGS", "GraphCaptureError", "Measurement", "SyntheticShape", "SyntheticTimer", "Timer",
@@ -96,7 +99,7 @@ class GraphCaptureError(RuntimeError):
 
 
 def capture_cuda_graph(fn: Callable[[], Any], *, warmup: int = 1):
-    """Run `fn` `warmup` times (at least once) on a side stream, then capture one call into
+    """Run `fn` `warmup` times (at least twice) on a side stream, then capture one call into
     a CUDA graph and return it (`graph.replay()` reruns the captured kernels).
 
     The side-stream warm-up is what PyTorch asks for before capture: autograd, cuBLAS
@@ -108,7 +111,9 @@ def capture_cuda_graph(fn: Callable[[], Any], *, warmup: int = 1):
     side = _side_stream(torch)
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
-        for _ in range(max(1, warmup)):
+        # Twice at least: the first backward creates the parameters' .grad without a
+        # kernel, later ones add into it; the captured call must run nothing new.
+        for _ in range(max(2, warmup)):
             fn()
     torch.cuda.current_stream().wait_stream(side)
     torch.cuda.synchronize()
@@ -118,13 +123,17 @@ def capture_cuda_graph(fn: Callable[[], Any], *, warmup: int = 1):
             fn()
     except RuntimeError as exc:
         # An error inside the capture (a host sync, say) is followed by capture_end failing
-        # with "operation failed due to a previous error during capture": report the first.
-        root = exc
-        while isinstance(root.__context__, RuntimeError):
+        # with "operation failed due to a previous error during capture": report the first,
+        # whatever its type.
+        root: BaseException = exc
+        while root.__context__ is not None:
             root = root.__context__
-        if isinstance(root, torch.cuda.OutOfMemoryError):
-            # A size problem, not a capture problem: the caller says what to lower.
+        if isinstance(root, torch.cuda.OutOfMemoryError) or not isinstance(root, RuntimeError):
+            # A size problem (the caller says what to lower), an interrupt, or a bug in the
+            # workload: not a capture problem, so not "time it eagerly".
             raise root from None
+        # The CLI shows one line; the traceback says which operation broke the capture.
+        logger.warning("CUDA graph capture failed", exc_info=root)
         first = str(root).splitlines()[0] if str(root) else type(root).__name__
         raise GraphCaptureError(
             f"this workload cannot be captured into a CUDA graph ({first}); time it eagerly "

@@ -142,16 +142,19 @@ class KernelTimer:
             )
 
     def _check_capture(self) -> None:
-        """Capture every kind of workload once at a tiny size (a second or two), so that one a
-        CUDA graph cannot hold (an MoE expert loop reading counts on the host, say) fails
-        here, with the fix, instead of minutes into a sweep."""
-        lengths = (64, 64)
-        points = [SweepPoint("attention", "train", lengths), SweepPoint("head", "train", (128,))]
-        # Only the layer kinds the model has (an all-MoE spec may have no dense MLP at all).
-        if self.spec.num_dense_layers:
-            points.append(SweepPoint("stack", "train", lengths, num_layers=1))
-        if self.spec.num_moe_layers:
-            points.append(SweepPoint("stack", "train", lengths, moe=True, num_layers=1))
+        """Capture every kind of workload once at a tiny and a mid size (a second or two), so
+        that one a CUDA graph cannot hold (an MoE expert loop reading counts on the host, say)
+        fails here, with the fix, instead of minutes into a sweep. The mid size because
+        kernels choose their paths by size (split-KV attention, the sort behind MoE routing
+        above a few thousand keys)."""
+        points = [SweepPoint("head", "train", (128,))]
+        for lengths in ((64, 64), (4096,)):
+            points.append(SweepPoint("attention", "train", lengths))
+            # Only the layer kinds the model has (an all-MoE spec may have no dense MLP).
+            if self.spec.num_dense_layers:
+                points.append(SweepPoint("stack", "train", lengths, num_layers=1))
+            if self.spec.num_moe_layers:
+                points.append(SweepPoint("stack", "train", lengths, moe=True, num_layers=1))
         for point in points:
             fn, _ = self._build(point)
             capture_cuda_graph(fn, warmup=1)

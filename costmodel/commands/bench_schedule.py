@@ -73,8 +73,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--timing", default="eager", choices=("eager", "graph"),
         help="eager (default): plain calls, as a training step runs them (at the sizes a token "
         "cap packs, the GPU is the bottleneck and launch overhead hides behind it); graph: "
-        "replays of a CUDA graph of each micro-batch, the GPU's own time (3 GPU passes per "
-        "micro-batch instead of 1)",
+        "replays of a CUDA graph of each micro-batch, the GPU's own time (6 GPU passes per "
+        "micro-batch instead of 1: 2 warm-up, 1 upload, 3 timed replays)",
     )
     p.add_argument(
         "--repeats", type=int, default=None,
