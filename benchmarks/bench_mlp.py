@@ -176,6 +176,26 @@ def measure(tokens: int, hidden: int, ffn: int, *, device, dtype, timer: Timer,
     return row
 
 
+def measure_rows(
+    tokens: list[int], measure_one: Callable[[int, Timer | None], dict], gpu_timer: Timer | None
+) -> tuple[list[dict], list[dict]]:
+    """A row per token count, and an error entry for each that failed (printed, never fatal).
+    After a failed capture no more are tried: it can leave the caching allocator's capture
+    state behind (torch skips releasing the pool), under every later measurement."""
+    rows, errors = [], []
+    for t in tokens:
+        try:
+            rows.append(measure_one(t, gpu_timer))
+        except Exception as exc:  # recorded in the JSON and printed
+            first = str(exc).splitlines()[0] if str(exc) else ""
+            errors.append({"tokens": t, "error": f"{type(exc).__name__}: {first}"})
+            print(f"note: {t} tokens failed: {type(exc).__name__}: {first}", file=sys.stderr)
+            continue
+        if "act_gpu_error" in rows[-1]:
+            gpu_timer = None
+    return rows, errors
+
+
 _COLUMNS = [
     ("tokens", "tokens", "{:d}"),
     ("mlp_fwd_ms[triton]", "mlp fwd ms", "{:.3f}"),
@@ -245,16 +265,14 @@ def main(argv: list[str] | None = None) -> int:
 
     from costmodel.kernels import triton_swiglu
 
-    rows, errors = [], []
-    for t in tokens:
+    def measure_one(t: int, gpu: Timer | None) -> dict:
         try:
-            rows.append(measure(t, args.hidden, args.ffn, device=device, dtype=torch.bfloat16,
-                                timer=timer, gpu_timer=None if args.no_graph else gpu_timer))
-        except Exception as exc:  # recorded in the JSON and printed, never fatal
-            first = str(exc).splitlines()[0] if str(exc) else ""
-            errors.append({"tokens": t, "error": f"{type(exc).__name__}: {first}"})
-            print(f"note: {t} tokens failed: {type(exc).__name__}: {first}", file=sys.stderr)
-        torch.cuda.empty_cache()
+            return measure(t, args.hidden, args.ffn, device=device, dtype=torch.bfloat16,
+                           timer=timer, gpu_timer=gpu)
+        finally:
+            torch.cuda.empty_cache()
+
+    rows, errors = measure_rows(tokens, measure_one, None if args.no_graph else gpu_timer)
     prov = _device_provenance(device, argv)
     print(f"SwiGLU MLP, hidden {args.hidden}, ffn {args.ffn}, bf16 on {prov['gpu']} "
           f"(torch {prov['torch']}, triton {prov['triton']}); times are medians in ms")

@@ -113,8 +113,12 @@ if want calibrate; then
   fi
 fi
 if [[ -f "$CAL" ]]; then
+  # Its own time limit stays ~40 s (start-up, settling) inside the step's timeout, even
+  # when a fallback left less than 110 s: a timeout's interrupt would save nothing.
+  validate_s=$(( LIMIT_S - SECONDS - 40 )); (( validate_s > 70 )) && validate_s=70
+  (( validate_s < 10 )) && validate_s=10
   want validate && step "validate $MODEL" 110 "$PY" -m costmodel -v validate "$CAL" \
-    --count 120 --layers 4 --time-limit-s 70 --settle-s 3
+    --count 120 --layers 4 --time-limit-s "$validate_s" --settle-s 3
   want report && step "report $MODEL" 40 "$PY" -m costmodel report "$CAL" --png "$OUT/$MODEL.png"
 else
   echo "== no $CAL: calibrate failed, skipping validate/report"

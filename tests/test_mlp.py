@@ -324,3 +324,23 @@ def test_mlp_sizes_and_weight_lists_give_clear_errors():
             swiglu_mlp(x, wrapped, wd, "torch")
     torch.testing.assert_close(swiglu_mlp(x, [w[:8], w[8:]], wd, "torch"),
                                swiglu_mlp(x, w, wd, "torch"))
+
+
+def test_bench_mlp_captures_nothing_after_a_failed_capture(load_benchmark, capsys):
+    """A failed capture can leave the allocator mid-capture: later rows get no GPU timer, and
+    a row that fails outright is recorded without stopping the others."""
+    bench = load_benchmark("bench_mlp")
+    given = []
+
+    def measure_one(t, gpu):
+        given.append((t, gpu))
+        if t == 3:
+            raise ValueError("too big\nmore")
+        return {"tokens": t, **({"act_gpu_error": "RuntimeError: capture"} if t == 2 else {})}
+
+    timer = object()
+    rows, errors = bench.measure_rows([1, 2, 3, 4], measure_one, timer)
+    assert given == [(1, timer), (2, timer), (3, None), (4, None)]
+    assert [r["tokens"] for r in rows] == [1, 2, 4]
+    assert errors == [{"tokens": 3, "error": "ValueError: too big"}]
+    assert "3 tokens failed" in capsys.readouterr().err
