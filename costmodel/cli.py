@@ -49,6 +49,11 @@ def build_parser() -> argparse.ArgumentParser:
                 continue  # command not built yet in this checkout
             raise
         module.register(subparsers)
+    # No abbreviations: `schedule --cost-model X` would be read as the switch
+    # --cost-model-allow-other-shape, and X as a stray argument.
+    parser.allow_abbrev = False
+    for sub in subparsers.choices.values():
+        sub.allow_abbrev = False
     return parser
 
 

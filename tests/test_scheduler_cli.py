@@ -48,6 +48,22 @@ def test_schedule_from_a_lengths_file(tmp_path, capsys):
     assert "64 lengths from" in capsys.readouterr().out
 
 
+def test_schedule_takes_cost_model_as_the_other_commands_do(capsys):
+    argv = ["schedule", "--n", "64", "--dp", "4"]
+    assert main([*argv, "--cost-model", "h200/qwen3-8b"]) == 0
+    assert "cost: qwen3-8b on NVIDIA H200 (measured)" in capsys.readouterr().out
+    # No abbreviations: --cost-mod was read as --cost-model-allow-other-shape once.
+    with pytest.raises(SystemExit):
+        main([*argv, "--cost-mod", "h200/qwen3-8b"])
+    assert "unrecognized arguments: --cost-mod" in capsys.readouterr().err
+
+
+def test_simulate_names_samples_over_the_cap_apart_from_violations(capsys):
+    assert main(["simulate", "--n", "32", "--dp", "4", "--max-tokens", "100"]) == 0
+    out = capsys.readouterr().out
+    assert "cap viol" in out and "32 sample(s) longer than the cap run alone" in out
+
+
 def test_schedule_user_errors_are_one_line(tmp_path, capsys):
     bad = tmp_path / "bad.txt"
     bad.write_text("100\nabc\n")

@@ -107,6 +107,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_batch_arguments(p)
     p.add_argument(
         "--cost",
+        "--cost-model",  # the name simulate, bench-schedule and the training flags use
+        dest="cost",
         default="tokens",
         help="what to balance: tokens, flops, or a cost model (calibrated file or shipped "
         "name, e.g. h200/qwen3-8b) (default: tokens)",

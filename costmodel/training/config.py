@@ -77,6 +77,11 @@ def add_trainer_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentP
     # The trainer always packs by a token cap; --balance-by-flops then changes what is
     # balanced. ~10 samples of ~100 tokens per micro-batch by default.
     parser.set_defaults(use_dynamic_batch_size=True, max_tokens_per_gpu=1024)
+    notes = {"use_dynamic_batch_size": " (always on in this trainer)",
+             "max_tokens_per_gpu": " (default here: %(default)s)"}
+    for action in parser._actions:  # argparse keeps no public list of a parser's actions
+        if action.dest in notes:
+            action.help += notes[action.dest]
     return parser
 
 
