@@ -394,7 +394,10 @@ def load_cost_model(
     try:
         info = gpus.lookup_gpu(gpu_name)
     except ValueError as err:
-        raise UnknownCostModel(f"{text!r} is not an existing cost model file, and as a name: {err}") from None
+        raise UnknownCostModel(
+            f"{text!r} is not an existing cost model file, and as a name (GPU key / model "
+            f"preset): {err}"
+        ) from None
     if not m:  # a GPU alone: its profile of the spec's shape, whatever the model is called
         shipped = profile_for_shape(info.key, spec.fingerprint())
     else:
@@ -412,7 +415,10 @@ def load_cost_model(
         try:
             model_spec = ModelSpec.from_preset(model_name)
         except ValueError as err:  # "h200/qwen3-8bb": a typo in the model part of the name
-            raise UnknownCostModel(str(err)) from None
+            raise UnknownCostModel(
+                f"{text!r} is not an existing cost model file, and as a name (GPU key / model "
+                f"preset): {err}"
+            ) from None
         if spec is not None and spec.fingerprint() != model_spec.fingerprint() and not allow_other_shape:
             raise ValueError(
                 f"cost model {text!r} is for model {model_spec.name!r} (shape "

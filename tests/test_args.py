@@ -107,8 +107,15 @@ def test_cost_model_that_does_not_load(tmp_path, content):
 
 def test_cost_model_needs_a_shape_to_check(cost_model_file):
     args = parse([*FLOPS_ARGV, "--cost-model", cost_model_file])
-    with pytest.raises(ValueError, match="spec="):
+    with pytest.raises(ValueError, match="shape to check --cost-model against: pass spec="):
         validate_args(args)
+
+
+def test_flops_balance_needs_a_shape_before_training_starts():
+    # Found by validate_args, not at the first scheduler_from_args of a training step.
+    with pytest.raises(ValueError, match="shape for analytic FLOPs: pass spec="):
+        validate_args(parse(FLOPS_ARGV))
+    assert validate_args(parse(FLOPS_ARGV), spec=SPEC) is None
 
 
 def test_scheduler_kwargs_per_policy(cost_model_file):

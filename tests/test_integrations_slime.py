@@ -203,7 +203,7 @@ def test_errors():
     with pytest.raises(ValueError, match="rollout_indices has 2 entries"):
         build_dp_schedule(args, config(), [10] * 8, global_batch_size=8, rollout_indices=[0, 1])
     no_shape = dict(use_dynamic_batch_size=True, max_tokens_per_gpu=100)
-    with pytest.raises(ValueError, match="missing"):  # FLOPs asked for, and no model shape
+    with pytest.raises(ValueError, match="balance_by_flops balances analytic FLOPs, which need the model shape: .*missing"):  # FLOPs asked for, and no model shape
         build_dp_schedule(
             SimpleNamespace(**no_shape, balance_by_flops=True),
             config(dp=2),

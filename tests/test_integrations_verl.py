@@ -255,3 +255,17 @@ def test_rearrange_takes_a_plain_dict_and_names_a_batch_without_a_mask():
 def test_balanced_micro_batches_errors_name_verls_parameters(kw, name):
     with pytest.raises(ValueError, match=f"^{name} must be an integer >= 1"):
         balanced_micro_batches([10, 20, 30], **{"max_token_len": 64, **kw})
+
+
+@pytest.mark.parametrize("kw, message", [
+    (dict(min_num_micro_batch=4), "min_num_micro_batch=4 asks for 4 micro-batches, but there "
+     "are only 3 sequences"),
+    (dict(num_batches_divided_by=4), "num_batches_divided_by=4 asks for 4"),
+    (dict(min_num_micro_batch=3, num_batches_divided_by=2), "min_num_micro_batch=3 and "
+     "num_batches_divided_by=2 ask for 4 micro-batches.*lower min_num_micro_batch or "
+     "num_batches_divided_by"),
+])
+def test_too_few_sequences_for_the_count_asked_names_verls_parameters(kw, message):
+    with pytest.raises(ValueError, match=message):  # said min_num_microbatches, dp_size × align
+        balanced_micro_batches([10, 20, 30], max_token_len=64, **kw)
+    balanced_micro_batches([10, 20, 30, 40], max_token_len=64, **kw)  # enough: no error

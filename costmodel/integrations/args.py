@@ -182,6 +182,7 @@ def validate_args(args: argparse.Namespace, spec=None):
     - ``--balance-by-flops`` is set without ``--use-dynamic-batch-size`` or without a
       ``--max-tokens-per-gpu`` cap, or the cap is below 1;
     - ``--cost-model`` is set without ``--balance-by-flops`` (it would be ignored);
+    - ``--balance-by-flops`` is set and the model shape is neither given nor on ``args``;
     - the cost model does not load, or was calibrated for another model shape than ``spec``
       (allowed only with ``--cost-model-allow-other-shape``).
     Logs a warning when the cost model was measured on another GPU than the one in use
@@ -221,17 +222,18 @@ def validate_args(args: argparse.Namespace, spec=None):
             f"--cost-model {cost_model_arg} is only used with --balance-by-flops: add "
             "--balance-by-flops (or drop --cost-model to balance tokens)"
         )
+    if by_flops and spec is None:
+        spec = _spec_from_args(args)
+        if spec is None:
+            what = "to check --cost-model against" if cost_model_arg else "for analytic FLOPs"
+            raise ValueError(
+                f"--balance-by-flops needs the model shape {what}: pass spec= to "
+                "validate_args (or Megatron-style --hidden-size/--num-layers/... on args)"
+            )
     if not cost_model_arg:
         setattr(args, _LOADED_ATTR, None)
         return None
 
-    if spec is None:
-        spec = _spec_from_args(args)
-    if spec is None:
-        raise ValueError(
-            "--cost-model needs the model shape to check it against: pass spec= to "
-            "validate_args (or Megatron-style --hidden-size/--num-layers/... on args)"
-        )
     from costmodel.model import load_cost_model
 
     allow_other = bool(_flag(args, "cost_model_allow_other_shape", False))

@@ -106,7 +106,11 @@ def _resolve_cost(args: Any) -> tuple[Any, Any, bool]:
             _warn_once("balance_data: no model shape on args (hidden_size, num_attention_heads, "
                        "num_layers); balancing tokens, not FLOPs")
             return "tokens", None, balance
-        return "flops", _spec_from_args(args), balance
+        try:
+            return "flops", _spec_from_args(args), balance
+        except ValueError as err:
+            flag = "balance_by_flops" if getattr(args, "balance_by_flops", False) else "balance_data"
+            raise ValueError(f"{flag} balances analytic FLOPs, which need the model shape: {err}") from None
     return "tokens", None, balance
 
 

@@ -208,6 +208,31 @@ def _agree_on_count(schedule, min_count: int | None, group: Any) -> list:
     )
 
 
+def _check_enough_sequences(
+    lengths: np.ndarray, dp_size: int, divided_by: int | None, min_count: int | None
+) -> None:
+    """ValueError, in verl's parameter names, when a rank has fewer sequences than the
+    micro-batches asked for (each micro-batch holds at least one)."""
+    if lengths.ndim != 1 or not isinstance(dp_size, int) or dp_size < 1:
+        return  # build_schedule says what is wrong with these
+    align = divided_by or 1
+    need = -(-max(min_count or 1, 1) // align) * align
+    have = lengths.size // dp_size
+    if have >= need:
+        return
+    asks = [f"{name}={value}" for name, value in (("min_num_micro_batch", min_count),
+                                                  ("num_batches_divided_by", divided_by))
+            if value is not None and value > 1]
+    if not asks:
+        return  # too few sequences for dp_size itself: build_schedule's message names it
+    where = " per rank" if dp_size > 1 else ""
+    raise ValueError(
+        f"{' and '.join(asks)} ask{'s' if len(asks) == 1 else ''} for {need} micro-batches{where}, but there are only {have} "
+        f"sequences{where} (a micro-batch holds at least one): lower "
+        f"{' or '.join(a.split('=')[0] for a in asks)}, or bring more sequences"
+    )
+
+
 def _effective_lengths(batch: Any) -> np.ndarray:
     """Tokens per sequence of verl's batch, as verl counts them."""
     # keys(): membership on a TensorDict itself is not supported in every release
@@ -320,6 +345,7 @@ def balanced_micro_batches(
         raise ValueError(f"sequence {int(over[0])} has {int(lengths[over[0]])} tokens, over "
                          f"max_token_len={max_token_len} ({len(over)} such): every sequence must "
                          "fit one micro-batch, as in verl; raise max_token_len")
+    _check_enough_sequences(lengths, dp_size, num_batches_divided_by, min_num_micro_batch)
     order = "pipeline" if use_dynamic_bsz_balance else "none"
     kwargs = dict(
         max_tokens_per_microbatch=max_token_len,

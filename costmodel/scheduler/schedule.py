@@ -200,8 +200,8 @@ def _warn_oversized(lens: np.ndarray, over: np.ndarray, cap: int) -> None:
     _WARNED_OVERSIZED.add(key)
     logger.warning(
         "%d sample(s) longer than the token cap of %d (the longest %d tokens) each run alone "
-        "in a micro-batch over the cap: raise the cap, truncate them, or pass strict=True "
-        "to refuse them", int(over.size), cap, int(over.max()))
+        "in a micro-batch over the cap: raise the cap, truncate them, or refuse them "
+        "(build_schedule's strict=True)", int(over.size), cap, int(over.max()))
 
 
 def build_schedule(
