@@ -226,6 +226,24 @@ def test_cost_callables_that_fail_or_vanish_are_value_errors(cost, says):
         build_schedule([5, 6], dp_size=1, max_tokens_per_microbatch=10, cost=cost)
 
 
+def test_min_num_microbatches_is_met_exactly_with_groups_too():
+    """Grouped placement started from its own count (1% slack, half a group) and never tried
+    the one asked for: a schedule's own count, asked for again, came out higher (a ratchet
+    for ranks agreeing on a count), and feasible counts were missed."""
+    lens = [15, 12, 9, 8, 9, 6, 11, 8, 10, 14, 16, 2, 1, 7, 11, 9, 12, 15, 14, 13]
+    groups = [0, 4, 4, 3, 0, 1, 1, 2, 3, 0, 2, 2, 1, 0, 3, 0, 3, 1, 4, 1]
+    first = build_schedule(lens, dp_size=2, max_tokens_per_microbatch=16, group_ids=groups)
+    again = build_schedule(lens, dp_size=2, max_tokens_per_microbatch=16, group_ids=groups,
+                           min_num_microbatches=first.num_microbatches)
+    assert again.num_microbatches == first.num_microbatches == 8  # was 9
+    for lens, cap, groups, want in (([8, 1, 2], 8, [0, 0, 0], 2),  # made 3
+                                    ([1] * 8, 2, [0] * 4 + [1] * 4, 2)):  # made 4
+        dp = len(set(groups))
+        s = build_schedule(lens, dp_size=dp, max_tokens_per_microbatch=cap, group_ids=groups,
+                           min_num_microbatches=want)
+        assert s.num_microbatches == want and s.cap_violations == 0
+
+
 def test_min_num_microbatches_is_met_exactly_when_it_binds():
     """Ranks scheduling their own samples agree on a count through it (verl's
     same_micro_num_in_dp): this batch packs into 15 by itself, and asked for 16 it made 17

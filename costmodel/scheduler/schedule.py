@@ -325,7 +325,7 @@ def build_schedule(
         )
     else:
         grouped = _Grouped(lens, q, groups, dp, align, cap, short)
-        rank_of, bin_of, m = _place_groups(grouped, (m_lb, m_start, m_max))
+        rank_of, bin_of, m = _place_groups(grouped, (m_lb, m_start, m_max), exact)
         bin_q = None
     state = BinState(lens, q, rank_of, bin_of, dp, m, cap, cost_obj, scale, bin_q)
     greedy_imbalance = _imbalance(state.load)
@@ -495,14 +495,25 @@ class _Grouped:
         )
 
 
-def _place_groups(g: _Grouped, m_range: tuple[int, int, int]) -> tuple[np.ndarray, np.ndarray, int]:
+def _place_groups(
+    g: _Grouped, m_range: tuple[int, int, int], exact: bool = False
+) -> tuple[np.ndarray, np.ndarray, int]:
     """Place whole groups for the fewest micro-batches per rank that work.
 
     ``m_range``: (lowest possible, where to start, highest possible). A failure says which
     way to go: a rank with too few samples for ``m`` micro-batches asks for fewer, a rank
     whose samples do not pack asks for more. Each try narrows the range, so the search ends.
+    ``exact``: the lowest is a count the caller asked for (ranks agreeing on one): it is
+    tried first, with the tight packer too, so a count a schedule came out with is found
+    again when asked for.
     """
     lo, m, hi = m_range
+    if exact:
+        placed = g.place(lo)
+        if placed == "tokens":
+            placed = g.place(lo, tight=_REPAIR_SAMPLES)
+        if not isinstance(placed, str):
+            return placed[0], placed[1], lo
     dp, align, cap = g.dp, g.align, g.cap
     # Whole groups balance less finely than samples, and balancing cost moves tokens
     # around: leave each rank room for 1% more tokens plus half a group.
