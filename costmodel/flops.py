@@ -54,6 +54,8 @@ def as_lengths(seqlens: ArrayLike, what: str = "sequence lengths") -> np.ndarray
     """Validate lengths: a 1-D sequence of integers in 1..`MAX_LENGTH`, returned as int64."""
     if hasattr(seqlens, "detach") and hasattr(seqlens, "cpu"):  # a torch tensor, even one
         seqlens = seqlens.detach().cpu()  # that requires grad or lives on a GPU
+        if seqlens.is_floating_point() and seqlens.element_size() < 4:
+            _refuse_half(what, seqlens.dtype)  # numpy cannot even take bfloat16
     try:
         arr = np.asarray(seqlens)
     except ValueError:  # ragged nesting: numpy's "inhomogeneous shape" says little
@@ -73,6 +75,8 @@ def as_lengths(seqlens: ArrayLike, what: str = "sequence lengths") -> np.ndarray
             raise _length_out_of_range(what, arr[i], i)
         arr = arr.astype(np.int64)
     if arr.dtype.kind == "f":
+        if arr.dtype.itemsize < 4:
+            _refuse_half(what, arr.dtype)
         bad = ~np.isfinite(arr) | (arr != np.floor(arr))
         if bad.any():
             i = int(np.flatnonzero(bad)[0])
@@ -84,6 +88,11 @@ def as_lengths(seqlens: ArrayLike, what: str = "sequence lengths") -> np.ndarray
         i = int(np.flatnonzero(bad)[0])
         raise _length_out_of_range(what, arr[i].item(), i)
     return arr.astype(np.int64)
+
+
+def _refuse_half(what: str, dtype: object) -> None:
+    raise ValueError(f"{what} must be integers, got {dtype}, which holds whole numbers exactly "
+                     "only up to 256 (bfloat16) or 2048 (float16): give an integer type")
 
 
 def _length_out_of_range(what: str, value: float, i: int) -> ValueError:

@@ -129,6 +129,23 @@ def test_torch_lengths_that_require_grad_are_read():
     assert sorted(i for r in s.microbatches for mb in r for i in mb) == [0, 1, 2, 3]
 
 
+def test_half_precision_lengths_are_refused():
+    """bfloat16 holds whole numbers exactly only to 256: torch's raw TypeError before."""
+    torch = pytest.importorskip("torch")
+    for lengths in (torch.tensor([100.0, 300.0], dtype=torch.bfloat16),
+                    np.array([100, 300], dtype=np.float16)):
+        with pytest.raises(ValueError, match="holds whole numbers exactly only up to 256"):
+            build_schedule(lengths, dp_size=1, max_tokens_per_microbatch=1000)
+
+
+def test_a_cost_too_steep_to_quantise_is_refused_not_wrapped():
+    """A micro-batch costing e^700 wrapped to a negative int64 weight (a fuzz)."""
+    lengths = np.random.default_rng(0).integers(1, 50, 4000)
+    with pytest.raises(ValueError, match="over 500,000 times what the batch's samples cost"):
+        build_schedule(lengths, dp_size=8, max_tokens_per_microbatch=100_000,
+                       cost=lambda x: float(np.exp(min(700, len(x) / 5.0))))
+
+
 def test_a_bad_cost_on_a_probe_says_it_was_a_probe():
     with pytest.raises(ValueError, match="for a probe micro-batch .a filler, then the sample"):
         build_schedule([500, 900, 15184, 300], dp_size=2, max_tokens_per_microbatch=16384,
@@ -141,6 +158,9 @@ def test_a_bad_cost_on_a_probe_says_it_was_a_probe():
     ([float("nan")] * 4 + [1, 1, 2, 2], r"group_ids\[0\] is NaN"),
     (3, "group_ids must be a sequence"),  # a TypeError from len() before
     ((i for i in range(8)), "group_ids must be a sequence"),
+    # A dict iterates over its keys: every sample was its own group, silently (a fuzz).
+    ({i: i // 4 for i in range(8)}, "one per sample in order, got dict"),
+    (set(range(8)), "one per sample in order, got set"),
 ])
 def test_group_ids_that_cannot_group_are_refused(group_ids, says):
     with pytest.raises(ValueError, match=says):

@@ -39,6 +39,7 @@ __all__ = [
     "Cost",
     "ModelCost",
     "as_cost",
+    "quantise",
 ]
 
 
@@ -155,6 +156,26 @@ def _check_values(values: np.ndarray, name: str, lengths: np.ndarray, offsets: n
         f"cost {name!r} returned {float(values[k])!r} for {what} with lengths {shown}: "
         "costs must be finite and non-negative"
     )
+
+
+# Quantised costs stay below 2**62 so that sums of a few of them fit int64.
+_QUANT_LIMIT = float(2**62)
+
+
+def quantise(values: np.ndarray, scale: float, name: str) -> np.ndarray:
+    """Costs times the scheduler's power-of-two scale, as int64; ValueError where one does not
+    fit. The scale leaves room for a micro-batch of ~500,000 times the batch's summed sample
+    costs: only a cost that explodes with micro-batch size gets past it (it wrapped to a
+    negative weight before)."""
+    scaled = np.asarray(values, dtype=np.float64) * scale
+    if not (scaled < _QUANT_LIMIT).all():
+        worst = float(np.max(values))
+        raise ValueError(
+            f"cost {name!r}: a micro-batch costs {worst:.3g}, over 500,000 times what the batch's "
+            "samples cost one by one: a cost that grows this steeply with micro-batch size "
+            "cannot be balanced; check the cost function (milliseconds or FLOPs of a micro-batch)"
+        )
+    return np.rint(scaled).astype(np.int64)
 
 
 class AdditiveCost(Cost):

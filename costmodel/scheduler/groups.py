@@ -19,6 +19,7 @@ pack swaps or hands over one group (`_repair`).
 from __future__ import annotations
 
 import heapq
+from collections.abc import Mapping, Set
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -35,8 +36,10 @@ def first_appearance_ids(ids: Any, what: str) -> np.ndarray:
     """Dense numbers 0, 1, ... for hashable ids, in the order they first appear (not hash
     order: the same on every process). ValueError for an id that cannot be one: unhashable,
     or NaN (never equal to itself, so "the same" NaN ids would split)."""
-    if isinstance(ids, (str, bytes)) or not hasattr(ids, "__len__"):
-        raise ValueError(f"{what} must be a sequence of ids, got {ids!r:.60}")
+    # A dict or set iterates over its keys, in an order that is not the samples': refused.
+    if isinstance(ids, (str, bytes, Mapping, Set)) or not hasattr(ids, "__len__"):
+        raise ValueError(f"{what} must be a sequence of ids, one per sample in order, got "
+                         f"{type(ids).__name__} {ids!r:.60}")
     seen: dict[Any, int] = {}
     out = np.empty(len(ids), dtype=np.int64)
     for i, g in enumerate(ids):

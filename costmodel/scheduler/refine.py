@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from costmodel.scheduler.costs import Cost
+from costmodel.scheduler.costs import Cost, quantise
 
 __all__ = ["BinState", "local_search"]
 
@@ -87,7 +87,7 @@ class BinState:
         )
 
     def quantise(self, values: np.ndarray) -> np.ndarray:
-        return np.rint(values * self.scale).astype(np.int64)
+        return quantise(values, self.scale, self.cost.name)
 
     def token_q(self, tokens: np.ndarray) -> np.ndarray:
         """Quantised token part of a separable cost for micro-batches of `tokens` tokens."""

@@ -44,7 +44,7 @@ from numpy.typing import ArrayLike
 from costmodel.checks import positive_int
 from costmodel.flops import MAX_LENGTH, as_lengths
 from costmodel.scheduler.bounds import lower_bound, microbatch_range, round_up
-from costmodel.scheduler.costs import Cost, as_cost
+from costmodel.scheduler.costs import Cost, as_cost, quantise
 from costmodel.scheduler.groups import first_appearance_ids, place_groups
 from costmodel.scheduler.order import ORDERS, run_order
 from costmodel.scheduler.pack import assign_bins, best_fit_pack, pack_tokens
@@ -419,9 +419,7 @@ def _pack_and_assign(
             return np.bincount(bins, weights=q, minlength=k).astype(np.int64)
         order = np.argsort(bins, kind="stable")
         offsets = np.concatenate([[0], np.cumsum(np.bincount(bins, minlength=k))])
-        return np.rint(cost.evaluate(lens[order], offsets.astype(np.int64)) * scale).astype(
-            np.int64
-        )
+        return quantise(cost.evaluate(lens[order], offsets.astype(np.int64)), scale, cost.name)
 
     def total(bin_q: np.ndarray) -> float:
         return float(bin_q.sum()) + (getattr(cost, "fixed", 0.0) * scale * bin_q.size
