@@ -77,7 +77,7 @@ def test_tiny_caps_use_the_fewest_micro_batches(grouped):
     )
     fewest = n // (2 * dp)
     if grouped:
-        # Whole groups get 1% of slack (see schedule._place_groups), not 100%.
+        # Whole groups get 1% of slack (see counts.place_grouped), not 100%.
         assert fewest <= s.num_microbatches <= 1.02 * fewest
     else:
         assert s.num_microbatches == fewest

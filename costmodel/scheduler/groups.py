@@ -239,7 +239,7 @@ def place_groups(
     """Ranks and micro-batches (ids ``rank * m + slot``) for grouped samples, or why not:
     "samples" when some rank cannot get ``m`` samples, "tokens" when some rank's samples do
     not pack into ``m`` micro-batches. ``short``: room to leave per micro-batch for the
-    shortest samples (see `schedule._start_m`). ``tight``: when not 0, before saying
+    shortest samples (see `counts.start_m`). ``tight``: when not 0, before saying
     "tokens", try a best-fit packer and swaps of groups between ranks that pack at most this
     many samples in all (slower: for when no other ``m`` worked)."""
     members, starts = _members(groups)

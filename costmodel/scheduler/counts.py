@@ -1,0 +1,238 @@
+"""How many micro-batches per rank: the search for the fewest that pack.
+
+Without groups (`pack_and_assign`): pack every sample by tokens into ``dp × m`` level
+micro-batches, growing ``m`` until that works (and trying one or two fewer when the first
+guess packed at once, kept if they cost less), then give each rank ``m`` of them. With
+groups (`place_grouped`): place whole groups for a given ``m`` (`groups.place_groups`),
+which can fail either way, so the count is bisected. `build_schedule` chooses between them.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from costmodel.scheduler.bounds import round_up
+from costmodel.scheduler.costs import Cost, quantise
+from costmodel.scheduler.groups import place_groups
+from costmodel.scheduler.pack import assign_bins, best_fit_pack, pack_tokens
+
+__all__ = ["Grouped", "next_m", "pack_and_assign", "place_grouped", "start_m"]
+
+
+def start_m(
+    desc: np.ndarray, dp: int, cap: int, m_lb: int, m_max: int, align: int
+) -> tuple[int, int]:
+    """Where to start looking for the fewest micro-batches per rank that pack.
+
+    The packer levels the micro-batches' fills, and its last rounds place the shortest
+    samples; they fit only if a level fill leaves about that much room. So ask for room
+    for a short sample (the length an eighth of the way up from the shortest micro-batch
+    count's worth of samples), then let failures raise ``m`` from there. ``desc``: the
+    lengths, longest first. Returns ``(m, that room in tokens)``.
+    """
+    n = desc.size
+    n_over = int((desc > cap).sum())
+    tokens = int(desc[n_over:].sum())
+    m = m_lb
+    short = 0
+    for _ in range(3):
+        k_open = dp * m - n_over
+        short = int(desc[min(n - 1, n - max(1, k_open // 8))])
+        if short >= cap:
+            break
+        # Fills are whole tokens: a level fill averaging under cap − short + 1 leaves the
+        # emptiest micro-batch at most cap − short full, room for `short`. ("cap − short"
+        # alone asked for twice the micro-batches needed with cap 2 and 1-token samples.)
+        need = -(-(-(-tokens // (cap - short + 1)) + n_over) // dp)
+        m = max(m_lb, min(round_up(need, align), m_max))
+    return m, min(short, cap - 1)
+
+
+def next_m(m: int, left_tokens: int, dp: int, align: int, cap: int) -> int:
+    # Enough extra micro-batches for what did not fit, and at least 1% more, so a tight
+    # fill converges in a few tries.
+    extra_bins = -(-left_tokens // cap) + 1
+    grow = max(-(-extra_bins // dp), -(-m // 100), 1)
+    return m + round_up(grow, align)
+
+
+_FEWER_MAX_M = 64
+
+
+def pack_and_assign(
+    lens: np.ndarray,
+    by_length: np.ndarray,
+    q: np.ndarray,
+    dp: int,
+    m_floor: int,
+    m_start: int,
+    m_max: int,
+    align: int,
+    cap: int,
+    cost: Cost,
+    scale: float,
+    exact: bool = False,
+) -> tuple[np.ndarray, np.ndarray, int, np.ndarray]:
+    """Pack by tokens into dp × m micro-batches (fewest m that works), then give each
+    rank m of them balancing their true costs. Returns (rank_of, bin_of, m, bin costs).
+    ``exact``: ``m_start`` is a count the caller asked for; when levelling fails there,
+    best-fit packing is tried at that count too before growing.
+
+    The search starts at ``m_start`` (a guess that leaves room for a level fill) and grows
+    on failure. When the guess packs at once, fewer micro-batches are tried down to
+    ``m_floor``, kept while their total cost is lower: a micro-batch saved is a fixed cost
+    saved, but fuller micro-batches can cost more per token (a measured H200 profile of
+    Qwen3-8B has both), so the cost decides, not the count.
+    """
+
+    def bin_costs(bins: np.ndarray, k: int) -> np.ndarray:
+        if cost.additive:
+            return np.bincount(bins, weights=q, minlength=k).astype(np.int64)
+        order = np.argsort(bins, kind="stable")
+        offsets = np.concatenate([[0], np.cumsum(np.bincount(bins, minlength=k))])
+        return quantise(cost.evaluate(lens[order], offsets.astype(np.int64)), scale, cost.name)
+
+    def total(bin_q: np.ndarray) -> float:
+        return float(bin_q.sum()) + (getattr(cost, "fixed", 0.0) * scale * bin_q.size
+                                     if cost.additive else 0.0)
+
+    m = m_start
+    tried: list[int] = []
+    while True:
+        tried.append(m)
+        bins, left = pack_tokens(lens, dp * m, cap, by_length)
+        if bins is None and (m >= m_max or (exact and m == m_start)):  # a tighter packing
+            bins = best_fit_pack(lens, dp * m, cap, by_length)
+        if bins is not None:
+            break
+        if m >= m_max:
+            raise ValueError(
+                f"could not pack {lens.size} samples into {dp} ranks × m micro-batches of at "
+                f"most {cap} tokens (tried m = {tried}): raise max_tokens_per_microbatch, or "
+                f"lower dp_size or align"
+            )
+        m = min(next_m(m, left, dp, align, cap), m_max)
+    bin_q = bin_costs(bins, dp * m)
+    # At most two steps down, and only while one micro-batch per rank is worth it (past
+    # _FEWER_MAX_M per rank, one fewer saves under 1/64 of the fixed costs, and each try
+    # is another pass over every sample).
+    for _ in range(2 if len(tried) == 1 and m <= _FEWER_MAX_M else 0):
+        if m - align < m_floor:
+            break
+        fewer, _ = pack_tokens(lens, dp * (m - align), cap, by_length)
+        if fewer is None:
+            break
+        fewer_q = bin_costs(fewer, dp * (m - align))
+        if total(fewer_q) >= total(bin_q):
+            break
+        bins, bin_q, m = fewer, fewer_q, m - align
+    k = dp * m
+    rank_of_bin = assign_bins(bin_q, dp, m)
+    # Renumber micro-batches rank by rank: id = rank * m + slot.
+    by_rank = np.lexsort((np.arange(k), rank_of_bin))
+    new_id = np.empty(k, dtype=np.int64)
+    new_id[by_rank] = np.arange(k, dtype=np.int64)
+    bin_of = new_id[bins]
+    renumbered_q = np.empty(k, dtype=np.int64)
+    renumbered_q[new_id] = bin_q
+    return bin_of // m, bin_of, m, renumbered_q
+
+
+# Counts tried again tightly: enough to walk down from a count one sample short to the
+# fewest that fit in the tight cases found (m of 2-6), few enough to bound the time.
+_LAST_TRIES = 8
+# Samples the tight retries may pack in all: a few dozen packings of ranks of thousands of
+# samples, so that an input no heuristic places is refused in well under a second.
+_REPAIR_SAMPLES = 1 << 17
+
+
+@dataclass(frozen=True)
+class Grouped:
+    """Grouped samples and the constraints every placement try shares."""
+
+    lens: np.ndarray
+    q: np.ndarray
+    groups: np.ndarray
+    dp: int
+    align: int
+    cap: int
+    short: int
+
+    def place(self, m: int, tight: int = 0) -> tuple[np.ndarray, np.ndarray] | str:
+        return place_groups(
+            self.lens, self.q, self.groups, self.dp, m, self.cap, self.short, tight=tight
+        )
+
+
+def place_grouped(
+    g: Grouped, m_range: tuple[int, int, int], exact: bool = False
+) -> tuple[np.ndarray, np.ndarray, int]:
+    """Place whole groups for the fewest micro-batches per rank that work.
+
+    ``m_range``: (lowest possible, where to start, highest possible). A failure says which
+    way to go: a rank with too few samples for ``m`` micro-batches asks for fewer, a rank
+    whose samples do not pack asks for more. Each try narrows the range, so the search ends.
+    ``exact``: the lowest is a count the caller asked for (ranks agreeing on one): it is
+    tried first, with the tight packer too, so a count a schedule came out with is found
+    again when asked for.
+    """
+    lo, m, hi = m_range
+    if exact:
+        placed = g.place(lo)
+        if placed == "tokens":
+            placed = g.place(lo, tight=_REPAIR_SAMPLES)
+        if not isinstance(placed, str):
+            return placed[0], placed[1], lo
+    dp, align, cap = g.dp, g.align, g.cap
+    # Whole groups balance less finely than samples, and balancing cost moves tokens
+    # around: leave each rank room for 1% more tokens plus half a group.
+    n_groups = int(g.groups.max()) + 1
+    tokens = int(np.minimum(g.lens, cap).sum())
+    need = tokens * 1.01 + dp * tokens / (2 * n_groups)
+    m = max(m, min(round_up(math.ceil(need / (dp * (cap - g.short + 1))), align), hi))
+    failed: list[tuple[int, str]] = []  # (m, why) of every try so far
+    shrunk = False
+    while True:
+        placed = g.place(m)
+        if not isinstance(placed, str):
+            return placed[0], placed[1], m
+        failed.append((m, placed))
+        if placed == "samples":
+            hi, shrunk = m - align, True
+        else:
+            lo = m + align
+        if lo > hi:
+            return _place_grouped_tight(g, m_range, failed)
+        if placed == "samples" or shrunk:
+            m = lo + (hi - lo) // (2 * align) * align  # bisect what is left
+        else:
+            m = min(next_m(m, 0, dp, align, cap), hi)
+
+
+def _place_grouped_tight(
+    g: Grouped, m_range: tuple[int, int, int], failed: list[tuple[int, str]]
+) -> tuple[np.ndarray, np.ndarray, int]:
+    """The last resort of `place_grouped`, or the ValueError that says what to change.
+
+    Placement is a heuristic: a failure at one m does not prove the others fail (a rank one
+    sample short at m + 1 may pack at m; a rank that did not pack may after a swap of
+    groups). So every count below the fewest that left a rank short of samples is tried
+    again, most room first, with the tight packer and group swaps, under one budget for
+    all. Rarely reached: tight inputs only (a few samples per micro-batch).
+    """
+    short_at = min([x for x, why in failed if why == "samples"], default=m_range[2] + 1)
+    retried = list(range(m_range[0], short_at, g.align))[::-1][:_LAST_TRIES]
+    for m in retried:
+        placed = g.place(m, tight=_REPAIR_SAMPLES // len(retried))
+        if not isinstance(placed, str):
+            return placed[0], placed[1], m
+    again = f", then {retried} with a tighter packer and swaps of groups" if retried else ""
+    raise ValueError(
+        f"could not pack {g.lens.size} samples in {int(g.groups.max()) + 1} groups into {g.dp} "
+        f"ranks × m micro-batches of at most {g.cap} tokens (tried m = {[x for x, _ in failed]}"
+        f"{again}); a group stays on one rank and every rank needs m samples: raise "
+        f"max_tokens_per_microbatch, lower dp_size or align, or use smaller groups"
+    )
