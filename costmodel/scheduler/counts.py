@@ -161,10 +161,11 @@ class Grouped:
     cap: int
     short: int
 
-    def place(self, m: int, tight: int = 0) -> tuple[np.ndarray, np.ndarray] | str:
-        return place_groups(
-            self.lens, self.q, self.groups, self.dp, m, self.cap, self.short, tight=tight
-        )
+    def place(
+        self, m: int, tight: int = 0, by_count: bool = False
+    ) -> tuple[np.ndarray, np.ndarray] | str:
+        return place_groups(self.lens, self.q, self.groups, self.dp, m, self.cap, self.short,
+                            tight=tight, by_count=by_count)
 
 
 def place_grouped(
@@ -221,12 +222,16 @@ def _place_grouped_tight(
     sample short at m + 1 may pack at m; a rank that did not pack may after a swap of
     groups). So every count below the fewest that left a rank short of samples is tried
     again, most room first, with the tight packer and group swaps, under one budget for
-    all. Rarely reached: tight inputs only (a few samples per micro-batch).
+    all; then those counts and that fewest one again, placing groups by count alone where
+    the token budget left a rank short. Rarely reached: tight inputs only (a few samples
+    per micro-batch).
     """
     short_at = min([x for x, why in failed if why == "samples"], default=m_range[2] + 1)
     retried = list(range(m_range[0], short_at, g.align))[::-1][:_LAST_TRIES]
-    for m in retried:
-        placed = g.place(m, tight=_REPAIR_SAMPLES // len(retried))
+    by_count = ([short_at] if short_at <= m_range[2] else []) + retried[: _LAST_TRIES - 1]
+    tries = [(m, False) for m in retried] + [(m, True) for m in by_count]
+    for m, count_only in tries:
+        placed = g.place(m, tight=_REPAIR_SAMPLES // len(tries), by_count=count_only)
         if not isinstance(placed, str):
             return placed[0], placed[1], m
     again = f", then {retried} with a tighter packer and swaps of groups" if retried else ""

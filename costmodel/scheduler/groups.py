@@ -235,13 +235,16 @@ def place_groups(
     rel_tol: float = 5e-5,
     max_sweeps: int = 64,
     tight: int = 0,
+    by_count: bool = False,
 ) -> tuple[np.ndarray, np.ndarray] | str:
     """Ranks and micro-batches (ids ``rank * m + slot``) for grouped samples, or why not:
     "samples" when some rank cannot get ``m`` samples, "tokens" when some rank's samples do
     not pack into ``m`` micro-batches. ``short``: room to leave per micro-batch for the
     shortest samples (see `counts.start_m`). ``tight``: when not 0, before saying
     "tokens", try a best-fit packer and swaps of groups between ranks that pack at most this
-    many samples in all (slower: for when no other ``m`` worked)."""
+    many samples in all (slower: for when no other ``m`` worked). ``by_count``: when the
+    ranks cannot get ``m`` samples each within the token budget, place by count alone
+    and let the packer judge (the very last resort)."""
     members, starts = _members(groups)
     seg = starts[:-1]
     units = _Units(
@@ -253,6 +256,10 @@ def place_groups(
     rank_of_unit = _greedy(units, dp, budget)
     if not _fix_counts(rank_of_unit, units, dp, m):
         rank_of_unit = _greedy_by_count(units, dp, budget)
+        if not _fix_counts(rank_of_unit, units, dp, m) and by_count:
+            # The token budget is a guess at what packs; here the packer judges instead
+            # (groups of 4, 3, 2 and 1 samples split 5/5 only over it).
+            rank_of_unit = _greedy_by_count(units, dp, np.iinfo(np.int64).max)
         if not _fix_counts(rank_of_unit, units, dp, m):
             return "samples"
     tol = rel_tol * int(units.cost.sum()) / dp
