@@ -504,6 +504,25 @@ def test_token_packing_of_many_short_samples_stays_level(n, k, high, first):
     assert fills.max() - fills.min() <= 2 * high
 
 
+def test_a_tight_handful_is_packed_by_search_where_best_fit_strands_a_sample():
+    """Four 10s and 5, 4, 3, 3, 3, 2 in six micro-batches of 10 need {5, 3, 2} and
+    {4, 3, 3}: best fit put 4 with 5 and stranded the 2, and the schedule was refused (a
+    fuzz against an exact search)."""
+    from costmodel.scheduler.pack import best_fit_pack, search_pack
+
+    lengths = np.array([3, 10, 3, 10, 5, 4, 10, 3, 2, 10])
+    order = np.lexsort((np.arange(10), -lengths))
+    assert best_fit_pack(lengths, 6, 10, order) is None
+    bins = search_pack(lengths, 6, 10, order)
+    assert np.bincount(bins, weights=lengths).tolist() == [10.0] * 6
+    assert search_pack(lengths, 6, 9, order) is None  # 10 > 9: no packing
+    over = np.array([12, 3, 3])  # a sample over the cap takes an empty micro-batch alone
+    assert search_pack(over, 2, 10, np.array([0, 1, 2])).tolist() == [0, 1, 1]
+    assert search_pack(over, 4, 10, np.array([0, 1, 2])) is None  # 3 samples, 4 batches
+    s = build_schedule(lengths, dp_size=3, max_tokens_per_microbatch=10, align=2)
+    check_schedule(s, lengths, dp=3, cap=10, align=2)
+
+
 def test_one_micro_batch_packs_at_once():
     """Grouped placement packs every rank on its own: with one micro-batch per rank and a
     thousand short samples each, the level rounds took 1.8 s over 64 ranks (a fuzz)."""

@@ -17,7 +17,7 @@ import numpy as np
 from costmodel.scheduler.bounds import round_up
 from costmodel.scheduler.costs import Cost, quantise
 from costmodel.scheduler.groups import place_groups
-from costmodel.scheduler.pack import assign_bins, best_fit_pack, pack_tokens
+from costmodel.scheduler.pack import assign_bins, pack_tokens, tight_pack
 
 __all__ = ["Grouped", "next_m", "pack_and_assign", "place_grouped", "start_m"]
 
@@ -105,7 +105,7 @@ def pack_and_assign(
         tried.append(m)
         bins, left = pack_tokens(lens, dp * m, cap, by_length)
         if bins is None and (m >= m_max or (exact and m == m_start)):  # a tighter packing
-            bins = best_fit_pack(lens, dp * m, cap, by_length)
+            bins = tight_pack(lens, dp * m, cap, by_length)
         if bins is not None:
             break
         if m >= m_max:

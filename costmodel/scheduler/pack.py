@@ -19,7 +19,7 @@ import numpy as np
 
 from costmodel.scheduler.partition import karmarkar_karp_labels
 
-__all__ = ["assign_bins", "best_fit_pack", "pack_tokens"]
+__all__ = ["assign_bins", "best_fit_pack", "pack_tokens", "search_pack", "tight_pack"]
 
 _BIG = np.iinfo(np.int64).max
 # Up to this many micro-batches per rank, ranks are balanced with Karmarkar-Karp.
@@ -224,6 +224,72 @@ def best_fit_pack(lengths: np.ndarray, k: int, cap: int, order: np.ndarray) -> n
     return bins
 
 
+# `search_pack` takes inputs of at most this many samples, and gives up after this many
+# placements (tens of milliseconds): tiny tight inputs only.
+_SEARCH_MAX_SAMPLES = 32
+_SEARCH_PLACEMENTS = 20_000
+
+
+class _OutOfPlacements(Exception):
+    pass
+
+
+def search_pack(lengths: np.ndarray, k: int, cap: int, order: np.ndarray) -> np.ndarray | None:
+    """Exactly ``k`` non-empty micro-batches under the cap by depth-first search, or None
+    (none exists, or none found within the search's bound, or too many samples to try).
+
+    After `best_fit_pack`, for a handful of samples in a handful of micro-batches: best fit
+    strands a sample where only an exact fill works (four 10s and 5, 4, 3, 3, 3, 2 in six
+    micro-batches of 10 need {5, 3, 2} and {4, 3, 3}). Samples go longest first (``order``),
+    each into every micro-batch it fits, one of each fill (micro-batches equally full are
+    interchangeable); a sample over the cap takes an empty micro-batch of its own.
+    """
+    n = lengths.size
+    if n > _SEARCH_MAX_SAMPLES or n < k:
+        return None
+    items = [int(lengths[i]) for i in order.tolist()]
+    fill = [0] * k
+    closed = [False] * k  # holds a sample over the cap
+    where = [0] * n
+    room_needed = [0] * (n + 1)  # tokens of the samples from j on that fit the cap
+    for j in range(n - 1, -1, -1):
+        room_needed[j] = room_needed[j + 1] + (items[j] if items[j] <= cap else 0)
+    budget = [_SEARCH_PLACEMENTS]
+
+    def place(j: int, empty: int) -> bool:
+        if n - j < empty:  # too few samples left to fill the empty micro-batches
+            return False
+        if j == n:
+            return True
+        if room_needed[j] > sum(cap - f for b, f in enumerate(fill) if not closed[b]):
+            return False
+        budget[0] -= 1
+        if budget[0] < 0:
+            raise _OutOfPlacements
+        x = items[j]
+        tried: set[int] = set()
+        for b in range(k):
+            f = fill[b]
+            if closed[b] or f in tried or (x > cap and f) or (x <= cap and f + x > cap):
+                continue
+            tried.add(f)
+            fill[b], closed[b], where[j] = f + x, x > cap, b
+            if place(j + 1, empty - (f == 0)):
+                return True
+            fill[b], closed[b] = f, False
+        return False
+
+    try:
+        found = place(0, k)
+    except _OutOfPlacements:
+        return None
+    if not found:
+        return None
+    bins = np.empty(n, dtype=np.int64)
+    bins[order] = where
+    return bins
+
+
 def assign_bins(bin_q: np.ndarray, dp: int, m: int) -> np.ndarray:
     """Spread ``dp * m`` micro-batches over ranks, ``m`` each, balancing their costs.
 
@@ -244,3 +310,12 @@ def assign_bins(bin_q: np.ndarray, dp: int, m: int) -> np.ndarray:
         rank_of_bin[b] = ranks
         load[ranks] += bin_q[b]
     return rank_of_bin
+
+
+def tight_pack(lengths: np.ndarray, k: int, cap: int, order: np.ndarray) -> np.ndarray | None:
+    """The packers for when levelling fails and no more micro-batches are allowed:
+    `best_fit_pack`, then, for a handful of samples, `search_pack` (up to ~30 ms: called
+    once or twice per schedule; grouped placement, which packs many candidate ranks,
+    keeps to best fit)."""
+    bins = best_fit_pack(lengths, k, cap, order)
+    return bins if bins is not None else search_pack(lengths, k, cap, order)
