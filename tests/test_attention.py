@@ -115,6 +115,41 @@ def test_triton_matches_reference_fp32(poisoned, head_dim, num_heads, num_kv_hea
     _check(got, _reference(q, k, v, do, cu), 1e-2 if CUDA else 1e-5)
 
 
+def test_a_fused_dq_first_choice_can_be_adopted(poisoned, monkeypatch):
+    """The GPU session's tuning may pick a FUSE_DQ dk/dv config, to go first in _CONFIGS:
+    the default path passed FUSE_DQ to the kernel twice (a TypeError) and never allocated
+    the fp32 dq buffer. Now the first choice's FUSE_DQ decides, for its fallbacks too."""
+    fused_first = [dict(SMALL_BLOCKS["dkdv"], FUSE_DQ=1), dict(SMALL_BLOCKS["dkdv"])]
+    monkeypatch.setitem(ta._CONFIGS["dkdv"], 64, fused_first)
+    monkeypatch.setattr(ta, "_chosen", {})
+    q, k, v, do = _inputs(LENGTHS, 4, 1, 64, torch.float32, seed=7)
+    cu = _cu(LENGTHS)
+    ran = []
+    monkeypatch.setattr(ta, "_attn_bwd_dq", _Refuse(ran))  # fused: no dq kernel launched
+    got = _run_triton(q, k, v, do, cu, max(LENGTHS))
+    _check(got, _reference(q, k, v, do, cu), 1e-2 if CUDA else 1e-5)
+    assert not ran
+
+
+class _Refuse:
+    """A stand-in kernel that records being launched."""
+
+    def __init__(self, log):
+        self.log = log
+
+    def __getitem__(self, grid):
+        def launch(*args, **kwargs):
+            self.log.append(grid)
+
+        return launch
+
+
+def test_blocks_under_16_are_refused_before_a_gpu_build_fails():
+    q, k, v, _ = _inputs([9], 2, 2, 64, torch.float32, seed=0)
+    with pytest.raises(ValueError, match="'BLOCK_N' must be at least 16"):
+        ta.flash_attn_varlen(q, k, v, _cu([9]), 9, configs={"dq": dict(SMALL_BLOCKS["dq"], BLOCK_N=8)})
+
+
 @pytest.mark.parametrize("head_dim", [64, 128])
 @pytest.mark.parametrize("configs", [SMALL_BLOCKS, FUSED_DQ], ids=["split", "fused-dq"])
 def test_triton_fp16_small(poisoned, head_dim, configs):
@@ -557,6 +592,8 @@ def test_tuning_runs_every_backward_candidate_and_checks_it(load_benchmark, monk
         return [L, 40], _cu([L, 40]), q, k, v, do
 
     monkeypatch.setattr(bench, "_packed", packed)
+    monkeypatch.setattr(bench, "_TUNE_DEVICE", "cpu")
+    monkeypatch.setattr(bench, "GATE_LENGTHS", [1, 37, 16, 45])
     timed = []
 
     def fake_do_bench(fn, warmup, rep, return_mode):
@@ -575,7 +612,8 @@ def test_tuning_runs_every_backward_candidate_and_checks_it(load_benchmark, monk
     assert not [r for r in rows if "error" in r], [r["error"] for r in rows if "error" in r]
     cands = bench.TUNE_CANDIDATES
     assert len(rows) == len(cands["dkdv"][128]) + len(cands["dq"][128]) + 1  # + the pair
-    assert all(r["rel_err"] < 1e-5 for r in rows)
+    assert all(r["rel_err"] < 1e-5 and r["gate_row_err"] < 1e-4 for r in rows)
+    assert doc["gate_row_err_first_choice"] < 1e-4
     assert set(doc["tuned_configs"]) <= {"dkdv", "dq"} and "dkdv" in doc["tuned_configs"]
     assert {(r["backend"], r["mode"]) for r in doc["rows"]} == {
         (b, m) for b in ("triton", "sdpa") for m in ("fwd", "fwd+bwd")}
@@ -589,3 +627,53 @@ def test_tuning_runs_every_backward_candidate_and_checks_it(load_benchmark, monk
     cut = json.loads(out.read_text())
     assert cut["interrupted"] and cut["tuned_configs"] == doc["tuned_configs"] and not cut["rows"]
     assert len(cut["tune_rows"]) == len(rows)
+
+    # ... and during the tuning itself: the candidates timed so far, no table.
+    monkeypatch.setattr(bench, "run", lambda *a, **k: pytest.fail("no table after a cut"))
+    timed.clear()
+
+    def cut_at_third(fn, warmup, rep, return_mode):
+        if len(timed) == 2:
+            raise KeyboardInterrupt
+        return fake_do_bench(fn, warmup, rep, return_mode)
+
+    monkeypatch.setattr(triton.testing, "do_bench", cut_at_third)
+    assert bench.main(argv) == 0
+    cut = json.loads(out.read_text())
+    assert cut["interrupted"] and len(cut["tune_rows"]) == 2 and cut["tuned_configs"]
+
+    # A candidate that leaves a row unwritten is refused by the varlen gate, whatever its
+    # time (the training-shape pack has only full blocks).
+    real = ta.flash_attn_varlen
+    bad = bench._config("dq", bench.TUNE_CANDIDATES["dq"][128][1])
+
+    def skips_a_row(q, k, v, cu, max_seqlen, configs=None):
+        out = real(q, k, v, cu, max_seqlen, configs=configs)
+        if configs == {"dq": bad}:
+            out = out * (torch.arange(out.shape[0]) != 1).to(out.dtype)[:, None, None]
+        return out
+
+    monkeypatch.setattr(ta, "flash_attn_varlen", skips_a_row)
+    monkeypatch.setattr(triton.testing, "do_bench", fake_do_bench)
+    tuning = bench.tune(bench._parse(argv), argv, ("dq",))
+    (refused,) = [r for r in tuning["tune_rows"] if "error" in r]
+    assert refused["config"] == bench.TUNE_CANDIDATES["dq"][128][1]
+    assert "row error 1.0e+00 against float64 on a varlen pack" in refused["error"]
+
+
+def test_launch_limits_cover_head_strides_and_the_outputs():
+    """In-kernel offsets are int32: a head-major view (head stride tokens × dim) and the
+    dense outputs' token stride are checked too, not only the inputs' token strides."""
+    def meta(shape, stride):
+        return torch.empty_strided(shape, stride, device="meta")
+
+    t, h, d = 1 << 20, 32, 128
+    head_major = meta((t, h, d), (d, t * d, 1))
+    kv = meta((t, 8, d), (8 * d, d, 1))
+    with pytest.raises(ValueError, match="32 heads × q head stride 134217728 .*token-major"):
+        ta._check_launch_limits(head_major, kv, kv, 1, 4096)
+    q = meta((t, h, d), (h * d, d, 1))
+    narrow = meta((t, h, d), (d, d, 1))  # an odd input view whose own strides fit
+    ta._check_launch_limits(q, kv, kv, 1, 4096)
+    with pytest.raises(ValueError, match="the output token stride 4096"):
+        ta._check_launch_limits(narrow, kv, kv, 1, 600_000)

@@ -74,7 +74,8 @@ _GRID_YZ_MAX = 65535  # CUDA limit on grid dims y and z (heads, sequences)
 # n8 across the diagonal; the tuning candidates with 128-row K/V blocks run n32-n64.
 # TO TUNE on the H200: `python benchmarks/bench_attention.py --tune` times the candidates in
 # bench_attention.TUNE_CANDIDATES at L=4k and 16k and prints the fastest per kernel;
-# `--tune-first` tunes the backward at L=8k, then benchmarks with the winners.
+# `--tune-first` tunes the backward at L=8k, then benchmarks with the winners. A winner goes
+# first in its list as it is; a FUSE_DQ dk/dv one decides for its fallbacks (`_fuses_dq`).
 _CONFIGS: dict[str, dict[int, list[dict[str, int]]]] = {
     "fwd": {
         64: [
@@ -143,6 +144,9 @@ _OPTIONAL_KEYS = {"fwd": ("num_warps", "num_stages"), "dkdv": ("num_warps", "num
                   "dq": ("num_warps", "num_stages")}
 
 
+_MIN_BLOCK = 16
+
+
 def _is_int(value) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
@@ -163,6 +167,9 @@ def _check_config(kernel: str, cfg: dict[str, int]) -> None:
         if key not in cfg:
             raise ValueError(f"{kernel} config is missing {key!r}; it needs {list(_BLOCK_KEYS[kernel])}")
         _check_power_of_2(kernel, key, cfg[key])  # tl.arange wants a power of 2
+        if cfg[key] < _MIN_BLOCK:  # the interpreter runs 8, a GPU build does not
+            raise ValueError(f"{kernel} config key {key!r} must be at least {_MIN_BLOCK} (the "
+                             f"tensor-core dots need K >= 16), got {cfg[key]}")
     if "num_warps" in cfg:
         _check_power_of_2(kernel, "num_warps", cfg["num_warps"])
     if "num_stages" in cfg and not (_is_int(cfg["num_stages"]) and cfg["num_stages"] >= 1):
@@ -224,6 +231,7 @@ def _launch(
     for i in range(start, len(configs)):
         cfg = dict(configs[i])
         warps, stages = cfg.pop("num_warps"), cfg.pop("num_stages")
+        cfg.pop("FUSE_DQ", None)  # decided for the whole list by `_fuses_dq`
         try:
             kernel[grid_fn(cfg)](
                 *args, HEAD_DIM=head_dim, num_warps=warps, num_stages=stages, **cfg
@@ -772,13 +780,27 @@ def _check_launch_limits(
             f"{q.shape[1]} heads × {q.shape[0]} tokens = {q.shape[1] * q.shape[0]} exceeds the "
             f"int32 offset limit {_INT32_MAX} of the logsumexp buffer; split the micro-batch"
         )
-    # In-sequence offsets are int32 (the sequence base is int64): row · token stride must fit.
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        span = (max_seqlen + 128) * max(t.stride(0), 1)
+    # In-sequence offsets are int32 (the sequence base is int64): row · token stride must fit,
+    # for the inputs and for the outputs and gradients (dense: token stride heads × dim),
+    # and so must head · head stride (a head-major view's head stride is tokens × dim).
+    dense = q.shape[1] * q.shape[2]
+    for name, token_stride, heads, head_stride in (
+        ("q", q.stride(0), q.shape[1], q.stride(1)),
+        ("k", k.stride(0), k.shape[1], k.stride(1)),
+        ("v", v.stride(0), v.shape[1], v.stride(1)),
+        ("the output", dense, q.shape[1], q.shape[2]),
+    ):
+        span = (max_seqlen + 128) * max(token_stride, 1)
         if span > _INT32_MAX:
             raise ValueError(
-                f"max_seqlen={max_seqlen} × {name} token stride {t.stride(0)} = {span} "
-                f"exceeds the int32 offset limit {_INT32_MAX}"
+                f"max_seqlen={max_seqlen} × {name} token stride {token_stride} = {span} "
+                f"exceeds the int32 offset limit {_INT32_MAX}; split the micro-batch"
+            )
+        if heads * head_stride > _INT32_MAX:
+            raise ValueError(
+                f"{heads} heads × {name} head stride {head_stride} = {heads * head_stride} "
+                f"exceeds the int32 offset limit {_INT32_MAX}; give {name} token-major "
+                "(tokens, heads, dim) or split the micro-batch"
             )
 
 
@@ -833,7 +855,7 @@ def _backward(do, q, k, v, o, lse, cu_seqlens, max_seqlen, sm_scale, configs):
     # fp32 atomics (5 matmuls per block pair, as flash-attention 2) instead of a separate
     # dq kernel recomputing P and dP (7).
     dkdv_cfg = configs.get("dkdv")
-    fuse_dq = bool(dkdv_cfg.get("FUSE_DQ", 0)) if dkdv_cfg else False
+    fuse_dq = _fuses_dq(dkdv_cfg, head_dim)
     if dkdv_cfg is not None:
         dkdv_cfg = {key: value for key, value in dkdv_cfg.items() if key != "FUSE_DQ"}
     if fuse_dq:
@@ -897,6 +919,14 @@ def _backward(do, q, k, v, o, lse, cu_seqlens, max_seqlen, sm_scale, configs):
         configs.get("dq"),
     )
     return dq, dk, dv
+
+
+def _fuses_dq(override: dict[str, int] | None, head_dim: int) -> bool:
+    """Whether the backward fuses dq into the dk/dv kernel: the override's FUSE_DQ, else the
+    first choice's (for its fallbacks too: the dq buffer is allocated before the launch
+    finds which config fits), so a tuned FUSE_DQ config can go first in `_CONFIGS`."""
+    cfg = override if override is not None else _CONFIGS["dkdv"][head_dim][0]
+    return bool(cfg.get("FUSE_DQ", 0))
 
 
 class _FlashAttnVarlen(torch.autograd.Function):
