@@ -90,6 +90,13 @@ def _attention_summary(doc: dict) -> list[str]:
             same = "(the current first choice)" if cfg == first[kernel][0] else (
                 f"(first choice now: {first[kernel][0]})")
             lines.append(f"  tuned {kernel}: {cfg} {same}")
+        if tuned.get("dkdv", {}).get("FUSE_DQ"):
+            lines.append("  (a FUSE_DQ dk/dv winner goes first in _CONFIGS['dkdv'] as it is: "
+                         "it then decides for its fallbacks, and the dq configs go unused)")
+        gate = doc.get("gate_row_err_first_choice")
+        if gate is not None:
+            lines.append(f"  first choices on the varlen gate: row error {gate:.1e} against "
+                         "float64 (bf16 rounding ~1e-2; the gate refuses above 0.25)")
     for err in doc.get("errors", []):
         lines.append(f"  FAILED {err}")
     return lines

@@ -29,7 +29,8 @@ def _session_folder(tmp_path: Path) -> Path:
     shutil.copyfile(ROOT / "costmodel" / "profiles" / "h200" / "qwen3-8b.json", out / "qwen3-8b.json")
     attention = json.loads((RESULTS / "bench_attention_h200.json").read_text())
     attention["tuned_configs"] = {"dkdv": {"BLOCK_M": 64, "BLOCK_N": 128, "MASK_BLOCK_M": 64,
-                                           "num_warps": 8, "num_stages": 1}}
+                                           "num_warps": 8, "num_stages": 1, "FUSE_DQ": 1}}
+    attention["gate_row_err_first_choice"] = 0.012
     (out / "bench_attention.json").write_text(json.dumps(attention))
     shutil.copyfile(RESULTS / "bench_schedule_h200.json", out / "bench_schedule.json")
     (out / "session.log").write_text("== session start\n")
@@ -50,6 +51,8 @@ def test_ships_the_profile_and_results_and_summarises_them(adopt_script, tmp_pat
     assert "13.2% on all sizes" in text  # the validation line of the profile
     assert "L=  8192: fwd 1.44x, fwd+bwd 0.70x" in text
     assert "tuned dkdv: {'BLOCK_M': 64" in text and "first choice now" in text
+    assert "a FUSE_DQ dk/dv winner goes first in _CONFIGS['dkdv'] as it is" in text
+    assert "varlen gate: row error 1.2e-02 against float64" in text
     assert "dp  64 calibrated makespan    139.02 ms" in text
     assert "skip broken.json: not a cost model" in text
 
