@@ -331,9 +331,10 @@ def tune(
         out = flash_attn_varlen(*ins, configs=configs)
         return (out.detach(), *torch.autograd.grad(out, ins[:3], do))
 
-    gate_ins, gate_do, gate_want = _gate_inputs(h, hkv, d)
+    gate: tuple = ()  # the gate's inputs and float64 reference, set up in the try below
 
     def gate_error(configs) -> float:
+        gate_ins, gate_do, gate_want = gate
         with _nan_buffers():
             got = results(gate_ins, gate_do, configs)
         return max(map(_row_err, got, gate_want))
@@ -376,9 +377,11 @@ def tune(
         # As it goes: a session cut short by its timeout still logs what was timed.
         print(f"tune L={L} {kernel} {cand}: {ms:.3f} ms {mode}", file=sys.stderr, flush=True)
 
-    first_choice_gate = gate_error(None)
+    first_choice_gate = None
     interrupted = False
     try:
+        gate = _gate_inputs(h, hkv, d)
+        first_choice_gate = gate_error(None)  # compiles the first choices too
         for L in TUNE_LENGTHS["quick" if args.quick else "full"]:
             lengths, cu, q, k, v, do = _packed(L, args.total_tokens, h, hkv, d, _TUNE_DEVICE)
             ins = (q, k, v, cu, L)

@@ -269,3 +269,9 @@ def test_too_few_sequences_for_the_count_asked_names_verls_parameters(kw, messag
     with pytest.raises(ValueError, match=message):  # said min_num_microbatches, dp_size × align
         balanced_micro_batches([10, 20, 30], max_token_len=64, **kw)
     balanced_micro_batches([10, 20, 30, 40], max_token_len=64, **kw)  # enough: no error
+
+
+def test_too_few_sequences_for_the_ranks_names_dp_size_not_the_count():
+    # Lowering min_num_micro_batch would not help: 3 sequences cannot fill 4 ranks.
+    with pytest.raises(ValueError, match="cannot fill dp_size"):
+        balanced_micro_batches([10, 20, 30], max_token_len=64, dp_size=4, min_num_micro_batch=2)

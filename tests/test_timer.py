@@ -166,6 +166,22 @@ def test_a_failed_capture_logs_the_traceback_of_its_cause(fake_cuda, caplog):
     assert "operation not permitted" in str(record.exc_info[1])
 
 
+def test_an_error_the_workload_handled_is_not_taken_for_the_cause(fake_cuda):
+    """A capture broken inside an except block (a fast path tried, then a fallback): the
+    error fn raised is the cause, not the one it had handled (its __context__)."""
+    cuda = fake_cuda()
+
+    def falls_back():
+        if cuda.capturing:
+            try:
+                {}["fast path"]
+            except KeyError:
+                raise RuntimeError("operation not permitted when stream is capturing") from None
+
+    with pytest.raises(GraphCaptureError, match=r"\(operation not permitted when stream"):
+        capture_cuda_graph(falls_back, warmup=1)
+
+
 @pytest.mark.parametrize("error", [ValueError("bad shape"), KeyboardInterrupt()])
 def test_errors_that_are_not_capture_problems_pass_through(fake_cuda, error):
     cuda = fake_cuda()

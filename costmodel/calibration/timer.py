@@ -118,23 +118,25 @@ def capture_cuda_graph(fn: Callable[[], Any], *, warmup: int = 1):
     torch.cuda.current_stream().wait_stream(side)
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
+    raised: list[BaseException] = []  # what fn itself raised inside the capture, if anything
     try:
         with torch.cuda.graph(graph):
-            fn()
+            try:
+                fn()
+            except BaseException as err:
+                raised.append(err)
+                raise
     except RuntimeError as exc:
         # An error inside the capture (a host sync, say) is followed by capture_end failing
-        # with "operation failed due to a previous error during capture": report the first,
-        # whatever its type.
-        root: BaseException = exc
-        while root.__context__ is not None:
-            root = root.__context__
-        if isinstance(root, torch.cuda.OutOfMemoryError) or not isinstance(root, RuntimeError):
+        # with "operation failed due to a previous error during capture": report fn's own.
+        cause = raised[0] if raised else exc
+        if isinstance(cause, torch.cuda.OutOfMemoryError) or not isinstance(cause, RuntimeError):
             # A size problem (the caller says what to lower), an interrupt, or a bug in the
             # workload: not a capture problem, so not "time it eagerly".
-            raise root from None
+            raise cause from None
         # The CLI shows one line; the traceback says which operation broke the capture.
-        logger.warning("CUDA graph capture failed", exc_info=root)
-        first = str(root).splitlines()[0] if str(root) else type(root).__name__
+        logger.warning("CUDA graph capture failed", exc_info=cause)
+        first = str(cause).splitlines()[0] if str(cause) else type(cause).__name__
         raise GraphCaptureError(
             f"this workload cannot be captured into a CUDA graph ({first}); time it eagerly "
             "instead (--timing eager)"

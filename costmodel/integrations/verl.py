@@ -218,13 +218,13 @@ def _check_enough_sequences(
     align = divided_by or 1
     need = -(-max(min_count or 1, 1) // align) * align
     have = lengths.size // dp_size
-    if have >= need:
-        return
+    if have >= need or have < 1:
+        return  # enough, or too few for dp_size itself: build_schedule's message names it
     asks = [f"{name}={value}" for name, value in (("min_num_micro_batch", min_count),
                                                   ("num_batches_divided_by", divided_by))
             if value is not None and value > 1]
     if not asks:
-        return  # too few sequences for dp_size itself: build_schedule's message names it
+        return
     where = " per rank" if dp_size > 1 else ""
     raise ValueError(
         f"{' and '.join(asks)} ask{'s' if len(asks) == 1 else ''} for {need} micro-batches{where}, but there are only {have} "

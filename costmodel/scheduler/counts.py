@@ -222,18 +222,19 @@ def _place_grouped_tight(
     sample short at m + 1 may pack at m; a rank that did not pack may after a swap of
     groups). So every count below the fewest that left a rank short of samples is tried
     again, most room first, with the tight packer and group swaps, under one budget for
-    all; then those counts and that fewest one again, placing groups by count alone where
-    the token budget left a rank short. Rarely reached: tight inputs only (a few samples
+    all; then, under a second budget, those counts and that fewest one again, placing
+    groups by count alone where the token budget left a rank short. Rarely reached: tight inputs only (a few samples
     per micro-batch).
     """
     short_at = min([x for x, why in failed if why == "samples"], default=m_range[2] + 1)
     retried = list(range(m_range[0], short_at, g.align))[::-1][:_LAST_TRIES]
     by_count = ([short_at] if short_at <= m_range[2] else []) + retried[: _LAST_TRIES - 1]
-    tries = [(m, False) for m in retried] + [(m, True) for m in by_count]
-    for m, count_only in tries:
-        placed = g.place(m, tight=_REPAIR_SAMPLES // len(tries), by_count=count_only)
-        if not isinstance(placed, str):
-            return placed[0], placed[1], m
+    # Each pass its own budget: the first one's is what it had before the second came in.
+    for counts, count_only in ((retried, False), (by_count, True)):
+        for m in counts:
+            placed = g.place(m, tight=_REPAIR_SAMPLES // len(counts), by_count=count_only)
+            if not isinstance(placed, str):
+                return placed[0], placed[1], m
     again = f", then {retried} with a tighter packer and swaps of groups" if retried else ""
     raise ValueError(
         f"could not pack {g.lens.size} samples in {int(g.groups.max()) + 1} groups into {g.dp} "

@@ -254,14 +254,17 @@ def place_groups(
     )
     budget = m * (cap - short + 1)
     rank_of_unit = _greedy(units, dp, budget)
-    if not _fix_counts(rank_of_unit, units, dp, m):
+    counts_ok = _fix_counts(rank_of_unit, units, dp, m)
+    if not counts_ok:
         rank_of_unit = _greedy_by_count(units, dp, budget)
-        if not _fix_counts(rank_of_unit, units, dp, m) and by_count:
-            # The token budget is a guess at what packs; here the packer judges instead
-            # (groups of 4, 3, 2 and 1 samples split 5/5 only over it).
-            rank_of_unit = _greedy_by_count(units, dp, np.iinfo(np.int64).max)
-        if not _fix_counts(rank_of_unit, units, dp, m):
-            return "samples"
+        counts_ok = _fix_counts(rank_of_unit, units, dp, m)
+    if not counts_ok and by_count:
+        # The token budget is a guess at what packs; here the packer judges instead
+        # (groups of 4, 3, 2 and 1 samples split 5/5 only over it).
+        rank_of_unit = _greedy_by_count(units, dp, np.iinfo(np.int64).max)
+        counts_ok = _fix_counts(rank_of_unit, units, dp, m)
+    if not counts_ok:
+        return "samples"
     tol = rel_tol * int(units.cost.sum()) / dp
     for sweep in range(max_sweeps):
         if _sweep(rank_of_unit, units, dp, budget, m, tol, fold=sweep % 2 == 0) == 0:
