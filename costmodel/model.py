@@ -115,6 +115,9 @@ class CostModel:
         self.provenance = dict(provenance or {})
         self.reference_tokens = int(reference_tokens)
         self.extra: dict[str, Any] = dict(extra or {})
+        # Fingerprints of other model shapes this model was loaded for with
+        # allow_other_shape=True: the scheduler accepts it for those, and refuses others.
+        self.accepted_shapes: set[str] = set()
         self._tables: dict[str, _Tables] = {}
 
     # ---- introspection --------------------------------------------------------------------
@@ -432,7 +435,10 @@ def load_cost_model(
                    "measured curves", info.key, model_name)
     from costmodel.estimate import estimate_cost_model  # here: estimate builds on CostModel
 
-    return estimate_cost_model(model_spec, info)
+    model = estimate_cost_model(model_spec, info)
+    if spec is not None and spec.fingerprint() != model_spec.fingerprint():
+        model.accepted_shapes.add(spec.fingerprint())  # allowed above
+    return model
 
 
 def cached_cost_model(

@@ -360,7 +360,7 @@ def from_document(
     extra = {k: doc.get(k) for k in _EXTRA_FIELDS}
     extra["source"] = source
     try:
-        return cls(
+        model = cls(
             spec=file_spec,
             gpu=gpu_name,
             gpu_key=gpu.get("key"),
@@ -372,4 +372,7 @@ def from_document(
         )
     except ValueError as err:
         raise _fail(source, str(err)) from None
+    if spec is not None and spec.fingerprint() != file_spec.fingerprint():
+        model.accepted_shapes.add(spec.fingerprint())  # allowed above
+    return model
 

@@ -299,3 +299,26 @@ def test_min_num_microbatches_is_met_exactly_when_it_binds():
         s = build_schedule(lens, dp_size=1, max_tokens_per_microbatch=cap,
                            min_num_microbatches=want)
         assert len(s.microbatches[0]) == want
+
+
+def test_a_cost_model_object_for_another_shape_is_refused_unless_allowed():
+    """By name a cost model for another shape was refused, as an object it was used
+    silently (a fuzz): now both are refused unless loaded with allow_other_shape for it."""
+    from costmodel import load_cost_model
+    from costmodel.spec import ModelSpec
+
+    lengths = [100] * 8
+    measured = load_cost_model("h200/qwen3-8b")
+    with pytest.raises(ValueError, match="cost model for 'qwen3-8b' .* given with spec 'qwen3-32b'"):
+        build_schedule(lengths, dp_size=2, max_tokens_per_microbatch=1000, cost=measured,
+                       spec="qwen3-32b")
+    other = ModelSpec.from_preset("qwen3-32b")
+    for name in ("h200/qwen3-8b", "h100/qwen3-8b"):  # a measured file, an estimate
+        allowed = load_cost_model(name, spec=other, allow_other_shape=True)
+        build_schedule(lengths, dp_size=2, max_tokens_per_microbatch=1000, cost=allowed,
+                       spec=other)
+        with pytest.raises(ValueError, match="given with spec 'llama-3.1-8b'"):
+            build_schedule(lengths, dp_size=2, max_tokens_per_microbatch=1000, cost=allowed,
+                           spec="llama-3.1-8b")  # allowed for qwen3-32b only
+    build_schedule(lengths, dp_size=2, max_tokens_per_microbatch=1000, cost=measured,
+                   spec="qwen3-8b")  # its own shape

@@ -317,6 +317,26 @@ def flops_cost(spec: Any, mode: str = "train", fixed: float = 0.0) -> AdditiveCo
 _MODES = ("train", "forward")
 
 
+def _check_shape(model: Any, spec: Any) -> None:
+    """A cost model object with a ``spec`` of another model shape is refused, as a cost model
+    named by path or name is, unless it was loaded with allow_other_shape for that spec."""
+    model_spec = getattr(model, "spec", None)
+    if spec is None or not hasattr(model_spec, "fingerprint"):
+        return
+    from costmodel.spec import ModelSpec
+
+    spec = spec if isinstance(spec, ModelSpec) else ModelSpec.from_any(spec)
+    wanted = spec.fingerprint()
+    if wanted == model_spec.fingerprint() or wanted in getattr(model, "accepted_shapes", ()):
+        return
+    raise ValueError(
+        f"cost model for {model_spec.name!r} (shape {model_spec.fingerprint()}) given with "
+        f"spec {spec.name!r} (shape {wanted}): give the cost model of the model being "
+        f"scheduled, or load this one with load_cost_model(..., spec=spec, "
+        f"allow_other_shape=True) to use its curves anyway"
+    )
+
+
 def as_cost(cost: Any = "tokens", spec: Any = None, mode: str = "train") -> Cost:
     """Turn what a caller passed as ``cost`` into a `Cost` (see the module docstring).
 
@@ -349,6 +369,7 @@ def as_cost(cost: Any = "tokens", spec: Any = None, mode: str = "train") -> Cost
             raise ValueError(f"cost {cost!r} is not 'tokens' or 'flops', and {err}") from None
         return ModelCost(model, mode)
     if hasattr(cost, "microbatch_costs") or hasattr(cost, "microbatch_cost"):
+        _check_shape(cost, spec)
         return ModelCost(cost, mode)
     if callable(cost):
         return CallableCost(cost)
