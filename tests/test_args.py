@@ -92,6 +92,12 @@ def test_cost_model_of_another_shape_is_an_error_unless_opted_in(cost_model_file
     args = parse([*FLOPS_ARGV, "--cost-model", cost_model_file, "--cost-model-allow-other-shape"])
     model = validate_args(args, spec=OTHER)
     assert model.spec.fingerprint() == SPEC.fingerprint()
+    from costmodel.scheduler import build_schedule
+
+    # ... and the scheduler takes it for OTHER, the shape it was allowed for.
+    kwargs = scheduler_from_args(args, OTHER)
+    assert kwargs["cost"] is model and kwargs["spec"] is OTHER
+    build_schedule([900, 3000, 120, 4000], dp_size=2, **kwargs)
 
 
 @pytest.mark.parametrize("content", [None, "{not json", "[1, 2]", '{"schema": "other/9"}'])
