@@ -525,7 +525,7 @@ def test_a_tight_handful_is_packed_by_search_where_best_fit_strands_a_sample():
 
 def test_one_micro_batch_packs_at_once():
     """Grouped placement packs every rank on its own: with one micro-batch per rank and a
-    thousand short samples each, the level rounds took 1.8 s over 64 ranks (a fuzz)."""
+    thousand short samples each, the level rounds took 0.86 s over 64 ranks (a fuzz)."""
     from costmodel.scheduler.pack import pack_tokens
 
     lengths = np.random.default_rng(0).integers(1, 17, 1024)

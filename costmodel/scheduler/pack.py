@@ -46,8 +46,8 @@ def pack_tokens(
     """
     if k == 1 and lengths.size and (lengths.size == 1 or int(lengths.sum()) <= cap):
         # One micro-batch that holds them all: the rounds below would take up to
-        # _MAX_ROUNDS numpy passes to find that (30 ms for 1,000 short samples; grouped
-        # placement packs each rank on its own, so 64 ranks of them took 1.8 s).
+        # _MAX_ROUNDS numpy passes to find that (13 ms for 1,000 short samples; grouped
+        # placement packs each rank on its own, so 64 ranks of them took 0.86 s).
         return np.zeros(lengths.size, dtype=np.int64), 0
     if order is None:
         order = np.lexsort((np.arange(lengths.size), -lengths))
