@@ -55,10 +55,12 @@ TUNE_CANDIDATES: dict[str, dict[int, list[tuple[int, ...]]]] = {
         # as m64n16 wgmmas (n8 across the diagonal) — narrow instructions that keep tensor
         # cores far below peak. These give N >= 32 (BLOCK_N = 128 rows: one warpgroup per
         # 64 rows, N = BLOCK_M) with stack frames of 0-224 B, and a diagonal step of 32-64;
-        # the last one fuses dq (a FUSE_DQ build at 32x128 falls back to mma.sync for dq).
-        128: [(32, 64, 8, 2), (32, 128, 8, 1, 0, 32), (32, 128, 8, 2, 0, 32),
-              (64, 128, 8, 1, 0, 32), (64, 128, 8, 1, 0, 64), (64, 128, 8, 2, 0, 64),
-              (64, 128, 8, 1, 1, 64)],
+        # the second fuses dq (5 matmuls to 7, as flash-attention 2; a FUSE_DQ build at
+        # 32x128 falls back to mma.sync for dq), timed early so that a step cut short by its
+        # timeout has it.
+        128: [(32, 64, 8, 2), (64, 128, 8, 1, 1, 64), (32, 128, 8, 1, 0, 32),
+              (32, 128, 8, 2, 0, 32), (64, 128, 8, 1, 0, 32), (64, 128, 8, 1, 0, 64),
+              (64, 128, 8, 2, 0, 64)],
     },
     "dq": {
         64: [(128, 32, 8, 3), (128, 64, 8, 2), (64, 64, 4, 2), (64, 32, 4, 3)],
