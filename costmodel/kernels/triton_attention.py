@@ -222,6 +222,7 @@ def _launch(
     if override is not None:
         cfg = dict(override)
         warps, stages = cfg.pop("num_warps", 4), cfg.pop("num_stages", 2)
+        cfg.pop("FUSE_DQ", None)  # a launch argument, not a config key (`_fuses_dq`)
         kernel[grid_fn(cfg)](*args, HEAD_DIM=head_dim, num_warps=warps, num_stages=stages, **cfg)
         return
     configs = _CONFIGS[kernel_name][head_dim]
@@ -856,8 +857,6 @@ def _backward(do, q, k, v, o, lse, cu_seqlens, max_seqlen, sm_scale, configs):
     # dq kernel recomputing P and dP (7).
     dkdv_cfg = configs.get("dkdv")
     fuse_dq = _fuses_dq(dkdv_cfg, head_dim)
-    if dkdv_cfg is not None:
-        dkdv_cfg = {key: value for key, value in dkdv_cfg.items() if key != "FUSE_DQ"}
     if fuse_dq:
         dq = torch.zeros((total, num_heads, head_dim), dtype=torch.float32, device=q.device)
     else:
