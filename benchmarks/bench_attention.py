@@ -344,10 +344,10 @@ def tune(
     def time_configs(L, lengths, ins, do, kernel, cand, configs):
         mode = "fwd" if kernel == "fwd" else "fwd+bwd"
         try:  # a fast but wrong config must never win: checked against float64 and the
-            gate = gate_error(configs)  # first choices
+            row_err = gate_error(configs)  # first choices
             err = max(map(_rel_err, results(ins, do, configs), reference))
-            why = (f"wrong results: row error {gate:.1e} against float64 on a varlen pack"
-                   if gate > MAX_GATE_ROW_ERR else None)
+            why = (f"wrong results: row error {row_err:.1e} against float64 on a varlen pack"
+                   if row_err > MAX_GATE_ROW_ERR else None)
             if why is None and err > MAX_TUNE_REL_ERR:
                 why = f"wrong results: relative error {err:.1e}"
         except Exception as exc:  # OutOfResources & co: recorded, not hidden
@@ -375,7 +375,7 @@ def tune(
             return
         flops = attention_flops(lengths, h, hkv, d, mode)
         rows.append({"L": L, "kernel": kernel, "config": cand, "mode": mode, "ms": ms,
-                     "tflops": flops / ms / 1e9, "rel_err": err, "gate_row_err": gate})
+                     "tflops": flops / ms / 1e9, "rel_err": err, "gate_row_err": row_err})
         # As it goes: a session cut short by its timeout still logs what was timed.
         print(f"tune L={L} {kernel} {cand}: {ms:.3f} ms {mode}", file=sys.stderr, flush=True)
 
@@ -649,14 +649,14 @@ def main(argv: list[str] | None = None) -> int:
         elif args.tune_first:
             tuning = tune(argparse.Namespace(**{**vars(args), "quick": True}), argv, ("dkdv", "dq"))
             _print_tuning(tuning)
-            try:
-                if tuning.get("interrupted"):
-                    raise KeyboardInterrupt  # the step's time is up: no table
-                result = run(args, argv, triton_configs=tuning["best"])
-            except KeyboardInterrupt:
-                # The GPU session's step timeout (SIGINT) during the table: keep the tuning,
-                # what that step is for, rather than nothing.
-                print("interrupted during the table: writing the tuning only", file=sys.stderr)
+            result = None
+            if not tuning.get("interrupted"):  # else the step's time is up: no table
+                try:
+                    result = run(args, argv, triton_configs=tuning["best"])
+                except KeyboardInterrupt:  # the step's timeout (SIGINT) during the table
+                    print("interrupted during the table: writing the tuning only",
+                          file=sys.stderr)
+            if result is None:  # keep the tuning, what that step is for, rather than nothing
                 result = {"provenance": tuning["provenance"], "rows": [], "unavailable": {},
                           "tuned_configs": tuning["best"], "interrupted": True}
             result["tune_rows"] = tuning["tune_rows"]
