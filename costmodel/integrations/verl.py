@@ -41,6 +41,7 @@ import numpy as np
 
 from costmodel.checks import positive_int
 from costmodel.scheduler import build_schedule, karmarkar_karp
+from costmodel.scheduler.bounds import round_up
 from costmodel.scheduler.costs import AdditiveCost
 
 __all__ = [
@@ -215,21 +216,21 @@ def _check_enough_sequences(
     micro-batches asked for (each micro-batch holds at least one)."""
     if lengths.ndim != 1 or not isinstance(dp_size, int) or dp_size < 1:
         return  # build_schedule says what is wrong with these
-    align = divided_by or 1
-    need = -(-max(min_count or 1, 1) // align) * align
+    need = round_up(max(min_count or 1, 1), divided_by or 1)
     have = lengths.size // dp_size
     if have >= need or have < 1:
         return  # enough, or too few for dp_size itself: build_schedule's message names it
-    asks = [f"{name}={value}" for name, value in (("min_num_micro_batch", min_count),
-                                                  ("num_batches_divided_by", divided_by))
-            if value is not None and value > 1]
-    if not asks:
+    asking = {name: value for name, value in (("min_num_micro_batch", min_count),
+                                              ("num_batches_divided_by", divided_by))
+              if value is not None and value > 1}
+    if not asking:
         return
     where = " per rank" if dp_size > 1 else ""
+    given = " and ".join(f"{name}={value}" for name, value in asking.items())
     raise ValueError(
-        f"{' and '.join(asks)} ask{'s' if len(asks) == 1 else ''} for {need} micro-batches{where}, but there are only {have} "
-        f"sequences{where} (a micro-batch holds at least one): lower "
-        f"{' or '.join(a.split('=')[0] for a in asks)}, or bring more sequences"
+        f"{given} ask{'s' if len(asking) == 1 else ''} for {need} micro-batches{where}, but "
+        f"there are only {have} sequences{where} (a micro-batch holds at least one): lower "
+        f"{' or '.join(asking)}, or bring more sequences"
     )
 
 

@@ -323,9 +323,9 @@ def _check_shape(model: Any, spec: Any) -> None:
     model_spec = getattr(model, "spec", None)
     if spec is None or not hasattr(model_spec, "fingerprint"):
         return
-    from costmodel.spec import ModelSpec
+    from costmodel.spec import as_spec
 
-    spec = spec if isinstance(spec, ModelSpec) else ModelSpec.from_any(spec)
+    spec = as_spec(spec)
     wanted = spec.fingerprint()
     if wanted == model_spec.fingerprint() or wanted in getattr(model, "accepted_shapes", ()):
         return
