@@ -223,8 +223,8 @@ def _place_grouped_tight(
     groups). So every count below the fewest that left a rank short of samples is tried
     again, most room first, with the tight packer and group swaps, under one budget for
     all; then, under a second budget, those counts and that fewest one again, placing
-    groups by count alone where the token budget left a rank short. Rarely reached: tight inputs only (a few samples
-    per micro-batch).
+    groups by count alone where the token budget left a rank short. Rarely reached: tight
+    inputs only (a few samples per micro-batch).
     """
     short_at = min([x for x, why in failed if why == "samples"], default=m_range[2] + 1)
     retried = list(range(m_range[0], short_at, g.align))[::-1][:_LAST_TRIES]

@@ -7,12 +7,12 @@ multiple of ``align``, none empty; the same result in every process).
 
 How (each step justified by ``benchmarks/bench_scheduler.py``):
 
-1. Micro-batches per rank, ``m`` (`counts`): the fewest that can hold the samples — a bin-packing
-   lower bound (samples over the cap alone; no two samples over half the cap together;
-   total tokens / cap), spread over the ranks, rounded up to a multiple of ``align``, and
-   raised just enough that a level fill leaves room for the shortest samples. Full
-   micro-batches amortise the fixed cost per micro-batch, so no more are asked for unless
-   packing fails, in which case ``m`` grows by about 1%.
+1. Micro-batches per rank, ``m`` (`counts`): the fewest that can hold the samples — a
+   bin-packing lower bound (samples over the cap alone; no two samples over half the cap
+   together; total tokens / cap), spread over the ranks, rounded up to a multiple of
+   ``align``, and raised just enough that a level fill leaves room for the shortest
+   samples. Full micro-batches amortise the fixed cost per micro-batch, so no more are
+   asked for unless packing fails, in which case ``m`` grows by about 1%.
 2. Without groups (`pack`): pack all samples by tokens into ``dp × m`` level micro-batches,
    give each rank ``m`` of them balancing their true costs, then (`refine`) move and swap
    single samples between paired ranks, judged by the true cost of the micro-batches they
