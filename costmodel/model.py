@@ -120,6 +120,12 @@ class CostModel:
         self.accepted_shapes: set[str] = set()
         self._tables: dict[str, _Tables] = {}
 
+    def accept_shape_of(self, spec: ModelSpec | None) -> None:
+        """Accept ``spec``'s shape too: the caller loaded this model for it on purpose
+        (``allow_other_shape=True``), so a scheduler given both balances by it."""
+        if spec is not None and spec.fingerprint() != self.spec.fingerprint():
+            self.accepted_shapes.add(spec.fingerprint())
+
     # ---- introspection --------------------------------------------------------------------
     @property
     def modes(self) -> list[str]:
@@ -436,8 +442,7 @@ def load_cost_model(
     from costmodel.estimate import estimate_cost_model  # here: estimate builds on CostModel
 
     model = estimate_cost_model(model_spec, info)
-    if spec is not None and spec.fingerprint() != model_spec.fingerprint():
-        model.accepted_shapes.add(spec.fingerprint())  # allowed above
+    model.accept_shape_of(spec)  # allowed above
     return model
 
 

@@ -372,7 +372,6 @@ def from_document(
         )
     except ValueError as err:
         raise _fail(source, str(err)) from None
-    if spec is not None and spec.fingerprint() != file_spec.fingerprint():
-        model.accepted_shapes.add(spec.fingerprint())  # allowed above
+    model.accept_shape_of(spec)  # allowed above
     return model
 

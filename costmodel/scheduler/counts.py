@@ -66,27 +66,30 @@ def pack_and_assign(
     lens: np.ndarray,
     by_length: np.ndarray,
     q: np.ndarray,
-    dp: int,
-    m_floor: int,
-    m_start: int,
-    m_max: int,
-    align: int,
-    cap: int,
     cost: Cost,
     scale: float,
+    *,
+    dp: int,
+    m_range: tuple[int, int, int],
+    align: int,
+    cap: int,
     exact: bool = False,
 ) -> tuple[np.ndarray, np.ndarray, int, np.ndarray]:
     """Pack by tokens into dp × m micro-batches (fewest m that works), then give each
     rank m of them balancing their true costs. Returns (rank_of, bin_of, m, bin costs).
-    ``exact``: ``m_start`` is a count the caller asked for; when levelling fails there,
-    best-fit packing is tried at that count too before growing.
+    ``q``: the samples' quantised costs, ``scale`` the quantisation's (bin costs of a
+    non-additive ``cost`` are quantised the same way).
 
-    The search starts at ``m_start`` (a guess that leaves room for a level fill) and grows
-    on failure. When the guess packs at once, fewer micro-batches are tried down to
-    ``m_floor``, kept while their total cost is lower: a micro-batch saved is a fixed cost
-    saved, but fuller micro-batches can cost more per token (a measured H200 profile of
-    Qwen3-8B has both), so the cost decides, not the count.
+    ``m_range``: (lowest possible, where to start, highest possible), as `place_grouped`.
+    The search starts at a guess that leaves room for a level fill and grows on failure.
+    When the guess packs at once, fewer micro-batches are tried down to the lowest, kept
+    while their total cost is lower: a micro-batch saved is a fixed cost saved, but fuller
+    micro-batches can cost more per token (a measured H200 profile of Qwen3-8B has both),
+    so the cost decides, not the count. ``exact``: the start is a count the caller asked
+    for; when levelling fails there, best-fit packing is tried at that count too before
+    growing.
     """
+    m_floor, m_start, m_max = m_range
 
     def bin_costs(bins: np.ndarray, k: int) -> np.ndarray:
         if cost.additive:

@@ -321,7 +321,8 @@ def build_schedule(
 
     if groups is None:
         rank_of, bin_of, m, bin_q = pack_and_assign(
-            lens, by_length, q, dp, m_lb, m_start, m_max, align, cap, cost_obj, scale, exact
+            lens, by_length, q, cost_obj, scale, dp=dp, m_range=(m_lb, m_start, m_max),
+            align=align, cap=cap, exact=exact,
         )
     else:
         grouped = Grouped(lens, q, groups, dp, align, cap, short)
