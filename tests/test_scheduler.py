@@ -376,6 +376,32 @@ def test_cost_model_objects_with_and_without_a_vectorised_method():
     check_schedule(b, lengths, dp=4, cap=16384)
 
 
+def test_cost_objects_that_cannot_be_hashed_are_read_as_well():
+    """Whether a cost model's method takes ``mode`` is cached by function; a method that is
+    an unhashable callable object is read each time, with the same answer."""
+
+    class Unhashable:
+        __hash__ = None  # type: ignore[assignment]
+
+        def __init__(self):
+            self.modes = []
+
+        def __call__(self, lengths, mode="train"):
+            self.modes.append(mode)
+            return 1.0 + float(np.sum(lengths))
+
+    class Model:
+        def __init__(self):
+            self.microbatch_cost = Unhashable()
+
+    lengths = [5, 7, 9, 3, 11, 2]
+    model = Model()
+    s = build_schedule(lengths, dp_size=2, max_tokens_per_microbatch=16, cost=model,
+                       mode="forward")
+    check_schedule(s, np.array(lengths), dp=2, cap=16)
+    assert model.microbatch_cost.modes and set(model.microbatch_cost.modes) == {"forward"}
+
+
 # -- determinism ----------------------------------------------------------------------------
 
 _DIGEST_SCRIPT = r"""
