@@ -28,10 +28,11 @@ __all__ = ["estimate_cost_model"]
 # The large-size rates are those the H200 session of 2026-11-30 measured for Qwen3-8B
 # (costmodel/profiles/h200/qwen3-8b.json, GPU-bound there, so timing mode does not
 # matter): a layer's token-linear part (GEMMs with the norms, rotary and activations
-# between them) ran at 55-60% of peak from 4k tokens, and half of that at ~96 tokens (one
-# 128-row tile); torch-varlen attention (calibrate's default backend, flash-attention-2
-# class) at 35% of peak forward from 16k, half of it at 768 tokens, and its forward+backward
-# took 3.6-3.8x the forward time from 4k. With the earlier, higher guesses (72%, 55%, 3.5x)
+# between them) ran at 55-60% of peak from 4k tokens (half of that at ~96 tokens, one
+# 128-row tile, is still assumed: below ~2k tokens that session was launch-bound);
+# torch-varlen attention (calibrate's default backend, flash-attention-2 class) at 35% of
+# peak forward from 16k, half of it at 600-950 tokens, and its forward+backward took
+# 3.6-3.8x the forward time from 4k. With the earlier, higher guesses (72%, 55%, 3.5x)
 # this estimate predicted that session's measured micro-batches 22-23% too fast (>= 1k
 # tokens); see `test_estimate_is_close_to_the_measured_h200_stack`.
 _LAYER_FLOOR_MS = {"forward": 0.45, "train": 1.35}
