@@ -566,6 +566,33 @@ def test_one_micro_batch_packs_at_once():
     assert s.num_microbatches == 1 and s.cap_violations == 0
 
 
+def test_ranks_packed_one_by_one_share_the_rounds(monkeypatch):
+    """Grouped placement packs each rank on its own: 64 ranks of 1,024 short samples in 9
+    micro-batches took rounds of 4 samples, 16,000 numpy rounds (130 ms). The ranks now
+    share one packing's round budget, in water-filled rounds, with the same schedules."""
+    from costmodel.scheduler import groups, pack
+
+    rounds = {"level": 0, "all": 0}
+    level_round, argpartition = pack._level_round, np.argpartition
+
+    def counted_level(*args, **kwargs):
+        rounds["level"] += 1
+        return level_round(*args, **kwargs)
+
+    def counted_argpartition(*args, **kwargs):
+        rounds["all"] += 1
+        return argpartition(*args, **kwargs)
+
+    monkeypatch.setattr(pack, "_level_round", counted_level)
+    monkeypatch.setattr(pack.np, "argpartition", counted_argpartition)
+    lengths = np.random.default_rng(0).integers(1, 257, 65536)
+    s = build_schedule(lengths, dp_size=64, max_tokens_per_microbatch=16384,
+                       group_ids=np.arange(65536) // 8, cost="h200/qwen3-8b")
+    check_schedule(s, lengths, dp=64, cap=16384)
+    assert s.num_microbatches == 9 and s.imbalance < 1.001
+    assert rounds["level"] + rounds["all"] <= 64 * groups._RANK_ROUNDS + 64
+
+
 def test_zero_room_packing_is_found_as_before_the_level_rounds():
     """6 micro-batches for 3096 short samples with 4 tokens of room in all (found by a
     fuzz of 5000 inputs against the one-sample-per-round packer): water-filled rounds
@@ -579,7 +606,7 @@ def test_zero_room_packing_is_found_as_before_the_level_rounds():
     k, cap, lengths = int(saved[0]), int(saved[1]), saved[2:]
     assert k * cap - int(lengths.sum()) <= 4
     order = np.lexsort((np.arange(lengths.size), -lengths))
-    assert _pack_tokens(lengths, k, cap, order, level_rounds=True)[0] is None  # the case
+    assert _pack_tokens(lengths, k, cap, order, max_rounds=512)[0] is None  # the case
     bins, left = pack_tokens(lengths, k, cap)
     assert left == 0 and np.bincount(bins, weights=lengths, minlength=k).max() <= cap
     s = build_schedule(lengths, dp_size=1, max_tokens_per_microbatch=cap, min_num_microbatches=k)

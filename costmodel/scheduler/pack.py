@@ -29,7 +29,12 @@ _MAX_ROUNDS = 512
 
 
 def pack_tokens(
-    lengths: np.ndarray, k: int, cap: int, order: np.ndarray | None = None
+    lengths: np.ndarray,
+    k: int,
+    cap: int,
+    order: np.ndarray | None = None,
+    *,
+    max_rounds: int = _MAX_ROUNDS,
 ) -> tuple[np.ndarray | None, int]:
     """Pack samples into exactly ``k`` non-empty micro-batches under the cap, by tokens.
 
@@ -42,6 +47,9 @@ def pack_tokens(
     their round put them wait; at the end they go, longest first, to the micro-batches with
     the most room, in rounds, as long as any fits.
 
+    ``max_rounds``: about how many rounds short samples may take (see `_pack_tokens`); a
+    caller packing many ranks one by one shares `_MAX_ROUNDS` among them.
+
     Returns ``(micro-batch of each sample, 0)``, or ``(None, tokens that did not fit)``.
     """
     if k == 1 and lengths.size and (lengths.size == 1 or int(lengths.sum()) <= cap):
@@ -51,18 +59,18 @@ def pack_tokens(
         return np.zeros(lengths.size, dtype=np.int64), 0
     if order is None:
         order = np.lexsort((np.arange(lengths.size), -lengths))
-    bins, left, leveled = _pack_tokens(lengths, k, cap, order, level_rounds=True)
+    bins, left, leveled = _pack_tokens(lengths, k, cap, order, max_rounds=max_rounds)
     if bins is None and leveled:
         # Water-filled rounds can fail on a cap with no room to spare where one sample per
         # round fits (5 of 5000 fuzzed inputs): those few retry the slow way.
-        bins, left, _ = _pack_tokens(lengths, k, cap, order, level_rounds=False)
+        bins, left, _ = _pack_tokens(lengths, k, cap, order, max_rounds=0)
     return bins, left
 
 
 def _pack_tokens(
-    lengths: np.ndarray, k: int, cap: int, order: np.ndarray, *, level_rounds: bool
+    lengths: np.ndarray, k: int, cap: int, order: np.ndarray, *, max_rounds: int
 ) -> tuple[np.ndarray | None, int, bool]:
-    """`pack_tokens`, and whether a `_level_round` ran (never with ``level_rounds`` False)."""
+    """`pack_tokens`, and whether a `_level_round` ran (never with ``max_rounds`` 0)."""
     n = lengths.size
     lo = lengths[order]
     n_over = int((lo > cap).sum())
@@ -94,7 +102,7 @@ def _pack_tokens(
     # exceeds the open micro-batches and its longest sample is at most an even share of
     # its tokens (short samples: each micro-batch gets several), the round water-fills the
     # emptiest micro-batches instead (`_level_round`); a long sample's round stays one each.
-    many = -(-(n - pos) // _MAX_ROUNDS) if level_rounds else 0
+    many = -(-(n - pos) // max_rounds) if max_rounds > 0 else 0
     while pos < n:
         c = min(many, n - pos)
         if c > open_bins and int(lo[pos]) * open_bins <= int(lo[pos : pos + c].sum()):
