@@ -24,7 +24,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from costmodel.scheduler.pack import _MAX_ROUNDS, best_fit_pack, pack_tokens
+from costmodel.scheduler.pack import MAX_ROUNDS, best_fit_pack, pack_tokens
 from costmodel.scheduler.refine import pair_ranks
 
 __all__ = ["first_appearance_ids", "place_groups"]
@@ -303,7 +303,7 @@ def _pack_ranks(
     bounds = np.concatenate([[0], np.cumsum(np.bincount(rank_of, minlength=dp))])
     # The ranks share one packing's rounds: with rounds of a few samples each, 64 ranks of
     # 1,000 short samples in 9 micro-batches took 16,000 numpy rounds (130 ms).
-    rounds = max(_RANK_ROUNDS, _MAX_ROUNDS // dp)
+    rounds = max(_RANK_ROUNDS, MAX_ROUNDS // dp)
     for r in range(dp):
         idx = by_rank[bounds[r] : bounds[r + 1]]
         bins = _pack_rank(lens[idx], m, cap, tight, rounds)

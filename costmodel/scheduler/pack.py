@@ -25,7 +25,7 @@ _BIG = np.iinfo(np.int64).max
 # Up to this many micro-batches per rank, ranks are balanced with Karmarkar-Karp.
 _KK_MAX_ROUNDS = 64
 # At most about this many rounds of level filling in `pack_tokens` (see there).
-_MAX_ROUNDS = 512
+MAX_ROUNDS = 512
 
 
 def pack_tokens(
@@ -34,7 +34,7 @@ def pack_tokens(
     cap: int,
     order: np.ndarray | None = None,
     *,
-    max_rounds: int = _MAX_ROUNDS,
+    max_rounds: int = MAX_ROUNDS,
 ) -> tuple[np.ndarray | None, int]:
     """Pack samples into exactly ``k`` non-empty micro-batches under the cap, by tokens.
 
@@ -48,13 +48,13 @@ def pack_tokens(
     the most room, in rounds, as long as any fits.
 
     ``max_rounds``: about how many rounds short samples may take (see `_pack_tokens`); a
-    caller packing many ranks one by one shares `_MAX_ROUNDS` among them.
+    caller packing many ranks one by one shares `MAX_ROUNDS` among them.
 
     Returns ``(micro-batch of each sample, 0)``, or ``(None, tokens that did not fit)``.
     """
     if k == 1 and lengths.size and (lengths.size == 1 or int(lengths.sum()) <= cap):
         # One micro-batch that holds them all: the rounds below would take up to
-        # _MAX_ROUNDS numpy passes to find that (13 ms for 1,000 short samples; grouped
+        # MAX_ROUNDS numpy passes to find that (13 ms for 1,000 short samples; grouped
         # placement packs each rank on its own, so 64 ranks of them took 0.86 s).
         return np.zeros(lengths.size, dtype=np.int64), 0
     if order is None:
@@ -98,7 +98,7 @@ def _pack_tokens(
     pos = n_over + first
     # Many short samples per micro-batch (a few micro-batches for thousands of samples):
     # rounds of `half` would be thousands of numpy passes (0.3 s for 65k one-token samples
-    # in 4). So once a round of `many` samples (enough for at most _MAX_ROUNDS rounds)
+    # in 4). So once a round of `many` samples (enough for at most MAX_ROUNDS rounds)
     # exceeds the open micro-batches and its longest sample is at most an even share of
     # its tokens (short samples: each micro-batch gets several), the round water-fills the
     # emptiest micro-batches instead (`_level_round`); a long sample's round stays one each.
