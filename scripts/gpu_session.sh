@@ -147,8 +147,11 @@ echo "== session end after ${SECONDS}s, status $STATUS; files:"
 ls -la "$OUT"
 # At most 8 files come back: past that, everything but the log and the cost model goes
 # into one archive.
+# The list is read before tar starts: piped, find could list the archive tar was already
+# writing, and --remove-files then deleted it with everything in it (8 of 100 runs).
 if (( $(find "$OUT" -maxdepth 1 -type f | wc -l) > 8 )); then
-  (cd "$OUT" && find . -maxdepth 1 -type f ! -name session.log ! -name "$MODEL.json" \
-     -printf '%P\n' | tar czf results.tgz -T - --remove-files)
+  (cd "$OUT" && mapfile -t extra < <(find . -maxdepth 1 -type f ! -name session.log \
+     ! -name "$MODEL.json" ! -name results.tgz -printf '%P\n' | sort) \
+     && tar czf results.tgz --remove-files -- "${extra[@]}")
 fi
 exit $STATUS
