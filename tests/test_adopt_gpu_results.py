@@ -33,7 +33,8 @@ def _session_folder(tmp_path: Path) -> Path:
     attention["gate_row_err_first_choice"] = 0.012
     (out / "bench_attention.json").write_text(json.dumps(attention))
     shutil.copyfile(RESULTS / "bench_schedule_h200.json", out / "bench_schedule.json")
-    (out / "session.log").write_text("== session start\n")
+    (out / "session.log").write_text("== session start 2026-12-01T10:31:02Z on vm\n"
+                                     "== bench_mlp: rc=124 in 60s\n== SKIP calibrate_moe: 12s left\n")
     (out / "broken.json").write_text("{")
     return out
 
@@ -45,16 +46,20 @@ def test_ships_the_profile_and_results_and_summarises_them(adopt_script, tmp_pat
     assert (repo / "costmodel/profiles/h200/qwen3-8b.json").read_bytes() == (
         out / "qwen3-8b.json").read_bytes()
     for name in ("bench_attention_h200.json", "bench_schedule_h200.json",
-                 "gpu_session_h200_2026-11-30.log"):
+                 "gpu_session_h200_2026-12-01.log"):
         assert (repo / "benchmarks/results" / name).exists(), name
     text = capsys.readouterr().out
-    assert "13.2% on all sizes" in text  # the validation line of the profile
+    assert "train: >=1024 3.8% (target 2.5%: MISSED), all 13.2% (target 4.0%: MISSED)" in text
     assert "L=  8192: fwd 1.44x, fwd+bwd 0.70x" in text
+    assert "fwd+bwd for L >= 4096: at least 0.68x (target 0.8x: MISSED)" in text
     assert "tuned dkdv: {'BLOCK_M': 64" in text and "first choice now" in text
     assert "a FUSE_DQ dk/dv winner goes first in _CONFIGS['dkdv'] as it is" in text
     assert "varlen gate: row error 1.2e-02 against float64" in text
     assert "dp  64 calibrated makespan    139.02 ms" in text
+    assert "dp 64: 15.3% below tokens (met), no worse than flops (met), max/mean 1.036 (MISSED)" in text
     assert "skip broken.json: not a cost model" in text
+    assert "== bench_mlp: rc=124 in 60s" in text and "== SKIP calibrate_moe" in text
+    assert "now stale" in text and "no qwen3-8b.png" in text
 
 
 def test_dry_run_copies_nothing_and_an_empty_folder_ships_nothing(adopt_script, tmp_path, capsys):
@@ -111,3 +116,93 @@ def test_bench_files_inside_the_sessions_archive_are_shipped(adopt_script, tmp_p
     assert adopt_script.main([str(out)]) == 0
     shipped = tmp_path / "repo" / "benchmarks" / "results" / "bench_attention_h200.json"
     assert json.loads(shipped.read_text())["tuned_configs"]["dkdv"]["BLOCK_M"] == 64
+
+
+def test_a_second_session_shows_the_shipped_profile_and_keeps_the_first_log(
+        adopt_script, tmp_path, capsys):
+    out = _session_folder(tmp_path)
+    assert adopt_script.main([str(out)]) == 0
+    capsys.readouterr()
+    (out / "session.log").write_text("== session start 2026-12-01T14:05:00Z on vm\n")
+    assert adopt_script.main([str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "shipped now: validated (train, 120 micro-batches)" in text  # old next to new
+    results = tmp_path / "repo" / "benchmarks" / "results"
+    assert (results / "gpu_session_h200_2026-12-01.log").read_text().startswith(
+        "== session start 2026-12-01T10:31")  # the first session's log stays
+    assert (results / "gpu_session_h200_2026-12-01T1405.log").exists()
+
+
+def test_everything_in_the_archive_is_found_and_an_unvalidated_moe_profile_ships_by_name(
+        adopt_script, tmp_path, capsys):
+    """A review found: the plot and the MoE profile inside results.tgz were ignored, and
+    --unvalidated could only ship every unvalidated profile at once."""
+    import tarfile
+
+    out = _session_folder(tmp_path)
+    (out / "qwen3-8b.png").write_bytes(b"png")
+    doc = json.loads((out / "qwen3-8b.json").read_text())
+    doc.pop("validation")
+    doc["spec"]["name"] = "qwen3-4b"  # stands for the --quick MoE profile
+    (out / "qwen3-4b.json").write_text(json.dumps(doc))
+    with tarfile.open(out / "results.tgz", "w:gz") as tar:
+        for name in ("qwen3-8b.png", "qwen3-4b.json", "bench_attention.json"):
+            tar.add(out / name, arcname=name)
+            (out / name).unlink()
+    assert adopt_script.main([str(out), "--unvalidated", "qwen3-4b"]) == 0
+    repo = tmp_path / "repo"
+    assert (repo / "costmodel/profiles/h200/qwen3-4b.json").exists()
+    assert (repo / "benchmarks/results/qwen3-8b_h200.png").read_bytes() == b"png"
+    assert (repo / "benchmarks/results/bench_attention_h200.json").exists()
+    assert adopt_script.main([str(out), "--unvalidated", "qwen3-30b-a3b"]) == 0
+    assert "skip qwen3-4b.json: not validated" in capsys.readouterr().out
+
+
+def test_without_a_profile_the_bench_results_ship_under_their_gpu(adopt_script, tmp_path, capsys):
+    out = _session_folder(tmp_path)
+    (out / "qwen3-8b.json").unlink()
+    (out / "qwen3-8b.partial.json").write_text("{}")
+    assert adopt_script.main([str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "shipping the bench results only, under h200" in text
+    assert "calibrate --refit" in text and "qwen3-8b.partial.json" in text
+    assert (tmp_path / "repo/benchmarks/results/bench_attention_h200.json").exists()
+    for name in ("bench_attention.json", "bench_schedule.json"):
+        (out / name).unlink()
+    assert adopt_script.main([str(out)]) == 1
+    assert "pass --gpu KEY" in capsys.readouterr().err
+    (out / "bench_mlp.json").write_text(json.dumps({"rows": [], "provenance": {}}))
+    assert adopt_script.main([str(out), "--gpu", "h100", "--dry-run"]) == 0
+    assert "bench_mlp_h100.json" in capsys.readouterr().out
+    assert adopt_script.main([str(out), "--gpu", "v100"]) == 2
+    assert "unknown GPU" in capsys.readouterr().err
+
+
+def test_an_interrupted_tuning_never_replaces_a_table_and_a_broken_archive_is_skipped(
+        adopt_script, tmp_path, capsys):
+    out = _session_folder(tmp_path)
+    assert adopt_script.main([str(out)]) == 0
+    capsys.readouterr()
+    tuning = {"rows": [], "interrupted": True, "tuned_configs": {},
+              "tune_rows": [{"L": 8192, "kernel": "dq", "ms": 1.0, "gate_row_err": 0.01}]}
+    (out / "bench_attention.json").write_text(json.dumps(tuning))
+    (out / "results.tgz").write_bytes(b"\x1f\x8b truncated")
+    assert adopt_script.main([str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "skip results.tgz: unreadable" in text
+    assert "INTERRUPTED during tuning" in text and "no result rows" in text
+    results = tmp_path / "repo" / "benchmarks" / "results"
+    assert json.loads((results / "bench_attention_h200.json").read_text())["rows"]
+    assert json.loads((results / "bench_attention_partial_h200.json").read_text())["interrupted"]
+
+
+def test_gpu_test_results_are_summarised(adopt_script, tmp_path, capsys):
+    out = _session_folder(tmp_path)
+    (out / "pytest-gpu.xml").write_text(
+        '<testsuites><testsuite tests="3" failures="1" errors="0" skipped="1">'
+        '<testcase classname="tests.test_timer" name="test_cold"><failure/></testcase>'
+        '<testcase classname="tests.test_x" name="test_ok"/></testsuite></testsuites>')
+    assert adopt_script.main([str(out), "--dry-run"]) == 0
+    text = capsys.readouterr().out
+    assert "GPU tests: 3 ran, 1 failed, 0 errors, 1 skipped" in text
+    assert "FAILED tests.test_timer::test_cold" in text
