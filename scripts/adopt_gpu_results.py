@@ -164,6 +164,12 @@ def _profile_summary(model, shipped) -> list[str]:
                 parts.append(f"{split} {mape:.1%} (target {target:.1%}: {_verdict(mape <= target)})")
         lines.append(f"  {mode}: " + ", ".join(parts))
     if shipped is not None:
+        # An H200 NVL may report the SXM's name (costmodel/gpus.py): its power limit tells.
+        new_w, old_w = ((m.extra.get("device") or {}).get("power_limit_w") for m in (model, shipped))
+        if isinstance(new_w, (int, float)) and isinstance(old_w, (int, float)) and (
+                abs(new_w - old_w) > 0.1 * old_w):
+            lines.append(f"  POWER LIMIT {new_w:.0f} W, the shipped profile's GPU had {old_w:.0f} W: "
+                         "another variant of this GPU? then ship it under its own key")
         for mode in ("train", "forward"):
             lines.append(f"  shipped now: {shipped.validation_summary(mode) or f'{mode}: not validated'}")
     return lines

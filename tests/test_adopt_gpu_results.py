@@ -124,9 +124,13 @@ def test_a_second_session_shows_the_shipped_profile_and_keeps_the_first_log(
     assert adopt_script.main([str(out)]) == 0
     capsys.readouterr()
     (out / "session.log").write_text("== session start 2026-12-01T14:05:00Z on vm\n")
+    doc = json.loads((out / "qwen3-8b.json").read_text())
+    doc["device"]["power_limit_w"] = 600.0  # an NVL that reports the SXM's name
+    (out / "qwen3-8b.json").write_text(json.dumps(doc))
     assert adopt_script.main([str(out)]) == 0
     text = capsys.readouterr().out
     assert "shipped now: validated (train, 120 micro-batches)" in text  # old next to new
+    assert "POWER LIMIT 600 W, the shipped profile's GPU had 700 W" in text
     results = tmp_path / "repo" / "benchmarks" / "results"
     assert (results / "gpu_session_h200_2026-12-01.log").read_text().startswith(
         "== session start 2026-12-01T10:31")  # the first session's log stays
