@@ -28,9 +28,10 @@
 # Usage: OUT=/some/dir bash scripts/gpu_session.sh
 # --gpu auto: the registry key is the device's (h200, or h200-nvl on an NVL that says so);
 # ship the results afterwards, on the dev machine, under that key:
-#   PYTHONPATH=. python scripts/adopt_gpu_results.py "$OUT"
+#   PYTHONPATH=. python scripts/adopt_gpu_results.py "$OUT" [--unvalidated qwen3-30b-a3b]
 # (copies the measured profiles and result files after checking them, and prints the
-# numbers against the issues' targets), then make bench_attention.json's "tuned_configs"
+# numbers against the issues' targets; the MoE profile is a --quick, unvalidated one and
+# ships only when named), then make bench_attention.json's "tuned_configs"
 # the first choices of costmodel/kernels/triton_attention._CONFIGS (d=128) when they beat
 # the current ones.
 # Run it as: PYTHON=python3 LIMIT_S=460 OUT=$OUT bash scripts/gpu_session.sh
