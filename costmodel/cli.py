@@ -12,6 +12,7 @@ import argparse
 import importlib
 import logging
 import sys
+import traceback
 
 # Order is the order `costmodel --help` lists them in.
 _COMMAND_MODULES = (
@@ -73,6 +74,10 @@ def main(argv: list[str] | None = None) -> int:
         return int(args.func(args) or 0)
     except _USER_ERRORS as err:
         message = err.args[0] if isinstance(err, KeyError) and err.args else err
+        if args.verbose and not isinstance(err, ValueError):
+            # A RuntimeError may be torch's or CUDA's from deep inside a GPU path: with -v,
+            # where it came from (a GPU session gets one try).
+            traceback.print_exc(file=sys.stderr)
         print(f"costmodel {args.command}: error: {message}", file=sys.stderr)
         return 2
     except BrokenPipeError:  # `costmodel report ... | head`

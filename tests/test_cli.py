@@ -53,6 +53,26 @@ def test_user_errors_are_one_line(capsys):
     assert "positive" in capsys.readouterr().err
 
 
+def test_with_verbose_a_runtime_error_shows_where_it_came_from(capsys, monkeypatch):
+    """A GPU session runs with -v and gets one try: a torch or CUDA RuntimeError from deep
+    in a path that never ran there must say where it came from. A ValueError (bad input)
+    stays one line."""
+    from costmodel.commands import flops
+
+    def broken(args):
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    monkeypatch.setattr(flops, "run", broken)
+    assert main(["flops", "--model", "qwen3-8b"]) == 2
+    assert capsys.readouterr().err.count("\n") == 1
+    assert main(["-v", "flops", "--model", "qwen3-8b"]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" in err and "in broken" in err and err.endswith("illegal memory access was encountered\n")
+    monkeypatch.undo()
+    assert main(["-v", "flops", "--model", "gpt-9"]) == 2
+    assert "Traceback" not in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("target, says", [
     ("", "is empty; give a file path"),  # was ignored: exit 0 and nothing written
     ("/proc/costmodel-test.json", "cannot write there"),  # was found only at the write
