@@ -213,7 +213,13 @@ def test_real_layer_timer_path_on_cpu(tmp_path):
     tiny = ModelSpec(name="tiny", num_layers=2, hidden_size=32, num_heads=2, num_kv_heads=1,
                      head_dim=16, intermediate_size=64, vocab_size=64, dtype="fp32")
     timer = timer_mod.LayerTimer(tiny, attention="sdpa", dtype="fp32", device="cpu")
+    built = []
+    step = timer._step
+    timer._step = lambda lengths: built.append(list(lengths)) or step(lengths)
     assert timer([40, 7]) > 0 and timer.measure_rank([[40, 7], [12]]) > 0
+    # The first call also builds Triton's integer-class variants (token counts divisible by
+    # 16, not, and 1), untimed; later calls do not.
+    assert built == [[40, 7], [64], [65], [1], [40, 7], [12]]
     planned = bench.plan_benchmark(
         np.array([40, 7, 90, 12, 33, 64, 5, 20]), spec=tiny, cap=128, dp_sizes=[2],
         policies=["tokens", "flops"],
