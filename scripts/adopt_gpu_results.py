@@ -262,6 +262,8 @@ def _schedule_summary(doc: dict) -> list[str]:
             lines.append(f"  dp {check.get('dp_size')}: {json.dumps(check)}")
     if doc.get("unmeasured"):
         lines.append(f"  not measured: {doc['unmeasured']}")
+    if doc.get("error"):
+        lines.append(f"  FAILED part way: {doc['error']}")
     return lines
 
 

@@ -296,6 +296,29 @@ def test_stopping_early_writes_the_schedules_measured_in_full(stop, clock, tmp_p
     assert "calibrated" in captured.out  # the table of what was measured
 
 
+def test_an_error_while_measuring_writes_what_was_measured_and_fails(clock, tmp_path, capsys):
+    """A CUDA error or out-of-memory part way used to throw away everything measured: the
+    GPU session gets one try. It is reported, written, and the command exits non-zero."""
+    clock, total = clock
+
+    def failing(lengths):
+        if clock.t >= int(0.4 * total):
+            raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return clock.measure(lengths)
+
+    out = tmp_path / "b.json"
+    capsys.readouterr()
+    assert _run([*LIMITED, "-o", str(out)], measure=failing) == 2
+    doc = json.loads(out.read_text())
+    assert [(r["dp_size"], r["policy"]) for r in doc["runs"]] == [(4, "tokens"), (4, "calibrated")]
+    assert doc["error"].startswith("measuring stopped on an error: RuntimeError: CUDA out of memory")
+    assert "CUDA out of memory" in capsys.readouterr().err
+    clock.t = 0.0
+    with pytest.raises(RuntimeError, match="ZeroDivisionError"):  # nothing measured: an error
+        _run([*LIMITED, "-o", str(tmp_path / "none.json")], measure=lambda lengths: 1 / 0)
+    assert not (tmp_path / "none.json").exists()
+
+
 def test_a_time_limit_too_short_for_any_schedule(clock, capsys, monkeypatch):
     clock, _ = clock
     real = bench_schedule.run

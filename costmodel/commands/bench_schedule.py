@@ -219,16 +219,20 @@ def run(args: argparse.Namespace, *, measure=None) -> int:
         device = {"measurer": getattr(measure, "__name__", type(measure).__name__) + " (injected)"}
 
     progress = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
-    runs = bench.measure_benchmark(
-        planned, measure=measure, spec=spec, cost_model=cost_model, repeats=args.repeats,
-        warmup=args.warmup, progress=progress, deadline=deadline,
-    )
+    failure = None
+    try:
+        runs = bench.measure_benchmark(
+            planned, measure=measure, spec=spec, cost_model=cost_model, repeats=args.repeats,
+            warmup=args.warmup, progress=progress, deadline=deadline,
+        )
+    except bench.MeasurementFailed as err:  # report and write what was measured before it
+        runs, failure = err.runs, str(err)
     measured = {(r.dp_size, r.policy) for r in runs}
     unmeasured = [[dp, p] for dp in dp_sizes for p in policies if (dp, p) not in measured]
     if not runs:
         raise RuntimeError(
-            "stopped before any schedule was measured in full: raise --time-limit-s, or "
-            "measure less (--dp, --samples-per-rank, --policies, --repeats 1)"
+            failure or "stopped before any schedule was measured in full: raise "
+            "--time-limit-s, or measure less (--dp, --samples-per-rank, --policies, --repeats 1)"
         )
     if unmeasured:
         print(
@@ -268,6 +272,7 @@ def run(args: argparse.Namespace, *, measure=None) -> int:
                 "time_limit_s": args.time_limit_s,
             },
             "elapsed_s": round(time.perf_counter() - started, 1),
+            "error": failure,
             "unmeasured": unmeasured,
             "batches": {
                 str(dp): _summary(lengths_for_dp(dp)) for dp in dp_sizes
@@ -277,6 +282,10 @@ def run(args: argparse.Namespace, *, measure=None) -> int:
         }
         path = write_json_atomic(args.output, doc)
         print(f"wrote {path}")
+    if failure is not None:
+        print(f"costmodel bench-schedule: error: {failure} (the schedules above were "
+              "measured in full before it)", file=sys.stderr)
+        return 2
     return 0
 
 

@@ -304,6 +304,14 @@ def plan_benchmark(
     return planned
 
 
+class MeasurementFailed(RuntimeError):
+    """Measuring stopped on an error; ``runs`` holds the schedules measured in full before."""
+
+    def __init__(self, message: str, runs: list[PolicyRun]):
+        super().__init__(message)
+        self.runs = runs
+
+
 def measure_benchmark(
     planned: Planned,
     *,
@@ -316,7 +324,10 @@ def measure_benchmark(
     progress: Callable[[str], None] | None = None,
     deadline: float | None = None,
 ) -> list[PolicyRun]:
-    """Measure the micro-batches of `plan_benchmark`'s schedules and sum them per rank."""
+    """Measure the micro-batches of `plan_benchmark`'s schedules and sum them per rank.
+
+    An error while measuring raises `MeasurementFailed` carrying the runs measured in full
+    before it, so that a caller can still report them."""
     moe = spec.is_moe if moe_layer is None else moe_layer
     keys = [microbatch_key(mb) for run in planned for rank in run.microbatch_lengths for mb in rank]
     if progress is not None:
@@ -361,4 +372,6 @@ def measure_benchmark(
                 slowest_rank_direct_ms=direct, timing_noise=noise, noise_floor=floor,
             )
         )
+    if stopped is not None and stopped.startswith("error"):
+        raise MeasurementFailed(f"measuring stopped on an {stopped}", runs)
     return runs

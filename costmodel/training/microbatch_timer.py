@@ -61,7 +61,8 @@ def measure_microbatches(
     in time — one rank's micro-batches — lands on different keys each round. Keys never
     measured are absent from the result; a key measured in fewer rounds keeps the median
     of those it has. Returns the medians, why measuring stopped early (None when every
-    round finished), and the timing noise (`timing_noise`; None with fewer than 2 rounds).
+    round finished; "error: ..." when the measurer raised: what it measured before is
+    kept), and the timing noise (`timing_noise`; None with fewer than 2 rounds).
     """
     if repeats < 1:
         raise ValueError(f"repeats must be at least 1, got {repeats}")
@@ -91,12 +92,20 @@ def measure_microbatches(
                     f"round {r + 1}/{repeats}: {len(distinct)} micro-batches, "
                     f"{time.perf_counter() - start:.1f} s so far"
                 )
-    except (_TimeLimit, KeyboardInterrupt) as err:
+    except (_TimeLimit, KeyboardInterrupt, Exception) as err:
+        # An error (a CUDA one, out of memory) keeps what was measured too: a GPU session
+        # gets one try. `stopped` then starts with "error:", and callers say it failed.
         done = sum(1 for v in samples.values() if v)
-        stopped = "interrupted" if isinstance(err, KeyboardInterrupt) else "time limit reached"
+        if isinstance(err, KeyboardInterrupt):
+            stopped = "interrupted"
+        elif isinstance(err, _TimeLimit):
+            stopped = "time limit reached"
+        else:
+            stopped = f"error: {type(err).__name__}: {err}"
         logger.warning(
             "%s after %.1f s: keeping what was measured (%d of %d micro-batches at least once)",
             stopped, time.perf_counter() - start, done, len(distinct),
+            exc_info=stopped.startswith("error"),
         )
     medians = {k: float(np.median(v)) for k, v in samples.items() if v}
     return medians, stopped, timing_noise(samples)
