@@ -179,13 +179,17 @@ def measure(tokens: int, hidden: int, ffn: int, *, device, dtype, timer: Timer,
 def measure_rows(
     tokens: list[int], measure_one: Callable[[int, Timer | None], dict], gpu_timer: Timer | None
 ) -> tuple[list[dict], list[dict]]:
-    """A row per token count, and an error entry for each that failed (printed, never fatal).
-    After a failed capture no more are tried: it can leave the caching allocator's capture
+    """A row per token count, and an error entry for each that failed (printed, never fatal;
+    an interrupt ends the loop with the rows so far). After a failed capture no more are tried: it can leave the caching allocator's capture
     state behind (torch skips releasing the pool), under every later measurement."""
     rows, errors = [], []
     for t in tokens:
         try:
             rows.append(measure_one(t, gpu_timer))
+        except KeyboardInterrupt:  # the GPU session's step timeout: keep the rows so far
+            errors.append({"tokens": t, "error": "interrupted (the step's time ran out)"})
+            print(f"note: interrupted at {t} tokens: keeping {len(rows)} rows", file=sys.stderr)
+            break
         except Exception as exc:  # recorded in the JSON and printed
             first = str(exc).splitlines()[0] if str(exc) else ""
             errors.append({"tokens": t, "error": f"{type(exc).__name__}: {first}"})

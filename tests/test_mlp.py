@@ -344,3 +344,19 @@ def test_bench_mlp_captures_nothing_after_a_failed_capture(load_benchmark, capsy
     assert [r["tokens"] for r in rows] == [1, 2, 4]
     assert errors == [{"tokens": 3, "error": "ValueError: too big"}]
     assert "3 tokens failed" in capsys.readouterr().err
+
+
+def test_bench_mlp_keeps_its_rows_when_the_step_timeout_interrupts(load_benchmark, capsys):
+    """The GPU session's step timeout sends SIGINT: the rows measured so far are kept (and
+    written), not lost with the whole benchmark."""
+    bench = load_benchmark("bench_mlp")
+
+    def measure_one(t, gpu):
+        if t == 3:
+            raise KeyboardInterrupt
+        return {"tokens": t}
+
+    rows, errors = bench.measure_rows([1, 2, 3, 4], measure_one, None)
+    assert [r["tokens"] for r in rows] == [1, 2]
+    assert errors == [{"tokens": 3, "error": "interrupted (the step's time ran out)"}]
+    assert "keeping 2 rows" in capsys.readouterr().err
