@@ -386,6 +386,10 @@ def test_calibrate_and_validate_commands_with_a_synthetic_device(tmp_path, monke
     text = capsys.readouterr().out
     assert "validation: 20 random micro-batches" in text
     assert "timing: CUDA-graph replays" in text
+    # Where a workload cannot be captured, validation can time plain calls instead.
+    assert main(["validate", str(out), "--count", "8", "--layers", "1", "--timing", "eager"]) == 0
+    assert timer_kwargs[-1]["timing"] == "eager"
+    assert json.loads(out.read_text())["validation"]["timing"] == "eager"
 
 
 def test_sigterm_during_calibrate_saves_a_partial_file_that_refits(tmp_path, monkeypatch, capsys):

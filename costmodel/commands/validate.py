@@ -36,6 +36,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--time-limit-s", type=float, default=None,
                    help="stop starting new micro-batches after this many seconds and report "
                    "those measured (default: no limit)")
+    p.add_argument("--timing", choices=("graph", "eager"), default=None,
+                   help="time the micro-batches as CUDA-graph replays or plain calls (default: "
+                   "as the file was calibrated; eager where a workload cannot be captured)")
     p.add_argument("--allow-other-gpu", action="store_true",
                    help="validate on a GPU other than the one the file was calibrated on")
     p.add_argument("--no-save", action="store_true",
@@ -93,8 +96,8 @@ def run(args: argparse.Namespace) -> int:
     kernels = model.extra.get("kernels") or {}
     attention = kernels.get("attention", "torch-varlen")
     # Time micro-batches as the calibration timed its points (files from before the
-    # option were timed eagerly).
-    timing = kernels.get("timing", "eager")
+    # option were timed eagerly), unless asked otherwise.
+    timing = args.timing or kernels.get("timing", "eager")
     timer = KernelTimer(model.spec, attention=attention, dtype=kernels.get("dtype", "bf16"),
                         timing=timing, fingerprint=fingerprint)
     settle_gpu(args.settle_s)
