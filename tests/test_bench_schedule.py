@@ -349,3 +349,15 @@ def test_policies_balance_one_layer_as_measured():
     L = np.array([100, 4000])
     expected = 3 * (layer_linear_flops(L, model.spec, moe=False) + attention_core_flops(L, model.spec))
     assert flops.microbatch_cost(L) == pytest.approx(float(expected.sum()))
+
+
+def test_a_cost_model_without_train_curves_is_refused_before_the_gpu(tmp_path, capsys):
+    """It failed deep in the scheduler with KeyError 'train' (an outside review)."""
+    doc = json.loads(Path(_with_truth(["TRUTH"])[0]).read_text())
+    del doc["curves"]["train"]
+    forward_only = tmp_path / "forward.json"
+    forward_only.write_text(json.dumps(doc))
+    assert main(["bench-schedule", "--samples-per-rank", "8", "--dp", "4",
+                 "--cost-model", str(forward_only)]) == 2
+    err = capsys.readouterr().err
+    assert "has curves for forward only" in err and "--modes train" in err

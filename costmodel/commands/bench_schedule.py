@@ -185,6 +185,12 @@ def run(args: argparse.Namespace, *, measure=None) -> int:
         cost_model = load_cost_model(
             name, spec=spec, allow_other_shape=args.cost_model_allow_other_shape
         )
+        if "train" not in cost_model.modes:  # the layer is timed forward + backward
+            raise ValueError(
+                f"cost model {name} has curves for {', '.join(cost_model.modes)} only; the "
+                "benchmark times forward+backward and balances by the train curves: "
+                "calibrate with --modes train, or drop calibrated from --policies"
+            )
         if cost_model.is_estimate:
             print(
                 f"note: cost model {name} is an ESTIMATE from the GPU registry, not a measured "
