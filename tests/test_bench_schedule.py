@@ -361,3 +361,18 @@ def test_a_cost_model_without_train_curves_is_refused_before_the_gpu(tmp_path, c
                  "--cost-model", str(forward_only)]) == 2
     err = capsys.readouterr().err
     assert "has curves for forward only" in err and "--modes train" in err
+
+
+def test_policies_are_interleaved_within_each_dp_size():
+    """Clock drift over a DP size's block must not favour the policy measured first: the
+    first round alternates the policies' micro-batches, DP size by DP size."""
+    def run(policy, dp, base):  # dp ranks of two micro-batches, lengths unique to the run
+        mbs = [[[base + 10 * r], [base + 10 * r + 1]] for r in range(dp)]
+        return bench.PlannedRun(policy, dp, None, mbs)
+
+    planned = [run("tokens", 2, 1000), run("flops", 2, 2000), run("tokens", 4, 3000),
+               run("flops", 4, 4000)]
+    order = [k[0] for k in bench._measuring_order(planned)]
+    assert order == [1000, 2000, 1001, 2001, 1010, 2010, 1011, 2011,
+                     3000, 4000, 3001, 4001, 3010, 4010, 3011, 4011,
+                     3020, 4020, 3021, 4021, 3030, 4030, 3031, 4031]

@@ -27,6 +27,7 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from itertools import zip_longest
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -304,6 +305,19 @@ def plan_benchmark(
     return planned
 
 
+def _measuring_order(planned: Planned) -> list[tuple[int, ...]]:
+    """The micro-batches to measure, DP size by DP size (a run stopped early has whole DP
+    sizes), each DP size's policies interleaved micro-batch by micro-batch: GPU clocks
+    drift over a block, and policy after policy the first would be timed on cooler clocks
+    than the last (the reversed second round may not get that far)."""
+    keys: list[tuple[int, ...]] = []
+    for dp in dict.fromkeys(run.dp_size for run in planned):
+        per_policy = [[microbatch_key(mb) for rank in run.microbatch_lengths for mb in rank]
+                      for run in planned if run.dp_size == dp]
+        keys += [k for group in zip_longest(*per_policy) for k in group if k is not None]
+    return keys
+
+
 class MeasurementFailed(RuntimeError):
     """Measuring stopped on an error; ``runs`` holds the schedules measured in full before."""
 
@@ -329,7 +343,7 @@ def measure_benchmark(
     An error while measuring raises `MeasurementFailed` carrying the runs measured in full
     before it, so that a caller can still report them."""
     moe = spec.is_moe if moe_layer is None else moe_layer
-    keys = [microbatch_key(mb) for run in planned for rank in run.microbatch_lengths for mb in rank]
+    keys = _measuring_order(planned)
     if progress is not None:
         distinct = set(keys)
         progress(
