@@ -8,6 +8,7 @@ import math
 import numpy as np
 
 from costmodel.scheduler.costs import Cost
+from costmodel.scheduler.sorting import longest_first
 
 __all__ = [
     "lower_bound",
@@ -124,7 +125,7 @@ def lower_bound(
         total = math.fsum(s.tolist()) + fixed * n_bins
         return max(total / dp, fixed + float(s.max()))
     if order is None:
-        order = np.lexsort((np.arange(n), -lengths))
+        order = longest_first(lengths)
     lo = lengths[order]
     fits = lo[n_over:]  # longest first: the oversized ones lead
     starts = np.cumsum(fits) - fits

@@ -26,6 +26,7 @@ import numpy as np
 
 from costmodel.scheduler.pack import MAX_ROUNDS, best_fit_pack, pack_tokens
 from costmodel.scheduler.refine import pair_ranks
+from costmodel.scheduler.sorting import longest_first, stable_order
 
 __all__ = ["first_appearance_ids", "place_groups"]
 
@@ -71,7 +72,7 @@ class _Units(NamedTuple):
 
 
 def _members(groups: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    members = np.argsort(groups, kind="stable")
+    members = stable_order(groups)
     starts = np.concatenate([[0], np.cumsum(np.bincount(groups))]).astype(np.int64)
     return members, starts
 
@@ -290,7 +291,7 @@ def _pack_rank(
     """One rank's samples into ``m`` micro-batches under the cap, or None."""
     bins, _ = pack_tokens(lens, m, cap, max_rounds=max_rounds)
     if bins is None and tight:  # levelling fills can strand a sample that a tight fit would place
-        bins = best_fit_pack(lens, m, cap, np.lexsort((np.arange(lens.size), -lens)))
+        bins = best_fit_pack(lens, m, cap, longest_first(lens))
     return bins
 
 
@@ -299,7 +300,7 @@ def _pack_ranks(
 ) -> np.ndarray | None:
     """Micro-batch ids (``rank * m + slot``) of every sample, or None if a rank fails."""
     bin_of = np.empty(lens.size, dtype=np.int64)
-    by_rank = np.argsort(rank_of, kind="stable")
+    by_rank = stable_order(rank_of)
     bounds = np.concatenate([[0], np.cumsum(np.bincount(rank_of, minlength=dp))])
     # The ranks share one packing's rounds: with rounds of a few samples each, 64 ranks of
     # 1,000 short samples in 9 micro-batches took 16,000 numpy rounds (130 ms). Fewer,

@@ -18,6 +18,7 @@ from __future__ import annotations
 import numpy as np
 
 from costmodel.scheduler.partition import karmarkar_karp_labels
+from costmodel.scheduler.sorting import longest_first
 
 __all__ = ["assign_bins", "best_fit_pack", "pack_tokens", "search_pack", "tight_pack"]
 
@@ -58,7 +59,7 @@ def pack_tokens(
         # placement packs each rank on its own, so 64 ranks of them took 0.86 s).
         return np.zeros(lengths.size, dtype=np.int64), 0
     if order is None:
-        order = np.lexsort((np.arange(lengths.size), -lengths))
+        order = longest_first(lengths)
     bins, left, leveled = _pack_tokens(lengths, k, cap, order, max_rounds=max_rounds)
     if bins is None and leveled:
         # Water-filled rounds can fail on a cap with no room to spare where one sample per

