@@ -347,11 +347,12 @@ def adopt(out: Path, dry_run: bool = False, unvalidated: set[str] | bool = False
             print(f"\n{path.name}: {model.gpu}, {model.spec.name}")
             print("\n".join(_profile_summary(model, shipped)))
             copies.append((path, dst))
-            png = _find(folders, f"{path.stem}.png")
+            # The session names the plot after the model (CAL= may name the profile otherwise).
+            png = _find(folders, f"{path.stem}.png") or _find(folders, f"{model.spec.name}.png")
             if png is not None:
-                copies.append((png, results / f"{path.stem}_{key}.png"))
+                copies.append((png, results / f"{model.spec.name}_{key}.png"))
             else:
-                print(f"  no {path.stem}.png: the shipped plot is now stale")
+                print(f"  no {model.spec.name}.png: the shipped plot is now stale")
         print()
         summarise = {"bench_attention": _attention_summary, "bench_mlp": _mlp_summary,
                      "bench_schedule": _schedule_summary}
