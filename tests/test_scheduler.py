@@ -566,6 +566,18 @@ def test_one_micro_batch_packs_at_once():
     assert s.num_microbatches == 1 and s.cap_violations == 0
 
 
+def test_a_tight_grouped_try_packs_as_its_feasibility_check_judged():
+    """The shared round budget made the tight retry's feasibility check (full rounds) and
+    its packing (fewer) disagree: a count asked for with min_num_microbatches, 2, came out
+    3 and the makespan +50% (an outside review's fuzz)."""
+    lens = [11, 18, 47, 61, 23, 25, 5, 39, 15, 14, 54, 5, 34, 33, 7, 61, 11, 2, 37, 45, 43, 2]
+    groups = [5, 2, 1, 7, 4, 4, 6, 1, 8, 1, 0, 4, 8, 4, 5, 6, 6, 7, 3, 8, 5, 6]
+    s = build_schedule(lens, dp_size=2, max_tokens_per_microbatch=149, cost="h200/qwen3-8b",
+                       group_ids=groups, min_num_microbatches=2)
+    check_schedule(s, lens, dp=2, cap=149, group_ids=groups)
+    assert s.num_microbatches == 2
+
+
 def test_ranks_packed_one_by_one_share_the_rounds(monkeypatch):
     """Grouped placement packs each rank on its own: 64 ranks of 1,024 short samples in 9
     micro-batches took rounds of 4 samples, 16,000 numpy rounds (130 ms). The ranks now
