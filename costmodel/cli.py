@@ -75,8 +75,8 @@ def main(argv: list[str] | None = None) -> int:
     except _USER_ERRORS as err:
         message = err.args[0] if isinstance(err, KeyError) and err.args else err
         if args.verbose and not isinstance(err, ValueError):
-            # A RuntimeError may be torch's or CUDA's from deep inside a GPU path: with -v,
-            # where it came from (a GPU session gets one try).
+            # Anything but bad input (a RuntimeError may be torch's or CUDA's from deep in a
+            # GPU path): with -v, where it came from (a GPU session gets one try).
             traceback.print_exc(file=sys.stderr)
         print(f"costmodel {args.command}: error: {message}", file=sys.stderr)
         return 2

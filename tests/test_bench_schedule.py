@@ -319,6 +319,24 @@ def test_an_error_while_measuring_writes_what_was_measured_and_fails(clock, tmp_
     assert not (tmp_path / "none.json").exists()
 
 
+def test_an_error_timing_a_whole_rank_keeps_the_per_micro_batch_results(tmp_path, capsys):
+    """A whole rank in one span (or one CUDA graph) is the likeliest to run out of memory:
+    the micro-batches measured before it are written, with the error."""
+    class Measurer:
+        def __call__(self, lengths):
+            return fake_measure(lengths)
+
+        def measure_rank(self, microbatches):
+            raise RuntimeError("CUDA out of memory (a whole rank)")
+
+    out = tmp_path / "b.json"
+    assert _run([*LIMITED, "-o", str(out)], measure=Measurer()) == 2
+    doc = json.loads(out.read_text())
+    assert len(doc["runs"]) == 4 and "out of memory (a whole rank)" in doc["error"]
+    assert all(r["slowest_rank_direct_ms"] is None for r in doc["runs"])
+    assert "out of memory" in capsys.readouterr().err
+
+
 def test_a_time_limit_too_short_for_any_schedule(clock, capsys, monkeypatch):
     clock, _ = clock
     real = bench_schedule.run

@@ -355,6 +355,7 @@ def measure_benchmark(
     )
     if stopped:
         deadline = 0.0  # no end-to-end rank timings either: report what was measured
+    failure = stopped if stopped is not None and stopped.startswith("error") else None
     runs = []
     for policy, dp, sched, mbs in planned:
         if any(microbatch_key(mb) not in times for rank in mbs for mb in rank):
@@ -378,6 +379,11 @@ def measure_benchmark(
             except KeyboardInterrupt:
                 deadline = 0.0  # no more end-to-end timings; report what was measured
                 logger.warning("interrupted: skipping the remaining end-to-end rank timings")
+            except Exception as err:  # a whole rank in one span (or graph): out of memory?
+                deadline = 0.0
+                failure = f"error: {type(err).__name__}: {err} (timing rank {slowest} of {policy}, dp {dp} end to end)"
+                logger.warning("%s; skipping the remaining end-to-end rank timings", failure,
+                               exc_info=True)
         runs.append(
             PolicyRun(
                 policy=policy, dp_size=dp, schedule=sched, microbatch_lengths=mbs,
@@ -386,6 +392,6 @@ def measure_benchmark(
                 slowest_rank_direct_ms=direct, timing_noise=noise, noise_floor=floor,
             )
         )
-    if stopped is not None and stopped.startswith("error"):
-        raise MeasurementFailed(f"measuring stopped on an {stopped}", runs)
+    if failure is not None:
+        raise MeasurementFailed(f"measuring stopped on an {failure}", runs)
     return runs

@@ -55,8 +55,8 @@ def measure_microbatches(
     """Median over ``repeats`` interleaved rounds of ``measure`` for each distinct key.
 
     The first round measures keys in the order they first appear, so a run stopped early
-    (at ``deadline``, a `time.perf_counter` value, or by Ctrl-C / SIGINT) has measured
-    whole schedules of the first DP sizes and policies. Later rounds run in other orders
+    (at ``deadline``, a `time.perf_counter` value, or by Ctrl-C / SIGINT) has measured the
+    keys given first in full (`bench` gives them DP size by DP size). Later rounds run in other orders
     (`round_order`) so that GPU clock drift, which hits the keys measured close together
     in time — one rank's micro-batches — lands on different keys each round. Keys never
     measured are absent from the result; a key measured in fewer rounds keeps the median
@@ -92,7 +92,7 @@ def measure_microbatches(
                     f"round {r + 1}/{repeats}: {len(distinct)} micro-batches, "
                     f"{time.perf_counter() - start:.1f} s so far"
                 )
-    except (_TimeLimit, KeyboardInterrupt, Exception) as err:
+    except (KeyboardInterrupt, Exception) as err:  # Exception: _TimeLimit, or a failure
         # An error (a CUDA one, out of memory) keeps what was measured too: a GPU session
         # gets one try. `stopped` then starts with "error:", and callers say it failed.
         done = sum(1 for v in samples.values() if v)
