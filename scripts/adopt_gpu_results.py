@@ -130,11 +130,26 @@ def _bench_doc(path: Path) -> dict | None:
     return doc
 
 
+def _partial(doc: dict) -> str | None:
+    """Why a bench result is partial (a cut-short step), or None."""
+    if not doc.get("rows", doc.get("runs")):
+        return "no result rows"
+    if doc.get("interrupted") or any("interrupted" in str(e.get("error", ""))
+                                     for e in doc.get("errors", []) if isinstance(e, dict)):
+        return "interrupted"
+    if doc.get("error"):
+        return "stopped on an error"
+    if doc.get("unmeasured"):
+        return f"not measured: {doc['unmeasured']}"
+    return None
+
+
 def _bench_gpu_key(docs: list[dict]) -> str | None:
     """The registry key of the GPU the bench files name (bench-schedule's under device)."""
     from costmodel.gpus import find_gpu_by_device_name
 
-    names = {d.get("provenance", {}).get("gpu") or d.get("device", {}).get("name") for d in docs}
+    names = {(d.get("provenance") or {}).get("gpu") or (d.get("device") or {}).get("gpu")
+             for d in docs}
     infos = {find_gpu_by_device_name(n, allow_suffix=True) for n in names if isinstance(n, str)}
     keys = {i.key for i in infos if i is not None}
     return keys.pop() if len(keys) == 1 else None
@@ -144,6 +159,8 @@ def _bench_gpu_key(docs: list[dict]) -> str | None:
 def _profile_summary(model, shipped) -> list[str]:
     validation = model.extra.get("validation") or {}
     timing = (model.extra.get("kernels") or {}).get("timing", "eager (not recorded)")
+    if validation.get("timing", timing) != timing:
+        timing += f", validated with {validation['timing']} timing"
     lines = [f"  timing {timing}; sweep {model.provenance.get('sweep_seconds', '?')} s"
              + ("; REFIT from measurements" if model.provenance.get("refit") else "")]
     drift = model.provenance.get("drift_probe") or {}
@@ -169,7 +186,8 @@ def _profile_summary(model, shipped) -> list[str]:
         if isinstance(new_w, (int, float)) and isinstance(old_w, (int, float)) and (
                 abs(new_w - old_w) > 0.1 * old_w):
             lines.append(f"  POWER LIMIT {new_w:.0f} W, the shipped profile's GPU had {old_w:.0f} W: "
-                         "another variant of this GPU? then ship it under its own key")
+                         "another variant of this GPU? Check before it replaces the shipped "
+                         "profile (costmodel/gpus.py names the variants)")
         for mode in ("train", "forward"):
             lines.append(f"  shipped now: {shipped.validation_summary(mode) or f'{mode}: not validated'}")
     return lines
@@ -368,10 +386,11 @@ def adopt(out: Path, dry_run: bool = False, unvalidated: set[str] | bool = False
                 print(f"skip {name}: unexpected contents ({type(exc).__name__}: {exc})")
                 continue
             dst = results / f"{name}_{key}.json"
-            if not doc.get("rows", doc.get("runs")) and dst.exists():
+            why = _partial(doc)
+            if why and dst.exists():
                 dst = results / f"{name}_partial_{key}.json"
-                print(f"  {name} has no result rows: shipped as {dst.name}, not over the "
-                      "shipped table")
+                print(f"  {name} is partial ({why}): shipped as {dst.name}, not over the "
+                      "shipped one")
             kept = Path(unpacked) / f"kept-{name}.json"  # outlives the archive's folder use
             kept.write_bytes(path.read_bytes())
             copies.append((kept, dst))

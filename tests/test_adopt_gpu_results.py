@@ -171,8 +171,15 @@ def test_without_a_profile_the_bench_results_ship_under_their_gpu(adopt_script, 
     assert "shipping the bench results only, under h200" in text
     assert "calibrate --refit" in text and "qwen3-8b.partial.json" in text
     assert (tmp_path / "repo/benchmarks/results/bench_attention_h200.json").exists()
-    for name in ("bench_attention.json", "bench_schedule.json"):
-        (out / name).unlink()
+    (out / "bench_attention.json").unlink()  # bench-schedule alone names its GPU too
+    schedule = json.loads((out / "bench_schedule.json").read_text())
+    schedule["error"] = "measuring stopped on an error: RuntimeError: CUDA out of memory"
+    (out / "bench_schedule.json").write_text(json.dumps(schedule))
+    assert adopt_script.main([str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "under h200" in text and "FAILED part way: measuring stopped" in text
+    assert "partial (stopped on an error): shipped as bench_schedule_partial_h200.json" in text
+    (out / "bench_schedule.json").unlink()
     assert adopt_script.main([str(out)]) == 1
     assert "pass --gpu KEY" in capsys.readouterr().err
     (out / "bench_mlp.json").write_text(json.dumps({"rows": [], "provenance": {}}))
