@@ -378,7 +378,7 @@ def test_cost_model_objects_with_and_without_a_vectorised_method():
 
 def test_cost_objects_that_cannot_be_hashed_are_read_as_well():
     """Whether a cost model's method takes ``mode`` is cached by function; a method that is
-    an unhashable callable object is read each time, with the same answer."""
+    a callable object (here an unhashable one) is read each time, with the same answer."""
 
     class Unhashable:
         __hash__ = None  # type: ignore[assignment]
@@ -623,3 +623,23 @@ def test_zero_room_packing_is_found_as_before_the_level_rounds():
     assert left == 0 and np.bincount(bins, weights=lengths, minlength=k).max() <= cap
     s = build_schedule(lengths, dp_size=1, max_tokens_per_microbatch=cap, min_num_microbatches=k)
     assert len(s.microbatches[0]) == k
+
+
+def test_the_fast_stable_sorts_give_numpys_order():
+    """`scheduler.sorting` sorts small keys as 16 bits: the order must be exactly numpy's
+    stable argsort / lexsort's, for every dtype and range (ranks agree only if it is)."""
+    from costmodel.scheduler.sorting import longest_first, stable_order
+
+    rng = np.random.default_rng(0)
+    for dtype in (np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32,
+                  np.uint64, np.float64):
+        info = np.iinfo(dtype) if dtype != np.float64 else np.finfo(dtype)
+        for lo, hi in ((0, 5), (0, 70000), (-40, 40), (info.min // 2, info.max // 2)):
+            lo, hi = max(lo, info.min), min(hi, info.max)
+            for n in (0, 1, 7, 3000):
+                keys = rng.uniform(lo, hi, n).astype(dtype) if dtype == np.float64 else (
+                    rng.integers(lo, hi, n, dtype=dtype, endpoint=True))
+                assert np.array_equal(stable_order(keys), np.argsort(keys, kind="stable"))
+                if keys.dtype.kind != "u":  # -keys wraps around for unsigned keys
+                    expected = np.lexsort((np.arange(n), -keys))
+                    assert np.array_equal(longest_first(keys), expected), (dtype, lo, hi, n)

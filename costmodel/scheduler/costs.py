@@ -27,6 +27,7 @@ from __future__ import annotations
 import functools
 import inspect
 import logging
+import types
 from collections.abc import Callable
 from typing import Any
 
@@ -203,13 +204,13 @@ class AdditiveCost(Cost):
 
 
 def _accepts_mode(fn: Callable) -> bool:
-    # By the function under a bound method: a method is bound anew on every access, and
-    # reading a signature costs ~40 µs, five times per schedule.
+    # Cached by the plain function under a bound method (a method is bound anew on every
+    # access, and reading a signature costs ~40 µs, five times per schedule). Other
+    # callables are read each time: a cache would keep them, and what they hold, alive.
     fn = getattr(fn, "__func__", fn)
-    try:
+    if isinstance(fn, types.FunctionType):
         return _takes_mode_cached(fn)
-    except TypeError:  # an unhashable callable object
-        return _takes_mode(fn)
+    return _takes_mode(fn)
 
 
 @functools.lru_cache(maxsize=256)

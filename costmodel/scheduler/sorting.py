@@ -14,14 +14,15 @@ __all__ = ["longest_first", "stable_order"]
 
 
 def stable_order(keys: np.ndarray) -> np.ndarray:
-    """``np.argsort(keys, kind="stable")`` for integer keys."""
-    if keys.size and int(keys.min()) >= 0 and int(keys.max()) < 1 << 16:
+    """``np.argsort(keys, kind="stable")``."""
+    if (keys.dtype.kind in "iu" and keys.size and int(keys.min()) >= 0
+            and int(keys.max()) < 1 << 16):
         return np.argsort(keys.astype(np.uint16), kind="stable")
     return np.argsort(keys, kind="stable")
 
 
 def longest_first(lengths: np.ndarray) -> np.ndarray:
-    """Sample indices, longest first, ties by index."""
-    if not lengths.size:
-        return np.zeros(0, dtype=np.int64)
-    return stable_order(int(lengths.max()) - lengths)
+    """Sample indices, longest first, ties by index (``np.lexsort((index, -lengths))``)."""
+    if lengths.dtype.kind != "i" or not lengths.size:  # the scheduler's lengths are int64
+        return np.lexsort((np.arange(lengths.size), -lengths))
+    return stable_order(int(lengths.max()) - lengths.astype(np.int64))
