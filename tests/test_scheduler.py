@@ -578,6 +578,21 @@ def test_a_tight_grouped_try_packs_as_its_feasibility_check_judged():
     assert s.num_microbatches == 2
 
 
+@pytest.mark.parametrize("lengths, groups, dp, cap, align", [
+    ([1, 1, 1, 2, 1, 2, 1, 2, 1, 1, 2, 1, 1, 1, 1, 1, 1, 1, 2, 2, 1, 1, 1, 2, 1, 2, 1, 1, 1, 1],
+     [0, 8, 2, 0, 1, 0, 7, 3, 2, 6, 9, 6, 4, 9, 6, 5, 9, 7, 8, 0, 3, 2, 2, 9, 2, 8, 5, 4, 9, 6],
+     5, 2, 2),
+    ([4, 1, 4, 2, 1, 1, 3, 2, 1, 3, 3, 4, 4, 1, 2], [7, 8, 6, 5, 2, 8, 9, 7, 1, 3, 0, 5, 1, 9, 4],
+     3, 4, 3),
+])
+def test_a_handful_of_grouped_samples_that_only_an_exact_fill_places(lengths, groups, dp, cap, align):
+    """Feasible by construction (scripts/fuzz_grouped_schedules.py, seeds 64491 and 62142),
+    refused by every heuristic: the last resort is an exact search for <= 32 samples."""
+    s = build_schedule(lengths, dp_size=dp, max_tokens_per_microbatch=cap, align=align,
+                       group_ids=groups)
+    check_schedule(s, lengths, dp=dp, cap=cap, align=align, group_ids=groups)
+
+
 def test_ranks_packed_one_by_one_share_the_rounds(monkeypatch):
     """Grouped placement packs each rank on its own: 64 ranks of 1,024 short samples in 9
     micro-batches took rounds of 4 samples, 16,000 numpy rounds (130 ms). The ranks now

@@ -17,7 +17,7 @@ import numpy as np
 from costmodel.scheduler.bounds import round_up
 from costmodel.scheduler.costs import Cost, quantise
 from costmodel.scheduler.groups import place_groups
-from costmodel.scheduler.pack import assign_bins, pack_tokens, tight_pack
+from costmodel.scheduler.pack import assign_bins, pack_tokens, search_pack, tight_pack
 from costmodel.scheduler.sorting import stable_order
 
 __all__ = ["Grouped", "next_m", "pack_and_assign", "place_grouped", "start_m"]
@@ -239,6 +239,16 @@ def _place_grouped_tight(
             placed = g.place(m, tight=_REPAIR_SAMPLES // len(counts), by_count=count_only)
             if not isinstance(placed, str):
                 return placed[0], placed[1], m
+    # A handful of samples: an exact search (bounded), the fewest counts first. Group by
+    # group, most tokens first, a group's samples together and longest first: where a
+    # group's first sample goes decides the rank of the rest, so dead ends show early.
+    group_tokens = np.bincount(g.groups, weights=np.minimum(g.lens, g.cap))[g.groups]
+    order = np.lexsort((np.arange(g.lens.size), -g.lens, g.groups, -group_tokens))
+    fitting = [m for m in range(m_range[0], m_range[2] + 1, g.align) if g.dp * m <= g.lens.size]
+    for m in fitting[:_LAST_TRIES]:
+        bins = search_pack(g.lens, g.dp * m, g.cap, order, g.groups, m)
+        if bins is not None:
+            return bins // m, bins, m
     again = f", then {retried} with a tighter packer and swaps of groups" if retried else ""
     raise ValueError(
         f"could not pack {g.lens.size} samples in {int(g.groups.max()) + 1} groups into {g.dp} "

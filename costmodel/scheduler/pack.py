@@ -243,7 +243,14 @@ class _OutOfPlacements(Exception):
     pass
 
 
-def search_pack(lengths: np.ndarray, k: int, cap: int, order: np.ndarray) -> np.ndarray | None:
+def search_pack(
+    lengths: np.ndarray,
+    k: int,
+    cap: int,
+    order: np.ndarray,
+    groups: np.ndarray | None = None,
+    per_rank: int = 1,
+) -> np.ndarray | None:
     """Exactly ``k`` non-empty micro-batches under the cap by depth-first search, or None
     (none exists, or none found within the search's bound, or too many samples to try).
 
@@ -252,14 +259,21 @@ def search_pack(lengths: np.ndarray, k: int, cap: int, order: np.ndarray) -> np.
     micro-batches of 10 need {5, 3, 2} and {4, 3, 3}). Samples go longest first (``order``),
     each into every micro-batch it fits, one of each fill (micro-batches equally full are
     interchangeable); a sample over the cap takes an empty micro-batch of its own.
+
+    ``groups`` (dense group ids): micro-batch ``b`` belongs to rank ``b // per_rank``, and
+    a group's samples all go to one rank (the last resort of grouped placement). Then
+    micro-batches are interchangeable only within a rank, and ranks only while empty.
     """
     n = lengths.size
     if n > _SEARCH_MAX_SAMPLES or n < k:
         return None
     items = [int(lengths[i]) for i in order.tolist()]
+    gids = [-1] * n if groups is None else [int(groups[i]) for i in order.tolist()]
     fill = [0] * k
     closed = [False] * k  # holds a sample over the cap
     where = [0] * n
+    rank_count = [0] * (k // per_rank + 1)  # samples placed in each rank
+    group_rank: dict[int, int] = {}  # rank of each group with a sample placed
     room_needed = [0] * (n + 1)  # tokens of the samples from j on that fit the cap
     for j in range(n - 1, -1, -1):
         room_needed[j] = room_needed[j + 1] + (items[j] if items[j] <= cap else 0)
@@ -275,17 +289,29 @@ def search_pack(lengths: np.ndarray, k: int, cap: int, order: np.ndarray) -> np.
         budget[0] -= 1
         if budget[0] < 0:
             raise _OutOfPlacements
-        x = items[j]
-        tried: set[int] = set()
+        x, g = items[j], gids[j]
+        fixed = group_rank.get(g, -1) if groups is not None else -1
+        tried: set[tuple[int, int]] = set()
         for b in range(k):
-            f = fill[b]
-            if closed[b] or f in tried or (x > cap and f) or (x <= cap and f + x > cap):
+            f, r = fill[b], b // per_rank if groups is not None else 0
+            if closed[b] or (x > cap and f) or (x <= cap and f + x > cap):
                 continue
-            tried.add(f)
+            if fixed >= 0 and r != fixed:
+                continue
+            key = (r if rank_count[r] else -1, f)  # empty ranks are interchangeable
+            if key in tried:
+                continue
+            tried.add(key)
             fill[b], closed[b], where[j] = f + x, x > cap, b
+            rank_count[r] += 1
+            if groups is not None and fixed < 0:
+                group_rank[g] = r
             if place(j + 1, empty - (f == 0)):
                 return True
             fill[b], closed[b] = f, False
+            rank_count[r] -= 1
+            if groups is not None and fixed < 0:
+                del group_rank[g]
         return False
 
     try:
