@@ -240,8 +240,6 @@ def _attention_summary(doc: dict) -> list[str]:
         if timed:
             lines.append(f"  {len(timed)} candidates timed, their gate row errors "
                          f"{min(timed):.1e}..{max(timed):.1e}")
-    for err in doc.get("errors", []):
-        lines.append(f"  FAILED {err}")
     return lines
 
 
@@ -255,8 +253,6 @@ def _mlp_summary(doc: dict) -> list[str]:
             continue
         lines.append(f"  T={row['tokens']:>6}: fwd {fwd:.2f}x, fwd+bwd {both:.2f}x "
                      f"({_verdict(min(fwd, both) >= target)})")
-    for err in doc.get("errors", []):
-        lines.append(f"  FAILED {err}")
     return lines
 
 
@@ -380,8 +376,9 @@ def adopt(out: Path, dry_run: bool = False, unvalidated: set[str] | bool = False
                 print(f"{name}: no result to ship{stale}")
                 continue
             path, doc = docs[name]
-            try:
-                print("\n".join(summarise[name](doc)))
+            try:  # and the failures each bench records per case
+                print("\n".join(summarise[name](doc)
+                                + [f"  FAILED {err}" for err in doc.get("errors", [])]))
             except (KeyError, TypeError, ValueError, AttributeError) as exc:
                 print(f"skip {name}: unexpected contents ({type(exc).__name__}: {exc})")
                 continue
