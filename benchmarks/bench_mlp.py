@@ -180,8 +180,9 @@ def measure_rows(
     tokens: list[int], measure_one: Callable[[int, Timer | None], dict], gpu_timer: Timer | None
 ) -> tuple[list[dict], list[dict]]:
     """A row per token count, and an error entry for each that failed (printed, never fatal;
-    an interrupt ends the loop with the rows so far). After a failed capture no more are tried: it can leave the caching allocator's capture
-    state behind (torch skips releasing the pool), under every later measurement."""
+    an interrupt ends the loop with the rows so far). After a failed capture no more are
+    tried: it can leave the caching allocator's capture state behind (torch skips releasing
+    the pool), under every later measurement."""
     rows, errors = [], []
     for t in tokens:
         try:

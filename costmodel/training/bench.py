@@ -381,7 +381,8 @@ def measure_benchmark(
                 logger.warning("interrupted: skipping the remaining end-to-end rank timings")
             except Exception as err:  # a whole rank in one span (or graph): out of memory?
                 deadline = 0.0
-                failure = f"error: {type(err).__name__}: {err} (timing rank {slowest} of {policy}, dp {dp} end to end)"
+                failure = (f"error: {type(err).__name__}: {err} (timing rank {slowest} of "
+                           f"{policy}, dp {dp} end to end)")
                 logger.warning("%s; skipping the remaining end-to-end rank timings", failure,
                                exc_info=True)
         runs.append(

@@ -56,9 +56,9 @@ def measure_microbatches(
 
     The first round measures keys in the order they first appear, so a run stopped early
     (at ``deadline``, a `time.perf_counter` value, or by Ctrl-C / SIGINT) has measured the
-    keys given first in full (`bench` gives them DP size by DP size). Later rounds run in other orders
-    (`round_order`) so that GPU clock drift, which hits the keys measured close together
-    in time — one rank's micro-batches — lands on different keys each round. Keys never
+    keys given first in full (`bench` gives them DP size by DP size). Later rounds run in
+    other orders (`round_order`) so that GPU clock drift, which hits the keys measured close
+    together in time — one rank's micro-batches — lands on different keys each round. Keys never
     measured are absent from the result; a key measured in fewer rounds keeps the median
     of those it has. Returns the medians, why measuring stopped early (None when every
     round finished; "error: ..." when the measurer raised: what it measured before is
