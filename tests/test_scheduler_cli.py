@@ -124,3 +124,17 @@ def test_scheduler_benchmark_quick_run(tmp_path, capsys, load_benchmark, cost_mo
         assert ours["cap_violations"] == 0
         assert ours["makespan_over_lower_bound"] >= 1.0 - 1e-9
     assert "balance targets met" in capsys.readouterr().out
+
+
+def test_policy_gain_benchmark(tmp_path, load_benchmark, capsys):
+    """The predicted gain table: every case of every row, and the cost-model policy never
+    worse under its own model than token or FLOPs balance."""
+    bench = load_benchmark("bench_policy_gain")
+    out = tmp_path / "gain.json"
+    assert bench.main(["--json", str(out)]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert len(rows) == len(bench.DPS) * len(bench.PER_RANK)
+    for row in rows:
+        assert len(row["cases"]) == len(bench.CAPS) * len(bench.SEEDS)
+        assert row["min_vs_tokens"] > -0.005 and row["min_vs_flops"] > -0.005, row
+    assert "vs tokens" in capsys.readouterr().out
