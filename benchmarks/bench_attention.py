@@ -20,7 +20,6 @@ forward >= torch-varlen for L >= 4k, forward+backward >= 0.8x torch-varlen.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import datetime
 import functools
@@ -322,7 +321,7 @@ def tune(
     import torch
     from triton.testing import do_bench
 
-    from costmodel.kernels.triton_attention import flash_attn_varlen
+    from costmodel.kernels.triton_attention import flash_attn_varlen, nan_filled_outputs
 
     if not torch.cuda.is_available():
         raise RuntimeError("bench_attention --tune needs a CUDA GPU; none is visible here")
@@ -337,7 +336,7 @@ def tune(
 
     def gate_error(configs) -> float:
         gate_ins, gate_do, gate_want = gate
-        with _nan_buffers():
+        with nan_filled_outputs():
             got = results(gate_ins, gate_do, configs)
         return max(map(_row_err, got, gate_want))
 
@@ -431,24 +430,6 @@ def _gate_inputs(h: int, hkv: int, d: int):
     out = attention_reference(q64, k64, v64, cu)
     want = (out.detach(), *torch.autograd.grad(out, (q64, k64, v64), do.double()))
     return ins, do, want
-
-
-@contextlib.contextmanager
-def _nan_buffers():
-    """The Triton launchers' output buffers NaN-filled: a row a candidate does not write
-    shows as NaN, not as the previous candidate's correct gradients (the caching allocator
-    hands back the same memory)."""
-    import torch
-
-    from costmodel.kernels import triton_attention
-
-    saved = triton_attention._empty
-    triton_attention._empty = lambda shape, dtype, device: torch.full(
-        shape, float("nan"), dtype=dtype, device=device)
-    try:
-        yield
-    finally:
-        triton_attention._empty = saved
 
 
 def _row_err(got, want) -> float:

@@ -78,13 +78,10 @@ def _rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
 
 
 @pytest.fixture
-def poisoned(monkeypatch):
+def poisoned():
     """Every buffer the Triton launchers allocate starts NaN: unwritten rows fail."""
-
-    def nan_empty(shape, dtype, device):
-        return torch.full(shape, float("nan"), dtype=dtype, device=device)
-
-    monkeypatch.setattr(ta, "_empty", nan_empty)
+    with ta.nan_filled_outputs():
+        yield
 
 
 def _run_triton(q, k, v, do, cu, max_seqlen, configs=None):

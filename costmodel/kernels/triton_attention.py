@@ -35,8 +35,10 @@ Importing this module imports triton (never CUDA); to run on CPU set
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
+from collections.abc import Iterator
 
 import torch
 import triton
@@ -755,10 +757,26 @@ def _attn_bwd_dq(
 
 
 # -------------------------------------------------------------------------- launchers
+_FILL_OUTPUTS: list[float] = []  # set by `nan_filled_outputs`
+
+
 def _empty(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """Allocate an output buffer. Tests replace this with a NaN-filled allocator, so a row a
-    kernel forgets to write shows up as NaN instead of stale memory."""
+    """Allocate an output buffer (NaN-filled under `nan_filled_outputs`)."""
+    if _FILL_OUTPUTS:
+        return torch.full(shape, _FILL_OUTPUTS[-1], dtype=dtype, device=device)
     return torch.empty(shape, dtype=dtype, device=device)
+
+
+@contextlib.contextmanager
+def nan_filled_outputs() -> Iterator[None]:
+    """While active, every buffer the launchers allocate starts NaN, so a row a kernel does
+    not write shows as NaN instead of stale memory (which the caching allocator may hand
+    back holding a previous run's correct values). For tests and the tuning gate."""
+    _FILL_OUTPUTS.append(float("nan"))
+    try:
+        yield
+    finally:
+        _FILL_OUTPUTS.pop()
 
 
 def _unit_last(t: torch.Tensor) -> torch.Tensor:
