@@ -63,7 +63,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'dp':>3} {'samples/rank':>12} " + " ".join(f"{'vs ' + p:>16}" for p in POLICIES))
     for dp in DPS:
         for per_rank in PER_RANK:
-            cases = [gains(model, dp, per_rank, cap, seed) for cap in CAPS for seed in SEEDS]
+            cases = [{"cap": cap, "seed": seed, **gains(model, dp, per_rank, cap, seed)}
+                     for cap in CAPS for seed in SEEDS]
             row = {"dp": dp, "samples_per_rank": per_rank, "cases": cases}
             for policy in POLICIES:
                 values = [c[policy] for c in cases]

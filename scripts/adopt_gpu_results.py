@@ -135,7 +135,7 @@ def _partial(doc: dict) -> str | None:
     if not doc.get("rows", doc.get("runs")):
         return "no result rows"
     if doc.get("interrupted") or any("interrupted" in str(e.get("error", ""))
-                                     for e in doc.get("errors", []) if isinstance(e, dict)):
+                                     for e in doc.get("errors") or [] if isinstance(e, dict)):
         return "interrupted"
     if doc.get("error"):
         return "stopped on an error"
@@ -378,12 +378,12 @@ def adopt(out: Path, dry_run: bool = False, unvalidated: set[str] | bool = False
             path, doc = docs[name]
             try:  # and the failures each bench records per case
                 print("\n".join(summarise[name](doc)
-                                + [f"  FAILED {err}" for err in doc.get("errors", [])]))
+                                + [f"  FAILED {err}" for err in doc.get("errors") or []]))
+                why = _partial(doc)
             except (KeyError, TypeError, ValueError, AttributeError) as exc:
                 print(f"skip {name}: unexpected contents ({type(exc).__name__}: {exc})")
                 continue
             dst = results / f"{name}_{key}.json"
-            why = _partial(doc)
             if why and dst.exists():
                 dst = results / f"{name}_partial_{key}.json"
                 print(f"  {name} is partial ({why}): shipped as {dst.name}, not over the "

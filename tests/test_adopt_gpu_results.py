@@ -207,6 +207,15 @@ def test_an_interrupted_tuning_never_replaces_a_table_and_a_broken_archive_is_sk
     assert json.loads((results / "bench_attention_partial_h200.json").read_text())["interrupted"]
 
 
+def test_a_null_errors_field_is_read_as_none(adopt_script, tmp_path, capsys):
+    out = _session_folder(tmp_path)
+    mlp = json.loads((RESULTS / "bench_mlp_h200.json").read_text())
+    mlp["errors"] = None
+    (out / "bench_mlp.json").write_text(json.dumps(mlp))
+    assert adopt_script.main([str(out), "--dry-run"]) == 0
+    assert "bench_mlp_h200.json" in capsys.readouterr().out
+
+
 def test_gpu_test_results_are_summarised(adopt_script, tmp_path, capsys):
     out = _session_folder(tmp_path)
     (out / "pytest-gpu.xml").write_text(

@@ -277,6 +277,7 @@ def search_pack(
     room_needed = [0] * (n + 1)  # tokens of the samples from j on that fit the cap
     for j in range(n - 1, -1, -1):
         room_needed[j] = room_needed[j + 1] + (items[j] if items[j] <= cap else 0)
+    room = [k * cap]  # room left in the micro-batches not closed, kept as samples move
     budget = [_SEARCH_PLACEMENTS]
 
     def place(j: int, empty: int) -> bool:
@@ -284,7 +285,7 @@ def search_pack(
             return False
         if j == n:
             return True
-        if room_needed[j] > sum(cap - f for b, f in enumerate(fill) if not closed[b]):
+        if room_needed[j] > room[0]:
             return False
         budget[0] -= 1
         if budget[0] < 0:
@@ -302,13 +303,16 @@ def search_pack(
             if key in tried:
                 continue
             tried.add(key)
+            taken = cap if x > cap else x  # an over-cap sample closes an empty micro-batch
             fill[b], closed[b], where[j] = f + x, x > cap, b
+            room[0] -= taken
             rank_count[r] += 1
             if groups is not None and fixed < 0:
                 group_rank[g] = r
             if place(j + 1, empty - (f == 0)):
                 return True
             fill[b], closed[b] = f, False
+            room[0] += taken
             rank_count[r] -= 1
             if groups is not None and fixed < 0:
                 del group_rank[g]

@@ -340,8 +340,9 @@ def measure_benchmark(
 ) -> list[PolicyRun]:
     """Measure the micro-batches of `plan_benchmark`'s schedules and sum them per rank.
 
-    An error while measuring raises `MeasurementFailed` carrying the runs measured in full
-    before it, so that a caller can still report them."""
+    An error while measuring, or while timing a whole rank end to end (its per-micro-batch
+    results are then complete), raises `MeasurementFailed` carrying the runs measured in
+    full, so that a caller can still report them: a failure all the same."""
     moe = spec.is_moe if moe_layer is None else moe_layer
     keys = _measuring_order(planned)
     if progress is not None:
