@@ -18,7 +18,7 @@ from costmodel.scheduler.bounds import round_up
 from costmodel.scheduler.costs import Cost, quantise
 from costmodel.scheduler.groups import place_groups
 from costmodel.scheduler.pack import assign_bins, pack_tokens, search_pack, tight_pack
-from costmodel.scheduler.sorting import stable_order
+from costmodel.scheduler.sorting import members_of
 
 __all__ = ["Grouped", "next_m", "pack_and_assign", "place_grouped", "start_m"]
 
@@ -95,9 +95,8 @@ def pack_and_assign(
     def bin_costs(bins: np.ndarray, k: int) -> np.ndarray:
         if cost.additive:
             return np.bincount(bins, weights=q, minlength=k).astype(np.int64)
-        order = stable_order(bins)
-        offsets = np.concatenate([[0], np.cumsum(np.bincount(bins, minlength=k))])
-        return quantise(cost.evaluate(lens[order], offsets.astype(np.int64)), scale, cost.name)
+        order, offsets = members_of(bins, k)
+        return quantise(cost.evaluate(lens[order], offsets), scale, cost.name)
 
     def total(bin_q: np.ndarray) -> float:
         return float(bin_q.sum()) + (getattr(cost, "fixed", 0.0) * scale * bin_q.size

@@ -355,6 +355,6 @@ def tight_pack(lengths: np.ndarray, k: int, cap: int, order: np.ndarray) -> np.n
     """The packers for when levelling fails and no more micro-batches are allowed:
     `best_fit_pack`, then, for a handful of samples, `search_pack` (up to ~30 ms: called
     once or twice per schedule; grouped placement, which packs many candidate ranks,
-    keeps to best fit)."""
+    keeps to best fit there and searches, with groups, only as its last resort)."""
     bins = best_fit_pack(lengths, k, cap, order)
     return bins if bins is not None else search_pack(lengths, k, cap, order)

@@ -21,6 +21,8 @@ import math
 import numpy as np
 from numpy.typing import ArrayLike
 
+from costmodel.scheduler.sorting import members_of
+
 __all__ = ["karmarkar_karp", "karmarkar_karp_labels", "lpt_partition", "partition_sums"]
 
 
@@ -67,8 +69,8 @@ def karmarkar_karp(weights: ArrayLike, k: int, equal_size: bool = False) -> list
     w = _weights(weights)
     _check_k(k, w.size, equal_size)
     labels = _kk_labels(w, int(k), equal_size)
-    order = np.lexsort((np.arange(w.size), labels))
-    bounds = np.concatenate([[0], np.cumsum(np.bincount(labels, minlength=int(k)))]).tolist()
+    order, offsets = members_of(labels, int(k))
+    bounds = offsets.tolist()
     flat = order.tolist()
     return [flat[bounds[j] : bounds[j + 1]] for j in range(int(k))]
 

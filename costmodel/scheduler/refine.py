@@ -31,7 +31,7 @@ from __future__ import annotations
 import numpy as np
 
 from costmodel.scheduler.costs import Cost, quantise
-from costmodel.scheduler.sorting import stable_order
+from costmodel.scheduler.sorting import members_of
 
 __all__ = ["BinState", "local_search"]
 
@@ -76,8 +76,8 @@ class BinState:
             self.tok_q = np.where(self.count > 0, self.token_q(self.fill), 0)
             bin_q = None  # the packer's whole-micro-batch values round differently
         elif not self.additive:
-            order = stable_order(bin_of)
-            bounds = np.concatenate([[0], np.cumsum(self.count)]).tolist()
+            order, offsets = members_of(bin_of, k)
+            bounds = offsets.tolist()
             flat = order.tolist()
             self.members = [flat[bounds[b] : bounds[b + 1]] for b in range(k)]
         if bin_q is None:
@@ -103,8 +103,7 @@ class BinState:
         if self.additive:
             fixed_q = int(np.rint(getattr(self.cost, "fixed", 0.0) * self.scale))
             return np.bincount(self.bin_of, weights=self.q, minlength=k).astype(np.int64) + fixed_q
-        order = stable_order(self.bin_of)
-        offsets = np.concatenate([[0], np.cumsum(self.count)]).astype(np.int64)
+        order, offsets = members_of(self.bin_of, k)
         return self.quantise(self.cost.evaluate(self.lengths[order], offsets))
 
     def bins_cost(self, bins_members: list[list[int]]) -> np.ndarray:

@@ -44,12 +44,12 @@ from numpy.typing import ArrayLike
 from costmodel.checks import positive_int
 from costmodel.flops import MAX_LENGTH, as_lengths
 from costmodel.scheduler.bounds import lower_bound, microbatch_range, round_up
-from costmodel.scheduler.costs import Cost, as_cost
+from costmodel.scheduler.costs import Cost, as_cost, quantise
 from costmodel.scheduler.counts import Grouped, pack_and_assign, place_grouped, start_m
 from costmodel.scheduler.groups import first_appearance_ids
 from costmodel.scheduler.order import ORDERS, run_order
 from costmodel.scheduler.refine import BinState, local_search
-from costmodel.scheduler.sorting import longest_first, stable_order
+from costmodel.scheduler.sorting import longest_first, members_of
 
 logger = logging.getLogger(__name__)
 
@@ -318,7 +318,7 @@ def build_schedule(
         raise ValueError(f"cost {cost_obj.name!r}: the samples' costs sum to {total:.3g}, too "
                          "small to tell apart; give the cost in smaller units (ms, not hours)")
     scale = 2.0**exponent
-    q = np.rint(s * scale).astype(np.int64)
+    q = quantise(s, scale, cost_obj.name)
 
     if groups is None:
         rank_of, bin_of, m, bin_q = pack_and_assign(
@@ -365,8 +365,7 @@ def _finish(
 ) -> Schedule:
     dp, m = st.dp, st.m
     # Members of each micro-batch, ascending sample index (a stable sort keeps index order).
-    flat = stable_order(st.bin_of)
-    offsets = np.concatenate([[0], np.cumsum(st.count)]).astype(np.int64)
+    flat, offsets = members_of(st.bin_of, dp * m)
     if cost.additive:
         # Same numbers as cost.evaluate, without recomputing the per-sample costs.
         bin_costs = np.bincount(st.bin_of, weights=sample_costs, minlength=dp * m)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["longest_first", "stable_order"]
+__all__ = ["longest_first", "members_of", "stable_order"]
 
 
 def stable_order(keys: np.ndarray) -> np.ndarray:
@@ -19,6 +19,15 @@ def stable_order(keys: np.ndarray) -> np.ndarray:
             and int(keys.max()) < 1 << 16):
         return np.argsort(keys.astype(np.uint16), kind="stable")
     return np.argsort(keys, kind="stable")
+
+
+def members_of(keys: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Indices grouped by key (0..k-1), ascending within a key, and the ``k + 1`` offsets
+    where each key's run starts: the members of micro-batches, ranks or groups, CSR-style."""
+    order = stable_order(keys)
+    offsets = np.zeros(k + 1, dtype=np.int64)
+    np.cumsum(np.bincount(keys, minlength=k), out=offsets[1:])
+    return order, offsets
 
 
 def longest_first(lengths: np.ndarray) -> np.ndarray:
