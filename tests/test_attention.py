@@ -674,3 +674,13 @@ def test_launch_limits_cover_head_strides_and_the_outputs():
     ta._check_launch_limits(q, kv, kv, 1, 4096)
     with pytest.raises(ValueError, match="the output token stride 4096"):
         ta._check_launch_limits(narrow, kv, kv, 1, 600_000)
+
+
+def test_every_shipped_config_is_valid_and_names_its_warps_and_stages():
+    """Launching takes num_warps and num_stages from each shipped config (an override may
+    leave them to the defaults, 4 and 2): every entry of _CONFIGS states both."""
+    for kernel, by_dim in ta._CONFIGS.items():
+        for head_dim, configs in by_dim.items():
+            for cfg in configs:
+                ta._check_config(kernel, cfg)
+                assert {"num_warps", "num_stages"} <= set(cfg), (kernel, head_dim, cfg)

@@ -209,6 +209,15 @@ def _check_configs(configs) -> dict[str, dict[str, int]]:
     return {kernel: dict(cfg) for kernel, cfg in configs.items()}
 
 
+def _launch_args(config: dict[str, int]) -> tuple[dict[str, int], int, int]:
+    """A config split into the kernel's block sizes, num_warps and num_stages. FUSE_DQ is a
+    launch argument, not a config key: `_fuses_dq` decides it for the whole backward."""
+    cfg = dict(config)
+    warps, stages = cfg.pop("num_warps", 4), cfg.pop("num_stages", 2)
+    cfg.pop("FUSE_DQ", None)
+    return cfg, warps, stages
+
+
 def _launch(
     kernel_name: str,
     kernel,
@@ -222,9 +231,7 @@ def _launch(
     """Launch `kernel` with the first config that fits; remember which one worked.
     ``override`` was checked by `flash_attn_varlen` (`_check_configs`)."""
     if override is not None:
-        cfg = dict(override)
-        warps, stages = cfg.pop("num_warps", 4), cfg.pop("num_stages", 2)
-        cfg.pop("FUSE_DQ", None)  # a launch argument, not a config key (`_fuses_dq`)
+        cfg, warps, stages = _launch_args(override)
         kernel[grid_fn(cfg)](*args, HEAD_DIM=head_dim, num_warps=warps, num_stages=stages, **cfg)
         return
     configs = _CONFIGS[kernel_name][head_dim]
@@ -232,9 +239,7 @@ def _launch(
     key = (kernel_name, head_dim, str(dtype).removeprefix("torch."), dev)
     start = _chosen.get(key, 0)
     for i in range(start, len(configs)):
-        cfg = dict(configs[i])
-        warps, stages = cfg.pop("num_warps"), cfg.pop("num_stages")
-        cfg.pop("FUSE_DQ", None)  # decided for the whole list by `_fuses_dq`
+        cfg, warps, stages = _launch_args(configs[i])
         try:
             kernel[grid_fn(cfg)](
                 *args, HEAD_DIM=head_dim, num_warps=warps, num_stages=stages, **cfg
@@ -757,13 +762,13 @@ def _attn_bwd_dq(
 
 
 # -------------------------------------------------------------------------- launchers
-_FILL_OUTPUTS: list[float] = []  # set by `nan_filled_outputs`
+_NAN_FILLS = [0]  # how many `nan_filled_outputs` are active
 
 
 def _empty(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """Allocate an output buffer (NaN-filled under `nan_filled_outputs`)."""
-    if _FILL_OUTPUTS:
-        return torch.full(shape, _FILL_OUTPUTS[-1], dtype=dtype, device=device)
+    if _NAN_FILLS[0]:
+        return torch.full(shape, float("nan"), dtype=dtype, device=device)
     return torch.empty(shape, dtype=dtype, device=device)
 
 
@@ -772,11 +777,11 @@ def nan_filled_outputs() -> Iterator[None]:
     """While active, every buffer the launchers allocate starts NaN, so a row a kernel does
     not write shows as NaN instead of stale memory (which the caching allocator may hand
     back holding a previous run's correct values). For tests and the tuning gate."""
-    _FILL_OUTPUTS.append(float("nan"))
+    _NAN_FILLS[0] += 1
     try:
         yield
     finally:
-        _FILL_OUTPUTS.pop()
+        _NAN_FILLS[0] -= 1
 
 
 def _unit_last(t: torch.Tensor) -> torch.Tensor:
