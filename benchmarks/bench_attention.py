@@ -297,16 +297,22 @@ def run(
 
 
 def _packed(L: int, total_tokens: int, h: int, hkv: int, d: int, device):
+    """`total_tokens // L` sequences of length L (at least one), bf16, seeded by L."""
     import torch
 
-    n = max(1, total_tokens // L)
-    cu = torch.arange(0, n * L + 1, L, dtype=torch.int32, device=device)
-    gen = torch.Generator(device=device).manual_seed(L)
-    shapes = ((n * L, h, d), (n * L, hkv, d), (n * L, hkv, d), (n * L, h, d))
-    q, k, v, do = (
-        torch.randn(*s, device=device, dtype=torch.bfloat16, generator=gen) for s in shapes
-    )
-    return [L] * n, cu, q.requires_grad_(), k.requires_grad_(), v.requires_grad_(), do
+    lengths = [L] * max(1, total_tokens // L)
+    return (lengths, *_random_pack(lengths, h, hkv, d, device, torch.bfloat16, seed=L))
+
+
+def _random_pack(lengths: list[int], h: int, hkv: int, d: int, device, dtype, seed: int):
+    """cu_seqlens and random q, k, v (requiring grad) and dout for a pack of `lengths`."""
+    import torch
+
+    cu = torch.tensor([0, *itertools.accumulate(lengths)], dtype=torch.int32, device=device)
+    gen = torch.Generator(device=device).manual_seed(seed)
+    q, k, v, do = (torch.randn(sum(lengths), heads, d, device=device, generator=gen).to(dtype)
+                   for heads in (h, hkv, hkv, h))
+    return cu, q.requires_grad_(), k.requires_grad_(), v.requires_grad_(), do
 
 
 def tune(
@@ -418,14 +424,9 @@ def _gate_inputs(h: int, hkv: int, d: int):
     from costmodel.kernels.attention import attention_reference
 
     lengths = GATE_LENGTHS
-    device = _TUNE_DEVICE
-    cu = torch.tensor([0, *itertools.accumulate(lengths)], dtype=torch.int32, device=device)
-    gen = torch.Generator(device=device).manual_seed(12345)
-    total = sum(lengths)
-    dtype = torch.bfloat16 if device == "cuda" else torch.float32  # the interpreter: fp32
-    q, k, v, do = (torch.randn(total, heads, d, device=device, generator=gen).to(dtype)
-                   for heads in (h, hkv, hkv, h))
-    ins = (q.requires_grad_(), k.requires_grad_(), v.requires_grad_(), cu, max(lengths))
+    dtype = torch.bfloat16 if _TUNE_DEVICE == "cuda" else torch.float32  # the interpreter: fp32
+    cu, q, k, v, do = _random_pack(lengths, h, hkv, d, _TUNE_DEVICE, dtype, seed=12345)
+    ins = (q, k, v, cu, max(lengths))
     q64, k64, v64 = (t.detach().double().requires_grad_() for t in ins[:3])
     out = attention_reference(q64, k64, v64, cu)
     want = (out.detach(), *torch.autograd.grad(out, (q64, k64, v64), do.double()))
