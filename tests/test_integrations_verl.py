@@ -275,3 +275,20 @@ def test_too_few_sequences_for_the_ranks_names_dp_size_not_the_count():
     # Lowering min_num_micro_batch would not help: 3 sequences cannot fill 4 ranks.
     with pytest.raises(ValueError, match="cannot fill dp_size"):
         balanced_micro_batches([10, 20, 30], max_token_len=64, dp_size=4, min_num_micro_batch=2)
+
+
+def test_older_verls_spelling_and_errors_in_verls_terms():
+    """Older verl's megatron actor passes num_batches_devided_by=; where the cap and the
+    multiple need more micro-batches than sequences (verl would run some over the cap), the
+    error names verl's parameters."""
+    batch = _padded_batch([3, 5, 2, 4], 8)
+    want = rearrange_micro_batches(batch, 8, same_micro_num_in_dp=False,
+                                   num_batches_divided_by=2)[1]
+    got = rearrange_micro_batches(batch, 8, same_micro_num_in_dp=False,
+                                  num_batches_devided_by=2)[1]
+    assert got == want and len(got) % 2 == 0
+    with pytest.raises(ValueError, match="not both"):
+        rearrange_micro_batches(batch, 8, num_batches_divided_by=2, num_batches_devided_by=2)
+    with pytest.raises(ValueError, match="needs at least 8 micro-batches.*in verl's terms: "
+                       "max_tokens_per_microbatch is max_token_len, align is num_batches_div"):
+        balanced_micro_batches([3000] * 7, 4096, num_batches_divided_by=2)

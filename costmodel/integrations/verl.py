@@ -12,8 +12,14 @@
   partitions balanced by a workload proxy (which can exceed the token cap), this packs
   under the cap with `costmodel.scheduler.build_schedule`, balancing the chosen cost, so it
   may make more micro-batches; with ``same_micro_num_in_dp`` the ranks of ``dp_group``
-  agree on the largest count (an all-reduce, as verl does, repeated until every rank has
-  it). ``force_group_size`` > 1 is refused.
+  agree on the largest count (an all-reduce, repeated until every rank has it).
+  Deliberately unlike current verl, ``dp_group=None`` agrees over all processes (as verl
+  did before it skipped the sync without a group, and ranks ran different counts of
+  collectives and hung, e.g. in dp_actor, which passes no group); pass
+  ``same_micro_num_in_dp=False`` where only some processes call it. Where the cap and
+  ``num_batches_divided_by`` need more micro-batches than there are sequences, verl runs
+  micro-batches over the cap; this raises a ValueError instead. ``force_group_size`` > 1
+  is refused; ``num_batches_devided_by`` (older verl's spelling) is accepted.
 - `balanced_micro_batches(seq_lengths, max_token_len, ...)`: the same on a plain list of
   lengths, and with ``dp_size > 1`` it schedules the whole batch over the ranks at once (no
   all-reduce needed: every rank gets the same count).
@@ -28,7 +34,9 @@ sites pass only verl's arguments, so bind the cost where the function is swapped
     seqlen_balancing.rearrange_micro_batches = functools.partial(
         cm_verl.rearrange_micro_batches, cost="h200/qwen3-8b", spec="qwen3-8b")
 
-(patch the name in every module that imported it, e.g. verl's dp_actor, too).
+(and in every module that imported the name itself: `grep -rn "import.*rearrange_micro_batches"
+verl/`, e.g. verl/workers/engine/utils.py and the megatron actor and critic; dp_actor
+reaches it through seqlen_balancing's own prepare_dynamic_batch).
 """
 
 from __future__ import annotations
@@ -110,6 +118,7 @@ def rearrange_micro_batches(
     *,
     cost: Any = None,
     spec: Any = None,
+    num_batches_devided_by: int | None = None,
 ) -> tuple[list, list[list[int]]]:
     """verl's `rearrange_micro_batches`, packing under the cap (see the module docstring).
 
@@ -126,6 +135,7 @@ def rearrange_micro_batches(
         force_group_size: 1 (verl's default); larger (groups of rows kept in one
             micro-batch) is refused with a ValueError.
         cost, spec: what to balance (keyword-only extensions; default verl's workload).
+        num_batches_devided_by: older verl's spelling of ``num_batches_divided_by``.
 
     Returns:
         ``(micro_batches, micro_bsz_idx)``: the batch's rows for each micro-batch, and their
@@ -138,6 +148,10 @@ def rearrange_micro_batches(
             "micro-batch is not supported by this drop-in; use verl's own "
             "rearrange_micro_batches for it"
         )
+    if num_batches_devided_by is not None:
+        if num_batches_divided_by is not None:
+            raise ValueError("give num_batches_divided_by or num_batches_devided_by, not both")
+        num_batches_divided_by = num_batches_devided_by
     lengths = _effective_lengths(batch)
     kwargs = dict(num_batches_divided_by=num_batches_divided_by,
                   use_dynamic_bsz_balance=use_dynamic_bsz_balance, cost=cost, spec=spec)
@@ -276,6 +290,22 @@ def _select_rows(batch: Any, idx: list[int]) -> Any:
     return index_select_tensor_dict(batch, idx)
 
 
+def _collective_device(group: Any):
+    """Where ``group``'s backend takes its tensors: the CPU for gloo (or without an
+    accelerator: mpi), else this process's current accelerator (nccl: CUDA; hccl: NPU)."""
+    import torch
+    import torch.distributed as dist
+
+    accelerator = getattr(torch, "accelerator", None)  # torch >= 2.6
+    if accelerator is not None:
+        current = accelerator.current_accelerator()
+    else:
+        current = torch.device("cuda") if torch.cuda.is_available() else None
+    if dist.get_backend(group) == "gloo" or current is None:
+        return torch.device("cpu")
+    return torch.device(current.type, torch.get_device_module(current.type).current_device())
+
+
 def _count_extremes(count: int, failed: bool, group: Any) -> tuple[int, int, int | None]:
     """(largest count, smallest count, a failed rank or None) over the ranks of ``group``
     (its highest failed rank, by its rank in the group), from one all-reduce; this rank's
@@ -287,11 +317,8 @@ def _count_extremes(count: int, failed: bool, group: Any) -> tuple[int, int, int
         return count, count, (0 if failed else None)
     if not dist.is_available() or not dist.is_initialized():
         return count, count, (0 if failed else None)
-    device = "cpu"
-    if dist.get_backend(group) == "nccl":
-        device = torch.device("cuda", torch.cuda.current_device())
     me = dist.get_rank(group) + 1 if failed else 0  # 0: no failure here
-    t = torch.tensor([count, -count, me], dtype=torch.int64, device=device)
+    t = torch.tensor([count, -count, me], dtype=torch.int64, device=_collective_device(group))
     dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
     most, neg_fewest, failed_rank = t.tolist()
     return most, -neg_fewest, (failed_rank - 1 if failed_rank else None)
@@ -357,7 +384,11 @@ def balanced_micro_batches(
         strict=True,
         min_num_microbatches=min_num_micro_batch,
     )
-    s = build_schedule(lengths, dp_size=dp_size, **kwargs)
+    try:
+        s = build_schedule(lengths, dp_size=dp_size, **kwargs)
+    except ValueError as exc:
+        raise ValueError(f"{exc} (in verl's terms: max_tokens_per_microbatch is max_token_len, "
+                         "align is num_batches_divided_by)") from exc
     per_rank = s.microbatches
     if dp_size > 1 and not same_micro_num_in_dp:
         # Each rank keeps its own fewest micro-batches for its share of the batch.
