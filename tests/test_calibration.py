@@ -135,7 +135,23 @@ def test_plan_is_budgeted():
         make_plan(SPEC, modes=("eval",))
     # A GPU outside the registry is planned with H200 rates, and the plan says so.
     assert "not in the GPU registry" in make_plan(SPEC, gpu="mystery-gpu").notes[0]
-    assert not make_plan(SPEC, gpu="h100").notes
+    assert not [n for n in make_plan(SPEC, gpu="h100").notes if "registry" in n]
+
+
+def test_plan_counts_the_calls_each_timing_makes():
+    """Eagerly a point runs its warm-ups and repeats; as a CUDA graph at least two warm-ups
+    (the first backward only creates .grad), the upload replay and the repeats."""
+    from costmodel.calibration.plan import PER_POINT_OVERHEAD_S, plan_seconds
+    from costmodel.estimate import estimate_cost_model
+    from costmodel.gpus import lookup_gpu
+
+    plan = make_plan(SPEC, quick=True, max_len=4096, gpu="h200", timing="eager")
+    model = estimate_cost_model(SPEC, lookup_gpu("h200"))
+    overhead = PER_POINT_OVERHEAD_S * len(plan.points)
+    work = {t: plan_seconds(plan.points, model, plan.settings, t) - overhead
+            for t in ("eager", "graph")}
+    s = plan.settings  # quick: 1 warm-up, 3 repeats
+    assert work["graph"] / work["eager"] == pytest.approx((2 + 1 + s.repeats) / (1 + s.repeats))
 
 
 def test_report_and_plot(tmp_path, fitted):

@@ -269,6 +269,26 @@ def test_kernel_timer_rejects_an_unknown_timing():
 
 
 @pytest.mark.skipif(torch is None, reason="needs torch")
+def test_a_workload_no_graph_can_hold_is_timed_eagerly(monkeypatch, caplog):
+    """sdpa reads the offsets on the host: graph timing falls back to eager at once; a
+    failed start-up capture does too, with its reason, instead of ending the run."""
+    import costmodel.calibration.workloads as workloads
+    from costmodel.calibration.timer import GraphCaptureError
+
+    spec = _tiny("qwen3-8b")
+    timer = workloads.KernelTimer(spec, attention="sdpa", dtype="fp32", device="cpu", timing="graph")
+    assert timer.timing == "eager" and "reads the sequence offsets on the host" in caplog.text
+    timer.timing = "graph"  # as for a backend a graph can hold
+
+    def fails():
+        raise GraphCaptureError("this workload cannot be captured into a CUDA graph (a sync)")
+
+    monkeypatch.setattr(timer, "_check_capture", fails)
+    timer._capture_or_time_eagerly()
+    assert timer.timing == "eager" and "(a sync): timing eagerly" in caplog.text
+
+
+@pytest.mark.skipif(torch is None, reason="needs torch")
 @pytest.mark.parametrize("layers", ["dense", "all-moe", "mixed"])
 def test_start_up_capture_check_covers_the_layer_kinds_the_model_has(monkeypatch, layers):
     """The graph-capture check at start (CUDA only) builds a stack of each layer kind the
@@ -354,7 +374,8 @@ def test_calibrate_and_validate_commands_with_a_synthetic_device(tmp_path, monke
     monkeypatch.setattr(device, "device_fingerprint", lambda: {"name": "NVIDIA H200"})
     timer_kwargs = []
     monkeypatch.setattr(workloads, "KernelTimer",
-                        lambda spec, **kw: timer_kwargs.append(kw) or SyntheticTimer(spec, noise=0.003))
+                        lambda spec, **kw: timer_kwargs.append(kw) or SyntheticTimer(
+                            spec, noise=0.003, timing=kw["timing"]))
     out = tmp_path / "cal.json"
     args = ["calibrate", "--gpu", "h200", "--model", "qwen3-0.6b", "--quick", "--max-len", "4096", "-o", str(out)]
     assert main(args) == 0, capsys.readouterr().err
@@ -416,7 +437,7 @@ def test_sigterm_during_calibrate_saves_a_partial_file_that_refits(tmp_path, mon
     monkeypatch.setattr(device, "require_cuda", lambda: None)
     monkeypatch.setattr(device, "settle_gpu", lambda seconds: None)
     monkeypatch.setattr(device, "device_fingerprint", lambda: {"name": "NVIDIA H200"})
-    monkeypatch.setattr(workloads, "KernelTimer", lambda spec, **kw: Killed(spec, noise=0.003))
+    monkeypatch.setattr(workloads, "KernelTimer", lambda spec, **kw: Killed(spec, noise=0.003, timing=kw["timing"]))
     out = tmp_path / "cal.json"
     args = ["calibrate", "--gpu", "h200", "--model", "qwen3-0.6b", "--quick", "--max-len", "4096", "-o", str(out)]
     assert main(args) == 130

@@ -73,13 +73,18 @@ class FakeCuda:
         finally:
             self.stream_stack.pop()
 
+    def set_stream(self, s):
+        self._current = s
+
     @contextlib.contextmanager
     def graph(self, g):
         self.capturing = True
+        before, self._current = self._current, "capture stream"
         try:
             yield
             if self.capture_fails:
                 raise RuntimeError("operation not permitted when stream is capturing\nmore")
+            self._current = before  # as torch: its capture stream stays current when capture_end raises
         except BaseException:
             # As torch does: capture_end fails again after any error inside the capture,
             # and that second error carries the first as its __context__.
@@ -138,6 +143,16 @@ def test_failed_capture_names_the_eager_fallback(fake_cuda):
     with pytest.raises(GraphCaptureError, match=r"cannot be captured.*\(operation not permitted "
                        r"when stream is capturing\); time it eagerly instead \(--timing eager\)"):
         capture_cuda_graph(workload(cuda), warmup=1)
+
+
+def test_a_failed_capture_gives_back_the_current_stream(fake_cuda):
+    """torch.cuda.graph leaves its capture stream current when capture_end raises; the
+    eager timing that follows a failed capture must run on the stream it ran on before."""
+    cuda = fake_cuda(capture_fails=True)
+    before = cuda.current_stream()
+    with pytest.raises(GraphCaptureError):
+        capture_cuda_graph(workload(cuda), warmup=1)
+    assert cuda.current_stream() is before
 
 
 def test_a_sync_inside_the_capture_is_reported_not_the_follow_up_error(fake_cuda):

@@ -39,7 +39,7 @@ logger = logging.getLogger(__name__)
 
 __all__ = [
     "TIMINGS", "GraphCaptureError", "Measurement", "SyntheticShape", "SyntheticTimer", "Timer",
-    "capture_cuda_graph", "check_timing", "time_cpu", "time_cuda",
+    "capture_cuda_graph", "check_timing", "time_cpu", "time_cuda", "timing_for",
 ]
 
 #: How a workload is timed on the GPU: replays of a captured CUDA graph, or eager calls.
@@ -49,6 +49,19 @@ TIMINGS = ("graph", "eager")
 def check_timing(timing: str) -> None:
     if timing not in TIMINGS:
         raise ValueError(f"timing {timing!r}; allowed: {', '.join(TIMINGS)}")
+
+
+def timing_for(timing: str, attention: str) -> str:
+    """`timing`, or "eager" (with a warning) where the attention backend cannot be captured
+    into a CUDA graph: it would fail at the first capture, minutes into a GPU session."""
+    from costmodel.kernels import HOST_READING_BACKENDS
+
+    check_timing(timing)
+    if timing == "graph" and attention in HOST_READING_BACKENDS:
+        logger.warning("attention %r reads the sequence offsets on the host, which a CUDA "
+                       "graph cannot hold: timing eagerly", attention)
+        return "eager"
+    return timing
 
 
 @dataclass(frozen=True)
@@ -71,6 +84,9 @@ class Measurement:
 @runtime_checkable
 class Timer(Protocol):
     """What the pipeline needs from a timer."""
+
+    timing: str
+    """How points are timed ("graph" or "eager"; see `TIMINGS`): the results record it."""
 
     def measure(self, point: SweepPoint, *, repeats: int, warmup: int) -> Measurement:
         """Time one call of the workload `point` describes (ms): median over `repeats`
@@ -118,6 +134,7 @@ def capture_cuda_graph(fn: Callable[[], Any], *, warmup: int = 1):
     torch.cuda.current_stream().wait_stream(side)
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
+    stream = torch.cuda.current_stream()
     raised: list[BaseException] = []  # what fn itself raised inside the capture, if anything
     try:
         with torch.cuda.graph(graph):
@@ -127,6 +144,8 @@ def capture_cuda_graph(fn: Callable[[], Any], *, warmup: int = 1):
                 raised.append(err)
                 raise
     except RuntimeError as exc:
+        # torch.cuda.graph leaves its capture stream current when capture_end raises.
+        torch.cuda.set_stream(stream)
         # An error inside the capture (a host sync, say) is followed by capture_end failing
         # with "operation failed due to a previous error during capture": report fn's own.
         cause = raised[0] if raised else exc
@@ -296,7 +315,9 @@ class SyntheticTimer:
 
     def __init__(self, spec, shape: SyntheticShape | None = None, *, noise: float = 0.01,
                  seed: int = 0, device_name: str = "NVIDIA H200",
-                 drift: float = 0.0, expected_calls: int = 1000):
+                 drift: float = 0.0, expected_calls: int = 1000, timing: str = "graph"):
+        check_timing(timing)
+        self.timing = timing  # what it stands in for
         self.spec = spec
         self.shape = shape or SyntheticShape()
         self.noise = noise

@@ -32,11 +32,12 @@ from typing import Any
 from costmodel.calibration.device import device_fingerprint, require_cuda
 from costmodel.calibration.plan import SweepPoint
 from costmodel.calibration.timer import (
+    GraphCaptureError,
     Measurement,
     capture_cuda_graph,
-    check_timing,
     time_cpu,
     time_cuda,
+    timing_for,
 )
 from costmodel.spec import ModelSpec
 
@@ -56,8 +57,7 @@ class KernelTimer:
                  fingerprint: dict[str, Any] | None = None):
         if dtype not in _DTYPES:
             raise ValueError(f"dtype {dtype!r}; allowed: {', '.join(_DTYPES)}")
-        check_timing(timing)
-        self.timing = timing
+        self.timing = timing_for(timing, attention)
         if device not in ("cuda", "cpu"):
             raise ValueError(f"device {device!r}; allowed: cuda, cpu (a dry run)")
         if device == "cuda":
@@ -84,8 +84,8 @@ class KernelTimer:
         self.l2_bytes = int(self._fingerprint.get("l2_cache_bytes") or 0)
         self._modules: dict[tuple, Any] = {}
         torch.manual_seed(seed)
-        if self.device.type == "cuda" and timing == "graph":
-            self._check_capture()
+        if self.device.type == "cuda" and self.timing == "graph":
+            self._capture_or_time_eagerly()
 
     def device_fingerprint(self) -> dict[str, Any]:
         return dict(self._fingerprint)
@@ -158,6 +158,15 @@ class KernelTimer:
         for point in points:
             fn, _ = self._build(point)
             capture_cuda_graph(fn, warmup=1)
+
+    def _capture_or_time_eagerly(self) -> None:
+        """The start-up capture check; where it fails, time eagerly (with a warning, and the
+        results say so) rather than lose a sweep for want of a graph."""
+        try:
+            self._check_capture()
+        except GraphCaptureError as exc:
+            logger.warning("%s: timing eagerly (recorded as such in the results)", exc)
+            self.timing = "eager"
 
     @staticmethod
     def _param_bytes(*modules) -> int:

@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from costmodel.calibration.timer import timing_for
 from costmodel.commands.common import add_settle_argument, comma_ints
 from costmodel.kernels import check_attention
 
@@ -128,6 +129,8 @@ def run(args: argparse.Namespace, *, measure=None) -> int:
     dp_sizes = comma_ints(args.dp, "--dp")
     if args.cap < 1:
         raise ValueError(f"--cap must be a positive number of tokens, got {args.cap}")
+    check_attention(args.attention)
+    args.timing = timing_for(args.timing, args.attention)  # sdpa: eager, before the GPU
     if args.repeats is None:
         args.repeats = 1 if args.timing == "graph" else 2
     if args.repeats < 1:
@@ -136,7 +139,6 @@ def run(args: argparse.Namespace, *, measure=None) -> int:
         raise ValueError(f"--time-limit-s must be > 0 seconds, got {args.time_limit_s}")
     if args.warmup < 0 or args.seed < 0:
         raise ValueError(f"--warmup and --seed must be >= 0, got {args.warmup} and {args.seed}")
-    check_attention(args.attention)
     deadline = None if args.time_limit_s is None else started + args.time_limit_s
     spec = ModelSpec.from_any(args.model)
 

@@ -67,7 +67,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--timing", default=_SWEEP_DEFAULTS["timing"], choices=("graph", "eager"),
                    help="graph (default): time replays of a CUDA graph of each workload, the "
                    "GPU's own time without Python launch overhead; eager: time plain calls, "
-                   "with this process's launch overhead (for stacks that cannot be captured)")
+                   "with this process's launch overhead. A workload that cannot be captured "
+                   "(--attention sdpa reads lengths on the host) is timed eagerly, with a "
+                   "warning, and the file says so")
     p.add_argument("--budget-s", type=seconds, default=None,
                    help="time budget of the sweep in seconds (default 75, --quick 24)")
     add_settle_argument(p, default="10, --quick 3")
@@ -108,13 +110,14 @@ def run(args: argparse.Namespace) -> int:
         spec = dataclasses.replace(spec, dtype=args.dtype)
     check_attention(args.attention)
 
-    def plan_for(gpu: str):
+    def plan_for(gpu: str, timing: str):
         return make_plan(spec, modes=modes, max_len=args.max_len, max_tokens=args.max_tokens,
-                         quick=args.quick, gpu=gpu, budget_s=args.budget_s)
+                         quick=args.quick, gpu=gpu, budget_s=args.budget_s, timing=timing)
 
     # The flags that need no GPU are checked before CUDA starts: a known --gpu name, and
     # the sweep's (the plan is made again below for the GPU found).
-    plan_for(lookup_gpu(args.gpu).key if args.gpu.strip().lower() != "auto" else "h200")
+    plan_for(lookup_gpu(args.gpu).key if args.gpu.strip().lower() != "auto" else "h200",
+             args.timing)
     require_cuda()  # RuntimeError saying what is missing, before any work
     # A wrong --gpu fails here, before the timer checks the backend and captures graphs.
     fingerprint = device_fingerprint()
@@ -123,9 +126,9 @@ def run(args: argparse.Namespace) -> int:
 
     timer = KernelTimer(spec, attention=args.attention, dtype=args.dtype, timing=args.timing,
                         fingerprint=fingerprint)
-    plan = plan_for(gpu_key)  # outside the registry: planned with H200 rates, noted in the plan
+    plan = plan_for(gpu_key, timer.timing)  # outside the registry: planned with H200 rates, noted in the plan
     print(f"calibrating {spec.name} on {fingerprint['name']} ({gpu_key}), attention "
-          f"{args.attention}, {args.dtype}, {args.timing} timing: {plan.summary()}", file=sys.stderr)
+          f"{args.attention}, {args.dtype}, {timer.timing} timing: {plan.summary()}", file=sys.stderr)
     for note in plan.notes:  # also kept in the file's provenance
         print(f"note: {note}", file=sys.stderr)
     partial = output.with_name(output.stem + ".partial.json")
@@ -142,7 +145,7 @@ def run(args: argparse.Namespace) -> int:
     with _signals_interrupt():
         model = calibrate(
             spec, timer=timer, plan=plan, gpu_key=gpu_key, gpu_info=info, attention=args.attention,
-            dtype=args.dtype, timing=args.timing, command=command, save_partial=save_partial,
+            dtype=args.dtype, timing=timer.timing, command=command, save_partial=save_partial,
             progress=ProgressLine(sys.stderr, "calibrate"),
         )
     model.save(output)

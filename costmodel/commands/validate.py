@@ -100,6 +100,7 @@ def run(args: argparse.Namespace) -> int:
     timing = args.timing or kernels.get("timing", "eager")
     timer = KernelTimer(model.spec, attention=attention, dtype=kernels.get("dtype", "bf16"),
                         timing=timing, fingerprint=fingerprint)
+    timing = timer.timing  # eager where the workload cannot be captured
     settle_gpu(args.settle_s)
     print(f"validating {model.label} with {args.count} micro-batches per mode through "
           f"{args.layers} layers + head ({attention}, {timing} timing)", file=sys.stderr)

@@ -5,11 +5,14 @@ Import-light on purpose: nothing here imports torch or triton at package import 
 (`costmodel.kernels.attention`, ...) to get the torch-backed code.
 """
 
-__all__ = ["ATTENTION_BACKENDS", "attention", "check_attention", "layer", "mlp"]
+__all__ = ["ATTENTION_BACKENDS", "HOST_READING_BACKENDS", "attention", "check_attention", "layer", "mlp"]
 
 # The attention backends by name (`attention.get_attention`); here, torch-free, so commands
 # can check an --attention flag before they import torch or touch the GPU.
 ATTENTION_BACKENDS: tuple[str, ...] = ("triton", "torch-varlen", "sdpa", "flash-attn")
+# Backends that read the sequence offsets on the host (sdpa loops over the sequences): a
+# CUDA graph cannot hold that read, so they are timed eagerly.
+HOST_READING_BACKENDS: frozenset[str] = frozenset({"sdpa"})
 
 
 def check_attention(name: str, flag: str = "--attention") -> str:

@@ -194,9 +194,9 @@ class LayerTimer:
                 "bench-schedule times micro-batches on a CUDA GPU and none is visible "
                 f"(torch {torch.__version__}, CUDA {torch.version.cuda}); run it on a GPU machine"
             )
-        from costmodel.calibration.timer import check_timing
+        from costmodel.calibration.timer import timing_for
 
-        check_timing(timing)
+        timing = timing_for(timing, attention)
         if replays < 1:
             raise ValueError(f"replays must be at least 1, got {replays}")
         from costmodel.kernels.layer import TransformerLayer
