@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import os
 import sys
 import traceback
 
@@ -72,6 +73,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         return int(args.func(args) or 0)
+    except BrokenPipeError:  # `costmodel report ... | head`: the reader has what it wanted
+        # Python's own flush of stdout at exit would fail again; send it nowhere.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except _USER_ERRORS as err:
         message = err.args[0] if isinstance(err, KeyError) and err.args else err
         if args.verbose and not isinstance(err, ValueError):
@@ -80,9 +85,6 @@ def main(argv: list[str] | None = None) -> int:
             traceback.print_exc(file=sys.stderr)
         print(f"costmodel {args.command}: error: {message}", file=sys.stderr)
         return 2
-    except BrokenPipeError:  # `costmodel report ... | head`
-        sys.stderr.close()
-        return 0
     except KeyboardInterrupt:
         print(f"costmodel {args.command}: interrupted", file=sys.stderr)
         return 130

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -186,3 +187,20 @@ def test_bad_output_paths_are_refused_before_any_work(tmp_path, capsys, target):
         assert err.count("\n") == 1 and ("directory" in err or "regular file" in err
                                           or "not a folder" in err), (argv, err)
     assert os.path.exists(os.devnull) and not os.path.isfile(os.devnull)
+
+
+def test_a_reader_that_stops_early_is_no_error(tmp_path):
+    """`costmodel schedule ... --json F | head -1`: exit 0, nothing on stderr, and F written
+    (the JSON is written before the table; it was lost, with an exit of 2)."""
+    root = Path(__file__).resolve().parents[1]
+    out = tmp_path / "s.json"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "costmodel", "schedule", "--n", "4096", "--dp", "16", "--json",
+         str(out)], cwd=root, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},  # each line written as printed
+    )
+    proc.stdout.readline()
+    proc.stdout.close()  # as head does after its line
+    assert proc.wait(timeout=120) == 0
+    assert proc.stderr.read() == b""
+    assert out.is_file()

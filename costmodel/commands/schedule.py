@@ -146,6 +146,10 @@ def run(args: argparse.Namespace) -> int:
         mode=args.mode,
     )
     elapsed_ms = (time.perf_counter() - t0) * 1e3
+    if args.json is not None:  # before the table: a reader that stops early (| head) loses none
+        doc = s.to_dict()
+        doc["input"] = {"source": source, "model": spec.name, "cost": cost_label(cost)}
+        write_json_atomic(args.json, doc)
     unit = "ms" if not isinstance(cost, str) else ("tokens" if cost == "tokens" else "FLOP")
     print(f"{source}; {int(lengths.sum()):,} tokens")
     print(
@@ -173,8 +177,5 @@ def run(args: argparse.Namespace) -> int:
         f"{s.makespan_over_lower_bound:.5f}"
     )
     if args.json is not None:
-        doc = s.to_dict()
-        doc["input"] = {"source": source, "model": spec.name, "cost": cost_label(cost)}
-        write_json_atomic(args.json, doc)
         print(f"wrote {args.json}")
     return 0
