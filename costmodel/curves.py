@@ -66,6 +66,8 @@ def _knots(x: ArrayLike, y: ArrayLike, xname: str, what: str) -> tuple[np.ndarra
 class AttentionCurve:
     """Attention core time of one sequence in one layer (ms) as a function of its length."""
 
+    interpolation = "pchip-loglog"  # what the file says, and what its reader checks
+
     def __init__(self, lengths: ArrayLike, ms: ArrayLike, *, what: str = "attention curve"):
         self.lengths, self.ms = _knots(lengths, ms, "lengths", what)
         self._lx, self._ly = np.log(self.lengths), np.log(self.ms)
@@ -93,7 +95,7 @@ class AttentionCurve:
         return {
             "lengths": [int(x) if float(x).is_integer() else float(x) for x in self.lengths],
             "ms": [float(y) for y in self.ms],
-            "interpolation": "pchip-loglog",
+            "interpolation": self.interpolation,
             "low_exponent": self.low_exponent,
             "tail_exponent": self.tail_exponent,
         }
@@ -101,6 +103,8 @@ class AttentionCurve:
 
 class TokenCurve:
     """Time (ms) of a token-linear block as a function of the micro-batch's token count."""
+
+    interpolation = "piecewise-linear"
 
     def __init__(self, tokens: ArrayLike, ms: ArrayLike, *, what: str = "token curve"):
         self.tokens, self.ms = _knots(tokens, ms, "tokens", what)
@@ -123,7 +127,7 @@ class TokenCurve:
         return {
             "tokens": [int(x) if float(x).is_integer() else float(x) for x in self.tokens],
             "ms": [float(y) for y in self.ms],
-            "interpolation": "piecewise-linear",
+            "interpolation": self.interpolation,
         }
 
 

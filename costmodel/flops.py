@@ -61,6 +61,9 @@ def as_lengths(seqlens: ArrayLike, what: str = "sequence lengths") -> np.ndarray
     except ValueError:  # ragged nesting: numpy's "inhomogeneous shape" says little
         raise ValueError(f"{what} must be a flat list of integers, got nested lists of "
                          "different lengths") from None
+    if arr.ndim == 0 and arr.dtype.kind == "O":  # None, a generator, a dict ...
+        raise ValueError(f"{what} must be a list or array of integers, got "
+                         f"{type(seqlens).__name__}")
     if arr.ndim == 0:
         arr = arr.reshape(1)
     if arr.ndim != 1:

@@ -383,6 +383,9 @@ def load_cost_model(
     """
     if spec is not None:
         spec = as_spec(spec)
+    if not isinstance(path_or_name, (str, os.PathLike)):
+        raise ValueError(f"a cost model is a file path or a name like 'h200/qwen3-8b', got "
+                         f"{path_or_name!r:.60}")
     text = os.fspath(path_or_name)
     p = Path(text)
     if p.is_file():

@@ -266,6 +266,10 @@ def _mode_from_dict(d: Any, mode: str, source: str) -> ModeCurves:
     def curve(cls, block: Mapping, xkey: str, name: str):
         xs = _require(block, xkey, list, source, f"{where}{name}.")
         ys = _require(block, "ms", list, source, f"{where}{name}.")
+        kind = block.get("interpolation", cls.interpolation)
+        if kind != cls.interpolation:  # a file from another tool or version: not read as ours
+            raise _fail(source, f"{where}{name}.interpolation is {kind!r}, but this costmodel "
+                        f"reads {cls.interpolation!r} curves only")
         try:
             return cls(xs, ys, what=f"{where}{name}")
         except (ValueError, TypeError) as err:

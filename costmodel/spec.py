@@ -202,6 +202,9 @@ class ModelSpec:
     # ---- constructors ----------------------------------------------------------------
     @classmethod
     def from_preset(cls, name: str) -> ModelSpec:
+        if not isinstance(name, str):
+            raise ValueError(f"a model preset is named by a string, got {name!r:.60}; known "
+                             f"presets: {', '.join(PRESETS)}")
         key = name.strip().lower()
         if key not in PRESETS:
             raise ValueError(f"unknown model preset {name!r}; known presets: {', '.join(PRESETS)}")

@@ -204,3 +204,23 @@ def test_a_reader_that_stops_early_is_no_error(tmp_path):
     assert proc.wait(timeout=120) == 0
     assert proc.stderr.read() == b""
     assert out.is_file()
+
+
+def test_api_entry_points_name_a_missing_argument():
+    """None, a number or a generator where a list or a name belongs: a ValueError saying
+    what was expected (AttributeError, TypeError, "dtype object", "1 samples" before)."""
+    from costmodel.flops import calculate_fwd_flops
+    from costmodel.model import load_cost_model
+    from costmodel.scheduler import build_schedule
+    from costmodel.spec import ModelSpec
+
+    for lengths in (None, 100, (n for n in [1, 2])):
+        with pytest.raises(ValueError, match="lengths must be a list or array with one length per sample"):
+            build_schedule(lengths, dp_size=2, max_tokens_per_microbatch=1000)
+    with pytest.raises(ValueError, match="a model preset is named by a string, got None; known"):
+        ModelSpec.from_preset(None)
+    with pytest.raises(ValueError, match="a cost model is a file path or a name like"):
+        load_cost_model(None)
+    with pytest.raises(ValueError, match="must be a list or array of integers, got NoneType"):
+        calculate_fwd_flops(None, "qwen3-8b")
+    assert calculate_fwd_flops(4096, "qwen3-8b") == calculate_fwd_flops([4096], "qwen3-8b")

@@ -370,3 +370,24 @@ def test_layer_counts_and_modes_are_checked(model):
             model.stack_cost([100], num_layers=bad)
     with pytest.raises(ValueError, match="mode \\['train'\\] is not in this cost model"):
         model.microbatch_cost([100], mode=["train"])
+
+
+def test_curves_of_another_interpolation_are_refused(tmp_path, good_doc):
+    """A curve the file says is interpolated some other way would be read as ours."""
+    good_doc["curves"]["train"]["attention"]["interpolation"] = "cubicspline9"
+    with pytest.raises(ValueError, match=r"curves\.train\.attention\.interpolation is "
+                       r"'cubicspline9', but this costmodel reads 'pchip-loglog' curves only"):
+        load_cost_model(_write(tmp_path, json.dumps(good_doc)))
+    del good_doc["curves"]["train"]["attention"]["interpolation"]  # absent: ours
+    load_cost_model(_write(tmp_path, json.dumps(good_doc)))
+
+
+def test_scheduling_a_pass_the_model_lacks_says_which_it_has(tmp_path, good_doc):
+    from costmodel.scheduler import build_schedule
+
+    del good_doc["curves"]["forward"]
+    model = load_cost_model(_write(tmp_path, json.dumps(good_doc)))
+    with pytest.raises(ValueError, match=r"has curves for train only, not mode 'forward': "
+                       r"schedule with mode 'train' \(--mode train\)"):
+        build_schedule([100, 200, 300], dp_size=1, max_tokens_per_microbatch=1024, cost=model,
+                       mode="forward")

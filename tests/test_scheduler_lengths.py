@@ -100,3 +100,12 @@ def test_read_lengths_from_json_and_npy(tmp_path):
     np.save(tmp_path / "d.npy", np.array([2**63], dtype=np.uint64))  # not read as negative
     with pytest.raises(ValueError, match="too large"):
         read_lengths(tmp_path / "d.npy")
+
+
+def test_a_text_file_named_npy_is_not_sent_to_pickle(tmp_path):
+    """numpy calls a text file "pickled data" and suggests allow_pickle: the error says what
+    the file is not, and what to give instead."""
+    (tmp_path / "lengths.npy").write_text("100\n200\n")
+    with pytest.raises(ValueError, match=r"lengths\.npy: not a \.npy array of lengths \(not a "
+                       r"\.npy file\); save one with numpy\.save, or give the lengths as a text"):
+        read_lengths(tmp_path / "lengths.npy")

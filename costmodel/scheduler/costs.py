@@ -237,6 +237,11 @@ class ModelCost(Cost):
         spec_name = getattr(spec, "name", None)
         label = "/".join(str(p) for p in (gpu, spec_name) if p)
         self.name = f"cost model {label}" if label else f"cost model {type(model).__name__}"
+        modes = getattr(model, "modes", None)
+        if isinstance(modes, (list, tuple)) and mode not in modes:  # said here, not per batch
+            raise ValueError(f"{self.name} has curves for {', '.join(modes)} only, not mode "
+                             f"{mode!r}: schedule with mode {modes[0]!r} (--mode {modes[0]}), "
+                             "or calibrate that pass too")
         batched = getattr(model, "microbatch_costs", None)
         single = getattr(model, "microbatch_cost", None)
         if batched is None and single is None:

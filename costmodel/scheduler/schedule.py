@@ -249,6 +249,9 @@ def build_schedule(
     Returns:
         A `Schedule`.
     """
+    if np.ndim(lengths) == 0:  # a number, None, a generator: not one length per sample
+        raise ValueError(f"lengths must be a list or array with one length per sample, got "
+                         f"{lengths!r:.60}")
     lens = as_lengths(lengths, "lengths")
     dp = positive_int(dp_size, "dp_size")
     cap = token_cap(max_tokens_per_microbatch)
