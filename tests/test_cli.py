@@ -224,3 +224,12 @@ def test_api_entry_points_name_a_missing_argument():
     with pytest.raises(ValueError, match="must be a list or array of integers, got NoneType"):
         calculate_fwd_flops(None, "qwen3-8b")
     assert calculate_fwd_flops(4096, "qwen3-8b") == calculate_fwd_flops([4096], "qwen3-8b")
+
+
+def test_verbose_goes_before_or_after_the_command():
+    from costmodel.cli import build_parser
+
+    parser = build_parser()
+    for argv, verbose in ((["schedule", "-v"], True), (["-v", "schedule"], True),
+                          (["schedule"], False), (["report", "x.json", "--verbose"], True)):
+        assert parser.parse_args(argv).verbose is verbose, argv

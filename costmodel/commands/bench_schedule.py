@@ -53,7 +53,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="one batch of this many samples for every DP size (a lengths file: its first N; "
         "default for a file: all of it)",
     )
-    p.add_argument("--cap", type=int, default=16384, help="token cap per micro-batch (default: 16384)")
+    p.add_argument("--cap", "--max-tokens", dest="cap", type=int, default=16384, help="token cap per micro-batch (default: 16384)")
     p.add_argument("--dp", default="8,16,64", help="comma-separated DP sizes (default: 8,16,64)")
     p.add_argument(
         "--policies", default="tokens,flops,baseline,calibrated",

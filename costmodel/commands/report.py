@@ -20,7 +20,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--cost-model-allow-other-shape", "--allow-other-shape", action="store_true",
                    dest="allow_other_shape",
                    help="with --spec, accept a file made for another model shape")
-    p.add_argument("--spec", default=None,
+    p.add_argument("--spec", "--model", dest="spec", default=None,
                    help="model preset or config.json the file must match (default: the file's own)")
     p.set_defaults(func=run)
 

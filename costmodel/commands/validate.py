@@ -68,8 +68,10 @@ def run(args: argparse.Namespace) -> int:
                          "`costmodel calibrate`")
     modes = parse_modes(args.modes) if args.modes else tuple(model.modes)
     caps = comma_ints(args.caps, "--caps")
-    if args.count < 4 or args.layers < 1:
-        raise ValueError("--count must be >= 4 and --layers >= 1")
+    if args.count < 4:
+        raise ValueError(f"--count must be at least 4 micro-batches per mode, got {args.count}")
+    if args.layers < 1:
+        raise ValueError(f"--layers must be at least 1, got {args.layers}")
     if args.time_limit_s is not None and not args.time_limit_s > 0:
         raise ValueError(f"--time-limit-s must be > 0 seconds, got {args.time_limit_s}")
     # Everything that can be checked without the GPU, before CUDA starts and the clocks settle.

@@ -66,13 +66,13 @@ def add_trainer_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentP
     )
     g.add_argument("--log-json", default=None, metavar="PATH", help="write per-step records (JSON lines)")
     m = parser.add_argument_group("tiny GPT shape")
-    m.add_argument("--layers", type=int, default=2)
-    m.add_argument("--hidden", type=int, default=64)
-    m.add_argument("--heads", type=int, default=4)
-    m.add_argument("--kv-heads", type=int, default=2)
-    m.add_argument("--head-dim", type=int, default=16)
-    m.add_argument("--ffn", type=int, default=128)
-    m.add_argument("--vocab", type=int, default=128)
+    for flag, default, what in (
+        ("--layers", 2, "transformer layers"), ("--hidden", 64, "hidden size"),
+        ("--heads", 4, "query heads"), ("--kv-heads", 2, "key/value heads (GQA)"),
+        ("--head-dim", 16, "head dimension"), ("--ffn", 128, "SwiGLU intermediate size"),
+        ("--vocab", 128, "vocabulary size"),
+    ):
+        m.add_argument(flag, type=int, default=default, help=f"{what} (default: {default})")
     add_arguments(parser)
     # The trainer always packs by a token cap; --balance-by-flops then changes what is
     # balanced. ~10 samples of ~100 tokens per micro-batch by default.
