@@ -307,10 +307,10 @@ def test_separable_local_search_keeps_exact_books():
     bin_of = rank_slot[packed]
     scale = 2.0**30
     q = np.rint(cost.sample_costs(lengths) * scale).astype(np.int64)
-    st_ = BinState(lengths, q, bin_of // m, bin_of.copy(), dp, m, cap, cost, scale)
+    st_ = BinState(lengths, q, bin_of.copy(), dp, m, cap, cost, scale)
     before = int(st_.load.max())
     assert local_search(st_) > 0 and int(st_.load.max()) < before
-    fresh = BinState(lengths, q, st_.rank_of, st_.bin_of, dp, m, cap, cost, scale)
+    fresh = BinState(lengths, q, st_.bin_of, dp, m, cap, cost, scale)
     assert np.array_equal(st_.bin_q, fresh.bin_q)
     assert np.array_equal(st_.fill, fresh.fill) and np.array_equal(st_.count, fresh.count)
     assert np.array_equal(st_.load, np.bincount(np.arange(dp * m) // m, weights=st_.bin_q))

@@ -121,7 +121,7 @@ def lower_bound(
     if cost.additive:
         s = cost.sample_costs(lengths) if sample_costs is None else sample_costs
         n_bins = n_over + -(-int(lengths[~over].sum()) // cap)
-        fixed = getattr(cost, "fixed", 0.0)
+        fixed = cost.fixed_cost()
         total = math.fsum(s.tolist()) + fixed * n_bins
         return max(total / dp, fixed + float(s.max()))
     if order is None:

@@ -180,6 +180,14 @@ def quantise(values: np.ndarray, scale: float, name: str) -> np.ndarray:
     return np.rint(scaled).astype(np.int64)
 
 
+def additive_bin_costs(cost: Cost, q: np.ndarray, bin_of: np.ndarray, k: int,
+                       scale: float) -> np.ndarray:
+    """Quantised cost of each of ``k`` micro-batches under an additive cost: its samples'
+    quantised costs plus the fixed cost (one rounding of it, shared by every micro-batch)."""
+    fixed_q = int(np.rint(cost.fixed_cost() * scale))
+    return np.bincount(bin_of, weights=q, minlength=k).astype(np.int64) + fixed_q
+
+
 class AdditiveCost(Cost):
     """``fixed + Σ per_sample(L)`` per micro-batch (tokens, analytic FLOPs, ``a·L + L²``)."""
 
@@ -201,6 +209,9 @@ class AdditiveCost(Cost):
         per = self.sample_costs(lengths)
         _check_values(per, self.name, lengths, np.arange(lengths.size + 1))
         return _segment_sums(per, offsets) + self.fixed
+
+    def fixed_cost(self) -> float:
+        return self.fixed
 
 
 def _accepts_mode(fn: Callable) -> bool:

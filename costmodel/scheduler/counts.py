@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from costmodel.scheduler.bounds import round_up
-from costmodel.scheduler.costs import Cost, quantise
+from costmodel.scheduler.costs import Cost, additive_bin_costs, quantise
 from costmodel.scheduler.groups import place_groups
 from costmodel.scheduler.pack import assign_bins, pack_tokens, search_pack, tight_pack
 from costmodel.scheduler.sorting import members_of
@@ -77,7 +77,8 @@ def pack_and_assign(
     exact: bool = False,
 ) -> tuple[np.ndarray, np.ndarray, int, np.ndarray]:
     """Pack by tokens into dp × m micro-batches (fewest m that works), then give each
-    rank m of them balancing their true costs. Returns (rank_of, bin_of, m, bin costs).
+    rank m of them balancing their true costs. Returns (bin_of, m, bin costs), micro-batch
+    ids ``rank * m + slot``.
     ``q``: the samples' quantised costs, ``scale`` the quantisation's (bin costs of a
     non-additive ``cost`` are quantised the same way).
 
@@ -94,13 +95,9 @@ def pack_and_assign(
 
     def bin_costs(bins: np.ndarray, k: int) -> np.ndarray:
         if cost.additive:
-            return np.bincount(bins, weights=q, minlength=k).astype(np.int64)
+            return additive_bin_costs(cost, q, bins, k, scale)
         order, offsets = members_of(bins, k)
         return quantise(cost.evaluate(lens[order], offsets), scale, cost.name)
-
-    def total(bin_q: np.ndarray) -> float:
-        return float(bin_q.sum()) + (getattr(cost, "fixed", 0.0) * scale * bin_q.size
-                                     if cost.additive else 0.0)
 
     m = m_start
     tried: list[int] = []
@@ -129,7 +126,7 @@ def pack_and_assign(
         if fewer is None:
             break
         fewer_q = bin_costs(fewer, dp * (m - align))
-        if total(fewer_q) >= total(bin_q):
+        if int(fewer_q.sum()) >= int(bin_q.sum()):
             break
         bins, bin_q, m = fewer, fewer_q, m - align
     k = dp * m
@@ -141,7 +138,7 @@ def pack_and_assign(
     bin_of = new_id[bins]
     renumbered_q = np.empty(k, dtype=np.int64)
     renumbered_q[new_id] = bin_q
-    return bin_of // m, bin_of, m, renumbered_q
+    return bin_of, m, renumbered_q
 
 
 # Counts tried again tightly: enough to walk down from a count one sample short to the
@@ -166,14 +163,14 @@ class Grouped:
 
     def place(
         self, m: int, tight: int = 0, by_count: bool = False
-    ) -> tuple[np.ndarray, np.ndarray] | str:
+    ) -> np.ndarray | str:
         return place_groups(self.lens, self.q, self.groups, self.dp, m, self.cap, self.short,
                             tight=tight, by_count=by_count)
 
 
 def place_grouped(
     g: Grouped, m_range: tuple[int, int, int], exact: bool = False
-) -> tuple[np.ndarray, np.ndarray, int]:
+) -> tuple[np.ndarray, int]:
     """Place whole groups for the fewest micro-batches per rank that work.
 
     ``m_range``: (lowest possible, where to start, highest possible). A failure says which
@@ -186,10 +183,10 @@ def place_grouped(
     lo, m, hi = m_range
     if exact:
         placed = g.place(lo)
-        if placed == "tokens":
+        if isinstance(placed, str) and placed == "tokens":
             placed = g.place(lo, tight=_REPAIR_SAMPLES)
         if not isinstance(placed, str):
-            return placed[0], placed[1], lo
+            return placed, lo
     dp, align, cap = g.dp, g.align, g.cap
     # Whole groups balance less finely than samples, and balancing cost moves tokens
     # around: leave each rank room for 1% more tokens plus half a group.
@@ -202,7 +199,7 @@ def place_grouped(
     while True:
         placed = g.place(m)
         if not isinstance(placed, str):
-            return placed[0], placed[1], m
+            return placed, m
         failed.append((m, placed))
         if placed == "samples":
             hi, shrunk = m - align, True
@@ -218,7 +215,7 @@ def place_grouped(
 
 def _place_grouped_tight(
     g: Grouped, m_range: tuple[int, int, int], failed: list[tuple[int, str]]
-) -> tuple[np.ndarray, np.ndarray, int]:
+) -> tuple[np.ndarray, int]:
     """The last resort of `place_grouped`, or the ValueError that says what to change.
 
     Placement is a heuristic: a failure at one m does not prove the others fail (a rank one
@@ -237,7 +234,7 @@ def _place_grouped_tight(
         for m in counts:
             placed = g.place(m, tight=_REPAIR_SAMPLES // len(counts), by_count=count_only)
             if not isinstance(placed, str):
-                return placed[0], placed[1], m
+                return placed, m
     # A handful of samples: an exact search (bounded), the fewest counts first. Group by
     # group, most tokens first, a group's samples together and longest first: where a
     # group's first sample goes decides the rank of the rest, so dead ends show early.
@@ -247,7 +244,7 @@ def _place_grouped_tight(
     for m in fitting[:_LAST_TRIES]:
         bins = search_pack(g.lens, g.dp * m, g.cap, order, g.groups, m)
         if bins is not None:
-            return bins // m, bins, m
+            return bins, m
     again = f", then {retried} with a tighter packer and swaps of groups" if retried else ""
     raise ValueError(
         f"could not pack {g.lens.size} samples in {int(g.groups.max()) + 1} groups into {g.dp} "

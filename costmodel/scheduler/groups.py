@@ -25,7 +25,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from costmodel.scheduler.pack import MAX_ROUNDS, best_fit_pack, pack_tokens
-from costmodel.scheduler.refine import pair_ranks
+from costmodel.scheduler.refine import first_min_per_pair, pair_ranks, swap_partners
 from costmodel.scheduler.sorting import longest_first, members_of
 
 __all__ = ["first_appearance_ids", "place_groups"]
@@ -143,7 +143,6 @@ def _sweep(
     if pairs is None:
         return 0
     a_ranks, b_ranks, gap, pair_a, pair_b = pairs
-    n_pairs = a_ranks.size
 
     pa_all = pair_a[rank_of_unit]
     ua = np.flatnonzero(pa_all >= 0)
@@ -160,39 +159,25 @@ def _sweep(
     best_err[win] = err[win]
 
     pb_all = pair_b[rank_of_unit]
-    ub = np.flatnonzero(pb_all >= 0)
-    if ub.size:
-        span = int(uq.max()) + int(gap.max()) + 2
-        key_b = pb_all[ub] * span + uq[ub]
-        order_b = np.argsort(key_b, kind="stable")
-        key_sorted = key_b[order_b]
-        items_b = ub[order_b]
-        pos = np.searchsorted(key_sorted, pa * span + np.clip(qa - g // 2, 0, span - 1))
-        for shift in (-1, 0):
-            v = items_b[np.clip(pos + shift, 0, items_b.size - 1)]
-            d = qa - uq[v]
-            ok = (
-                (pb_all[v] == pa)
-                & (d > 0)
-                & (d < g)
-                & (tok[rb] - ut[v] + ta <= budget)
-                & (tok[ra] - ta + ut[v] <= budget)
-                & (cnt[ra] - ca + uc[v] >= min_count)
-                & (cnt[rb] - uc[v] + ca >= min_count)
-            )
-            err = np.abs(2 * d - g)
-            win = ok & (err < best_err)
-            best_err[win] = err[win]
-            best_v[win] = v[win]
+    for v in swap_partners(pa, qa, g, pb_all, uq, int(gap.max())):
+        d = qa - uq[v]
+        ok = (
+            (pb_all[v] == pa)
+            & (d > 0)
+            & (d < g)
+            & (tok[rb] - ut[v] + ta <= budget)
+            & (tok[ra] - ta + ut[v] <= budget)
+            & (cnt[ra] - ca + uc[v] >= min_count)
+            & (cnt[rb] - uc[v] + ca >= min_count)
+        )
+        err = np.abs(2 * d - g)
+        win = ok & (err < best_err)
+        best_err[win] = err[win]
+        best_v[win] = v[win]
     valid = np.flatnonzero(best_err < _NONE)
     if valid.size == 0:
         return 0
-    # Best per pair, ties to the lower group index.
-    low = np.full(n_pairs, _NONE, dtype=np.int64)
-    np.minimum.at(low, pa[valid], best_err[valid])
-    hit = valid[best_err[valid] == low[pa[valid]]]
-    _, first = np.unique(pa[hit], return_index=True)
-    pick = hit[first]
+    pick = valid[first_min_per_pair(pa[valid], best_err[valid])]  # ties: lower group index
     u, v = ua[pick], best_v[pick]
     rank_of_unit[u] = rb[pick]
     swap = v >= 0
@@ -233,8 +218,8 @@ def place_groups(
     max_sweeps: int = 64,
     tight: int = 0,
     by_count: bool = False,
-) -> tuple[np.ndarray, np.ndarray] | str:
-    """Ranks and micro-batches (ids ``rank * m + slot``) for grouped samples, or why not:
+) -> np.ndarray | str:
+    """Micro-batches (ids ``rank * m + slot``) for grouped samples, or why not:
     "samples" when some rank cannot get ``m`` samples, "tokens" when some rank's samples do
     not pack into ``m`` micro-batches. ``short``: room to leave per micro-batch for the
     shortest samples (see `counts.start_m`). ``tight``: when not 0, before saying
@@ -276,7 +261,7 @@ def place_groups(
                 return "tokens"
         rank_of[members] = np.repeat(rank_of_unit, units.count)
         bin_of = _pack_ranks(lens, rank_of, dp, m, cap, True)
-    return "tokens" if bin_of is None else (rank_of, bin_of)
+    return "tokens" if bin_of is None else bin_of
 
 
 def _pack_rank(

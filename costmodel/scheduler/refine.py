@@ -13,9 +13,8 @@ how close their marginal-cost transfer comes to half of the pair's gap. For an a
 cost the best one is applied (its effect is exact). For a separable cost (a calibrated
 model: fixed + Σ attention per sequence + a function of the token count) every A sample's
 best option is priced exactly, in bulk, and each pair applies the one that lowers its
-maximum the most. Otherwise the best few are evaluated with the true cost of the two
-micro-batches they change, and the one that lowers the pair's maximum the most is
-applied. Sweeps repeat until the most loaded rank is within ``rel_tol`` of the mean, or a
+maximum the most. Otherwise each pair's best is evaluated with the true cost of the two
+micro-batches it changes, and applied if it lowers the pair's maximum. Sweeps repeat until the most loaded rank is within ``rel_tol`` of the mean, or a
 sweep changes nothing.
 
 A sweep is a handful of numpy calls over all samples: the samples of every B rank, keyed
@@ -30,13 +29,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from costmodel.scheduler.costs import Cost, quantise
+from costmodel.scheduler.costs import Cost, additive_bin_costs, quantise
 from costmodel.scheduler.sorting import members_of
 
-__all__ = ["BinState", "local_search"]
+__all__ = ["BinState", "first_min_per_pair", "local_search", "pair_ranks", "swap_partners"]
 
-# How many of the closest candidates per pair to evaluate with a non-additive cost.
-_EVAL_CANDIDATES = 1
 _NONE = np.iinfo(np.int64).max
 
 
@@ -47,7 +44,6 @@ class BinState:
         self,
         lengths: np.ndarray,
         q: np.ndarray,
-        rank_of: np.ndarray,
         bin_of: np.ndarray,
         dp: int,
         m: int,
@@ -58,7 +54,6 @@ class BinState:
     ) -> None:
         self.lengths = lengths
         self.q = q
-        self.rank_of = rank_of
         self.bin_of = bin_of
         self.dp, self.m, self.cap = dp, m, cap
         self.cost = cost
@@ -83,9 +78,7 @@ class BinState:
         if bin_q is None:
             bin_q = self.evaluate_bins()
         self.bin_q = bin_q.astype(np.int64)
-        self.load = np.bincount(np.arange(k) // m, weights=self.bin_q, minlength=dp).astype(
-            np.int64
-        )
+        self.load = self.bin_q.reshape(dp, m).sum(axis=1)  # int64: exact
 
     def quantise(self, values: np.ndarray) -> np.ndarray:
         return quantise(values, self.scale, self.cost.name)
@@ -101,8 +94,7 @@ class BinState:
             seq = np.bincount(self.bin_of, weights=self.seq_q, minlength=k).astype(np.int64)
             return np.where(self.count > 0, self.fixed_q + seq + self.tok_q, 0)
         if self.additive:
-            fixed_q = int(np.rint(getattr(self.cost, "fixed", 0.0) * self.scale))
-            return np.bincount(self.bin_of, weights=self.q, minlength=k).astype(np.int64) + fixed_q
+            return additive_bin_costs(self.cost, self.q, self.bin_of, k, self.scale)
         order, offsets = members_of(self.bin_of, k)
         return self.quantise(self.cost.evaluate(self.lengths[order], offsets))
 
@@ -152,9 +144,9 @@ def _sweep(st: BinState, tol: float, fold: bool = True) -> int:
     if pairs is None:
         return 0
     a_ranks, b_ranks, gap, pair_a, pair_b = pairs
-    n_pairs = a_ranks.size
 
-    pa_all = pair_a[st.rank_of]
+    rank_of = st.bin_of // m
+    pa_all = pair_a[rank_of]
     ia = np.flatnonzero(pa_all >= 0)
     pa = pa_all[ia]
     qa = q[ia]
@@ -180,34 +172,23 @@ def _sweep(st: BinState, tol: float, fold: bool = True) -> int:
     best_j[win] = dst[win]
 
     # Swaps: sample i of A with sample j of B, q_i − q_j closest to half the gap.
-    pb_all = pair_b[st.rank_of]
-    ib = np.flatnonzero(pb_all >= 0)
-    if ib.size:
-        pb = pb_all[ib]
-        span = int(q.max()) + int(gap.max()) + 2
-        key_b = pb * span + q[ib]
-        order_b = np.argsort(key_b, kind="stable")
-        key_sorted = key_b[order_b]
-        items_b = ib[order_b]
-        want = pa * span + np.clip(qa - g_a // 2, 0, span - 1)
-        pos = np.searchsorted(key_sorted, want)
-        for shift in (-1, 0):
-            j = items_b[np.clip(pos + shift, 0, items_b.size - 1)]
-            d = qa - q[j]
-            bj = st.bin_of[j]
-            lj = lengths[j]
-            ok = (
-                (pb_all[j] == pa)
-                & (d > 0)
-                & (d < g_a)
-                & ((count[ba] == 1) | (fill[ba] - la + lj <= cap))
-                & ((count[bj] == 1) | (fill[bj] - lj + la <= cap))
-            )
-            err = np.abs(2 * d - g_a)
-            win = ok & (err < best_err)
-            best_err[win] = err[win]
-            best_kind[win] = 1
-            best_j[win] = j[win]
+    pb_all = pair_b[rank_of]
+    for j in swap_partners(pa, qa, g_a, pb_all, q, int(gap.max())):
+        d = qa - q[j]
+        bj = st.bin_of[j]
+        lj = lengths[j]
+        ok = (
+            (pb_all[j] == pa)
+            & (d > 0)
+            & (d < g_a)
+            & ((count[ba] == 1) | (fill[ba] - la + lj <= cap))
+            & ((count[bj] == 1) | (fill[bj] - lj + la <= cap))
+        )
+        err = np.abs(2 * d - g_a)
+        win = ok & (err < best_err)
+        best_err[win] = err[win]
+        best_kind[win] = 1
+        best_j[win] = j[win]
 
     valid = best_err < _NONE
     if not valid.any():
@@ -215,35 +196,38 @@ def _sweep(st: BinState, tol: float, fold: bool = True) -> int:
     sel = np.flatnonzero(valid)
     if st.separable:
         return _apply_separable(st, pa[sel], best_kind[sel], ia[sel], best_j[sel], a_ranks, b_ranks)
-    picks = _best_per_pair(pa[sel], best_err[sel], n_pairs, 1 if st.additive else _EVAL_CANDIDATES)
-    sel = sel[picks]
+    sel = sel[first_min_per_pair(pa[sel], best_err[sel])]
     if st.additive:
         return _apply_additive(st, best_kind[sel], ia[sel], best_j[sel])
     return _apply_evaluated(st, pa[sel], best_kind[sel], ia[sel], best_j[sel], a_ranks, b_ranks)
 
 
-def _best_per_pair(pair: np.ndarray, err: np.ndarray, n_pairs: int, top: int) -> np.ndarray:
-    """Positions of the ``top`` smallest errors of every pair, ties to the lower position;
-    grouped by pair, best first."""
-    chosen: list[np.ndarray] = []
-    taken = np.zeros(pair.size, dtype=bool)
-    for _ in range(top):
-        masked = np.where(taken, _NONE, err)
-        low = np.full(n_pairs, _NONE, dtype=np.int64)
-        np.minimum.at(low, pair, masked)
-        hit = np.flatnonzero((masked == low[pair]) & (masked < _NONE))
-        if hit.size == 0:
-            break
-        # First (lowest position) hit per pair.
-        _, first = np.unique(pair[hit], return_index=True)
-        pos = hit[first]
-        taken[pos] = True
-        chosen.append(pos)
-    if not chosen:
-        return np.zeros(0, dtype=np.int64)
-    out = np.concatenate(chosen)
-    # Group by pair, keeping best-first inside a pair (stable on the round order).
-    return out[np.argsort(pair[out], kind="stable")]
+def swap_partners(
+    pa: np.ndarray, qa: np.ndarray, gap_a: np.ndarray, pair_b_of: np.ndarray, q: np.ndarray,
+    max_gap: int,
+) -> list[np.ndarray]:
+    """For each item of a heavy side (its pair ``pa``, cost ``qa``, its pair's gap
+    ``gap_a``), the two light-side items whose costs lie either side of ``qa − gap/2``:
+    the swaps that come closest to halving the gap. ``pair_b_of[x]`` is item x's pair on
+    the light side (-1: not there). At a pair's ends a candidate may belong to the next
+    pair: callers check ``pair_b_of[j] == pa``. One sort and one `searchsorted` in all."""
+    ib = np.flatnonzero(pair_b_of >= 0)
+    if ib.size == 0:
+        return []
+    span = int(q.max()) + max_gap + 2
+    key_b = pair_b_of[ib] * span + q[ib]
+    order_b = np.argsort(key_b, kind="stable")
+    items_b = ib[order_b]
+    pos = np.searchsorted(key_b[order_b], pa * span + np.clip(qa - gap_a // 2, 0, span - 1))
+    return [items_b[np.clip(pos + shift, 0, items_b.size - 1)] for shift in (-1, 0)]
+
+
+def first_min_per_pair(pair: np.ndarray, err: np.ndarray) -> np.ndarray:
+    """Position of each pair's smallest error (ties to the lower position), by pair."""
+    order = np.lexsort((np.arange(pair.size), err, pair))
+    first = np.ones(order.size, dtype=bool)
+    first[1:] = pair[order][1:] != pair[order][:-1]
+    return order[first]
 
 
 def _apply_additive(st: BinState, kind: np.ndarray, i: np.ndarray, j: np.ndarray) -> int:
@@ -267,10 +251,7 @@ def _apply_additive(st: BinState, kind: np.ndarray, i: np.ndarray, j: np.ndarray
     st.load[bi // m] -= delta
     st.load[bj // m] += delta
     st.bin_of[i] = bj
-    st.rank_of[i] = bj // m
-    js = j[swap]
-    st.bin_of[js] = bi[swap]
-    st.rank_of[js] = bi[swap] // m
+    st.bin_of[j[swap]] = bi[swap]
     return int(i.size)
 
 
@@ -322,10 +303,8 @@ def _apply_separable(
     st.bin_q[bi], st.bin_q[bj] = new_qi[c], new_qj[c]
     st.tok_q[bi], st.tok_q[bj] = tok_i[c], tok_j[c]
     st.bin_of[ci] = bj
-    st.rank_of[ci] = bj // st.m
     sw = swap[c]
     st.bin_of[cj[sw]] = bi[sw]
-    st.rank_of[cj[sw]] = bi[sw] // st.m
     return int(c.size)
 
 
@@ -387,7 +366,6 @@ def _move(st: BinState, i: int, dst: int) -> None:
     st.count[src] -= 1
     st.count[dst] += 1
     st.bin_of[i] = dst
-    st.rank_of[i] = dst // st.m
 
 
 # How many sweeps in a row may leave the most loaded rank unchanged before the search gives up.

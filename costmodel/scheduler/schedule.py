@@ -324,15 +324,15 @@ def build_schedule(
     q = quantise(s, scale, cost_obj.name)
 
     if groups is None:
-        rank_of, bin_of, m, bin_q = pack_and_assign(
+        bin_of, m, bin_q = pack_and_assign(
             lens, by_length, q, cost_obj, scale, dp=dp, m_range=(m_lb, m_start, m_max),
             align=align, cap=cap, exact=exact,
         )
     else:
         grouped = Grouped(lens, q, groups, dp, align, cap, short)
-        rank_of, bin_of, m = place_grouped(grouped, (m_lb, m_start, m_max), exact)
+        bin_of, m = place_grouped(grouped, (m_lb, m_start, m_max), exact)
         bin_q = None
-    state = BinState(lens, q, rank_of, bin_of, dp, m, cap, cost_obj, scale, bin_q)
+    state = BinState(lens, q, bin_of, dp, m, cap, cost_obj, scale, bin_q)
     greedy_imbalance = _imbalance(state.load)
     steps = 0
     if groups is None:
@@ -372,7 +372,7 @@ def _finish(
     if cost.additive:
         # Same numbers as cost.evaluate, without recomputing the per-sample costs.
         bin_costs = np.bincount(st.bin_of, weights=sample_costs, minlength=dp * m)
-        bin_costs += getattr(cost, "fixed", 0.0)
+        bin_costs += cost.fixed_cost()
     else:
         bin_costs = cost.evaluate(st.lengths[flat], offsets)
     if st.members is not None:
