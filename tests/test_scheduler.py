@@ -658,3 +658,18 @@ def test_the_fast_stable_sorts_give_numpys_order():
                 if keys.dtype.kind != "u":  # -keys wraps around for unsigned keys
                     expected = np.lexsort((np.arange(n), -keys))
                     assert np.array_equal(longest_first(keys), expected), (dtype, lo, hi, n)
+
+
+def test_the_quantisation_scale_comes_from_an_exact_ceil_log2():
+    """log2 from the C library need not be correctly rounded: just above a power of two it
+    can round down onto it, and a machine that does would pick another scale, and another
+    schedule, than its peers."""
+    import math
+
+    from costmodel.scheduler.schedule import _ceil_log2
+
+    for k in range(-60, 80):
+        p = 2.0**k
+        assert _ceil_log2(p) == k
+        assert _ceil_log2(math.nextafter(p, math.inf)) == k + 1  # log2 gives exactly k here
+        assert _ceil_log2(math.nextafter(p, 0.0)) == k

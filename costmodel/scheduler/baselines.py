@@ -63,9 +63,7 @@ def first_fit_pack(lengths, cap: int) -> list[list[int]]:
             bins.append([])
         bins[b].append(i)
         node = b + size
-        tree[node] = tree[node] - length if length <= cap else -1
-        if tree[node] < 0:
-            tree[node] = -1  # an oversized sample closes its micro-batch
+        tree[node] = tree[node] - length if length <= cap else -1  # over the cap: closed
         node //= 2
         while node:
             tree[node] = max(tree[2 * node], tree[2 * node + 1])

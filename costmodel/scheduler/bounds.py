@@ -115,12 +115,13 @@ def lower_bound(
         return 0.0
     over = lengths > cap
     n_over = int(over.sum())
+    fewest_bins = n_over + -(-int(lengths[~over].sum()) // cap)  # the cap's own bound
     if cost.separable and min(cap, int(lengths[~over].sum())) <= _SEPARABLE_BOUND_MAX_T:
-        desc = lengths[order] if order is not None else np.sort(lengths)[::-1]
-        return _separable_lower_bound(cost, desc, cap, dp)
+        desc = lengths[order if order is not None else longest_first(lengths)]
+        return _separable_lower_bound(cost, desc, cap, dp, fewest_bins)
     if cost.additive:
         s = cost.sample_costs(lengths) if sample_costs is None else sample_costs
-        n_bins = n_over + -(-int(lengths[~over].sum()) // cap)
+        n_bins = fewest_bins
         fixed = cost.fixed_cost()
         total = math.fsum(s.tolist()) + fixed * n_bins
         return max(total / dp, fixed + float(s.max()))
@@ -132,9 +133,7 @@ def lower_bound(
     bins = np.concatenate([np.arange(n_over), n_over + starts // cap])
     offsets = np.concatenate([[0], np.cumsum(np.bincount(bins))]).astype(np.int64)
     total = math.fsum(cost.evaluate(lo, offsets).tolist())
-    uniq = lo[np.r_[True, lo[1:] != lo[:-1]]]
-    single = float(cost.evaluate(uniq, np.arange(uniq.size + 1, dtype=np.int64)).max())
-    return max(total / dp, single)
+    return max(total / dp, _costliest_alone(cost, lo))
 
 
 # The separable bound evaluates the token curve at every fill up to the cap (exact, so a
@@ -142,9 +141,18 @@ def lower_bound(
 _SEPARABLE_BOUND_MAX_T = 1 << 17
 
 
-def _separable_lower_bound(cost: Cost, desc: np.ndarray, cap: int, dp: int) -> float:
+def _costliest_alone(cost: Cost, desc: np.ndarray) -> float:
+    """The cost of the costliest sample alone in a micro-batch (``desc``: longest first)."""
+    uniq = desc[np.r_[True, desc[1:] != desc[:-1]]]
+    return float(cost.evaluate(uniq, np.arange(uniq.size + 1, dtype=np.int64)).max())
+
+
+def _separable_lower_bound(
+    cost: Cost, desc: np.ndarray, cap: int, dp: int, n_bins: int
+) -> float:
     """A true lower bound for a separable cost (fixed + Σ sequence costs + token curve);
-    ``desc``: the lengths, longest first.
+    ``desc``: the lengths, longest first; ``n_bins``: the fewest micro-batches the cap
+    allows.
 
     Every schedule pays the sequences' own costs, at least the fewest micro-batches' fixed
     costs, each over-cap sample's token cost alone, and for the other tokens at least the
@@ -155,13 +163,10 @@ def _separable_lower_bound(cost: Cost, desc: np.ndarray, cap: int, dp: int) -> f
     """
     over = desc > cap
     fits = int(desc[~over].sum())
-    n_bins = int(over.sum()) + -(-fits // cap)
     total = n_bins * cost.fixed_cost() + float(cost.sequence_costs(desc).sum())
     if over.any():
         total += float(cost.token_costs(desc[over].astype(np.float64)).sum())
     if fits:
         fill = np.arange(1, min(cap, fits) + 1, dtype=np.float64)
         total += fits * float(np.min(cost.token_costs(fill) / fill))
-    uniq = desc[np.r_[True, desc[1:] != desc[:-1]]]
-    single = float(cost.evaluate(uniq, np.arange(uniq.size + 1, dtype=np.int64)).max())
-    return max(total / dp, single)
+    return max(total / dp, _costliest_alone(cost, desc))

@@ -25,12 +25,15 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from costmodel.scheduler.pack import MAX_ROUNDS, best_fit_pack, pack_tokens
-from costmodel.scheduler.refine import first_min_per_pair, pair_ranks, swap_partners
+from costmodel.scheduler.refine import MAX_SWEEPS, first_min_per_pair, pair_ranks, swap_partners
 from costmodel.scheduler.sorting import longest_first, members_of
 
 __all__ = ["first_appearance_ids", "place_groups"]
 
 _NONE = np.iinfo(np.int64).max
+# Group sweeps: a finer tolerance than the samples' (whole groups move in coarse steps, and
+# the samples' local search comes after), at most as many sweeps.
+_GROUP_REL_TOL = 5e-5
 # Rounds of level filling one rank's packing may take at least (see `_pack_ranks`).
 _RANK_ROUNDS = 4
 
@@ -214,8 +217,6 @@ def place_groups(
     m: int,
     cap: int,
     short: int,
-    rel_tol: float = 5e-5,
-    max_sweeps: int = 64,
     tight: int = 0,
     by_count: bool = False,
 ) -> np.ndarray | str:
@@ -247,8 +248,8 @@ def place_groups(
         counts_ok = _fix_counts(rank_of_unit, units, dp, m)
     if not counts_ok:
         return "samples"
-    tol = rel_tol * int(units.cost.sum()) / dp
-    for sweep in range(max_sweeps):
+    tol = _GROUP_REL_TOL * int(units.cost.sum()) / dp
+    for sweep in range(MAX_SWEEPS):
         if _sweep(rank_of_unit, units, dp, budget, m, tol, fold=sweep % 2 == 0) == 0:
             break
     rank_of = np.empty(lens.size, dtype=np.int64)

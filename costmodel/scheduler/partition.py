@@ -21,7 +21,7 @@ import math
 import numpy as np
 from numpy.typing import ArrayLike
 
-from costmodel.scheduler.sorting import members_of
+from costmodel.scheduler.sorting import as_lists, members_of
 
 __all__ = ["karmarkar_karp", "karmarkar_karp_labels", "lpt_partition", "partition_sums"]
 
@@ -69,10 +69,7 @@ def karmarkar_karp(weights: ArrayLike, k: int, equal_size: bool = False) -> list
     w = _weights(weights)
     _check_k(k, w.size, equal_size)
     labels = _kk_labels(w, int(k), equal_size)
-    order, offsets = members_of(labels, int(k))
-    bounds = offsets.tolist()
-    flat = order.tolist()
-    return [flat[bounds[j] : bounds[j + 1]] for j in range(int(k))]
+    return as_lists(*members_of(labels, int(k)))
 
 
 def karmarkar_karp_labels(weights: ArrayLike, k: int, equal_size: bool = False) -> np.ndarray:

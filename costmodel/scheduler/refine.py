@@ -14,8 +14,8 @@ cost the best one is applied (its effect is exact). For a separable cost (a cali
 model: fixed + Σ attention per sequence + a function of the token count) every A sample's
 best option is priced exactly, in bulk, and each pair applies the one that lowers its
 maximum the most. Otherwise each pair's best is evaluated with the true cost of the two
-micro-batches it changes, and applied if it lowers the pair's maximum. Sweeps repeat until the most loaded rank is within ``rel_tol`` of the mean, or a
-sweep changes nothing.
+micro-batches it changes, and applied if it lowers the pair's maximum. Sweeps repeat
+until the most loaded rank is within a tolerance of the mean, or a sweep changes nothing.
 
 A sweep is a handful of numpy calls over all samples: the samples of every B rank, keyed
 ``pair · SPAN + cost``, are sorted once, and one `searchsorted` finds each A sample's best
@@ -30,7 +30,7 @@ from __future__ import annotations
 import numpy as np
 
 from costmodel.scheduler.costs import Cost, additive_bin_costs, quantise
-from costmodel.scheduler.sorting import members_of
+from costmodel.scheduler.sorting import as_lists, members_of
 
 __all__ = ["BinState", "first_min_per_pair", "local_search", "pair_ranks", "swap_partners"]
 
@@ -71,10 +71,7 @@ class BinState:
             self.tok_q = np.where(self.count > 0, self.token_q(self.fill), 0)
             bin_q = None  # the packer's whole-micro-batch values round differently
         elif not self.additive:
-            order, offsets = members_of(bin_of, k)
-            bounds = offsets.tolist()
-            flat = order.tolist()
-            self.members = [flat[bounds[b] : bounds[b + 1]] for b in range(k)]
+            self.members = as_lists(*members_of(bin_of, k))
         if bin_q is None:
             bin_q = self.evaluate_bins()
         self.bin_q = bin_q.astype(np.int64)
@@ -374,17 +371,18 @@ def _move(st: BinState, i: int, dst: int) -> None:
 # at dp 16384 from 0.65 s to 0.11-0.18 s. (Counting sweeps that lowered it by less than the
 # tolerance as stale too, or a patience of 4, lost up to 0.09%.)
 _PATIENCE = 8
+MAX_SWEEPS = 64  # per local search (and per group placement)
+_REL_TOL = 2.5e-4  # see local_search
 
 
-def local_search(
-    st: BinState, *, max_sweeps: int = 64, rel_tol: float = 2.5e-4, patience: int = _PATIENCE
-) -> int:
-    """Run sweeps on ``st`` in place. Returns the number of changes applied.
+def local_search(st: BinState) -> int:
+    """Run sweeps on ``st`` in place (at most ``MAX_SWEEPS``). Returns the number of changes
+    applied.
 
-    Stops once the most loaded rank is within ``rel_tol`` of the mean: 2.5e-4 is 20 times
+    Stops once the most loaded rank is within ``_REL_TOL`` of the mean: 2.5e-4 is 20 times
     under the 0.5% balance target and below the run-to-run noise of a GPU step, and the
     sweeps that would go further cost more CPU time than they could save GPU time. Also
-    stops after ``patience`` sweeps in a row that did not lower the most loaded rank at
+    stops after ``_PATIENCE`` sweeps in a row that did not lower the most loaded rank at
     all: the makespan is pinned (one micro-batch per rank whose samples cannot be traded
     down further), and more sweeps only shuffle the other ranks.
     """
@@ -392,10 +390,10 @@ def local_search(
         return 0
     applied = 0
     best, stale = None, 0
-    for sweep in range(max_sweeps):
+    for sweep in range(MAX_SWEEPS):
         load = st.load
         mean = int(load.sum()) / st.dp
-        tol = rel_tol * mean
+        tol = _REL_TOL * mean
         top = int(load.max())
         if top - mean <= tol:
             break
@@ -403,7 +401,7 @@ def local_search(
             best, stale = top, 0
         else:
             stale += 1
-            if stale >= patience:
+            if stale >= _PATIENCE:
                 break
         changed = _sweep(st, tol, fold=sweep % 2 == 0)
         if changed == 0:

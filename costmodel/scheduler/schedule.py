@@ -49,7 +49,7 @@ from costmodel.scheduler.counts import Grouped, pack_and_assign, place_grouped, 
 from costmodel.scheduler.groups import first_appearance_ids
 from costmodel.scheduler.order import ORDERS, run_order
 from costmodel.scheduler.refine import BinState, local_search
-from costmodel.scheduler.sorting import longest_first, members_of
+from costmodel.scheduler.sorting import as_lists, longest_first, members_of
 
 logger = logging.getLogger(__name__)
 
@@ -280,7 +280,7 @@ def build_schedule(
     groups = None
     if group_ids is not None:
         groups = _dense_groups(group_ids, n)
-        n_groups = int(groups.max()) + 1 if n else 0
+        n_groups = int(groups.max()) + 1
         if n_groups < dp:
             raise ValueError(
                 f"{n_groups} groups cannot cover {dp} ranks (a group stays on one rank, and "
@@ -316,7 +316,7 @@ def build_schedule(
     if not math.isfinite(total):
         raise ValueError(f"cost {cost_obj.name!r}: the samples' costs sum past the largest "
                          "float; give the cost in larger units (ms, not ns)")
-    exponent = _QUANT_BITS - math.ceil(math.log2(total)) if total > 0 else 0
+    exponent = _QUANT_BITS - _ceil_log2(total) if total > 0 else 0
     if exponent > 1000:  # 2.0 ** exponent would overflow
         raise ValueError(f"cost {cost_obj.name!r}: the samples' costs sum to {total:.3g}, too "
                          "small to tell apart; give the cost in smaller units (ms, not hours)")
@@ -353,6 +353,14 @@ def build_schedule(
     )
 
 
+def _ceil_log2(x: float) -> int:
+    """ceil(log2(x)) for x > 0, exactly: the C library's log2 need not be correctly
+    rounded, and one machine off by one just above a power of two would double the scale
+    and schedule differently from the others."""
+    mantissa, exponent = math.frexp(x)  # x = mantissa · 2**exponent, 0.5 <= mantissa < 1
+    return exponent - 1 if mantissa == 0.5 else exponent
+
+
 def _imbalance(load: np.ndarray) -> float:
     mean = float(load.sum()) / load.size
     return float(load.max()) / mean if mean > 0 else 1.0
@@ -375,12 +383,7 @@ def _finish(
         bin_costs += cost.fixed_cost()
     else:
         bin_costs = cost.evaluate(st.lengths[flat], offsets)
-    if st.members is not None:
-        members = [sorted(b) for b in st.members]
-    else:
-        flat_list = flat.tolist()
-        bounds = offsets.tolist()
-        members = [flat_list[bounds[b] : bounds[b + 1]] for b in range(dp * m)]
+    members = as_lists(flat, offsets)
     tokens = st.fill.tolist()
     mbs: list[list[list[int]]] = []
     mb_costs: list[list[float]] = []

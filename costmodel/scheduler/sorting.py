@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["longest_first", "members_of", "stable_order"]
+__all__ = ["as_lists", "longest_first", "members_of", "stable_order"]
 
 
 def stable_order(keys: np.ndarray) -> np.ndarray:
@@ -28,6 +28,12 @@ def members_of(keys: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     offsets = np.zeros(k + 1, dtype=np.int64)
     np.cumsum(np.bincount(keys, minlength=k), out=offsets[1:])
     return order, offsets
+
+
+def as_lists(order: np.ndarray, offsets: np.ndarray) -> list[list[int]]:
+    """`members_of`'s CSR pair as one Python list of indices per key."""
+    flat, bounds = order.tolist(), offsets.tolist()
+    return [flat[bounds[j] : bounds[j + 1]] for j in range(len(bounds) - 1)]
 
 
 def longest_first(lengths: np.ndarray) -> np.ndarray:
