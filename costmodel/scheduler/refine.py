@@ -142,8 +142,9 @@ def _sweep(st: BinState, tol: float, fold: bool = True) -> int:
         return 0
     a_ranks, b_ranks, gap, pair_a, pair_b = pairs
 
-    rank_of = st.bin_of // m
-    pa_all = pair_a[rank_of]
+    # Per sample, its rank's pair: looked up by micro-batch (ids rank * m + slot), a gather
+    # instead of a division of every sample's micro-batch id.
+    pa_all = np.repeat(pair_a, m)[st.bin_of]
     ia = np.flatnonzero(pa_all >= 0)
     pa = pa_all[ia]
     qa = q[ia]
@@ -169,7 +170,7 @@ def _sweep(st: BinState, tol: float, fold: bool = True) -> int:
     best_j[win] = dst[win]
 
     # Swaps: sample i of A with sample j of B, q_i − q_j closest to half the gap.
-    pb_all = pair_b[rank_of]
+    pb_all = np.repeat(pair_b, m)[st.bin_of]
     for j in swap_partners(pa, qa, g_a, pb_all, q, int(gap.max())):
         d = qa - q[j]
         bj = st.bin_of[j]
