@@ -61,7 +61,7 @@ def _estimate_linear_ms(
     spec: ModelSpec, gpu: GpuInfo, tokens: np.ndarray, *, moe: bool, mode: str
 ) -> np.ndarray:
     t = tokens.astype(np.float64)
-    passes = 3.0 if mode == "train" else 1.0
+    passes = flops.pass_factor(mode)
     bytes_per = 2 if spec.dtype in ("bf16", "fp16") else 4
     proj = flops.attention_projection_flops_per_token(spec)
     proj_ms = passes * t * proj / (gpu.peak_bf16_flops * _gemm_efficiency(t)) * 1e3
@@ -91,7 +91,7 @@ def _estimate_linear_ms(
 
 def _estimate_head_ms(spec: ModelSpec, gpu: GpuInfo, tokens: np.ndarray, *, mode: str) -> np.ndarray:
     t = tokens.astype(np.float64)
-    passes = 3.0 if mode == "train" else 1.0
+    passes = flops.pass_factor(mode)
     per_token = flops.lm_head_flops_per_token(spec)
     mm_ms = passes * t * per_token / (gpu.peak_bf16_flops * _gemm_efficiency(t)) * 1e3
     # Logits: bf16 written, read as fp32 by the softmax / cross-entropy (and again backward).

@@ -222,6 +222,11 @@ def calculate_train_flops(seqlens: ArrayLike, spec: ModelSpec) -> int:
     return 3 * calculate_fwd_flops(seqlens, spec)
 
 
+def pass_factor(mode: str) -> float:
+    """A pass's FLOPs in forwards: 3 for "train" (forward + backward), 1 for "forward"."""
+    return 3.0 if mode == "train" else 1.0
+
+
 def sequence_fwd_flops(seqlens: ArrayLike, spec: ModelSpec) -> np.ndarray:
     """Forward FLOPs of each sequence alone, vectorised (float64: exact below 2**53)."""
     spec = as_spec(spec)

@@ -102,16 +102,3 @@ def flops_check(
         "points": dict(rows),
         "note": None if peak_flops else f"{gpu_name} is not in the GPU registry: no peak to check against",
     }
-
-
-def curve_efficiency(model, mode: str, lengths: np.ndarray, peak_flops: float) -> dict[str, np.ndarray]:
-    """Efficiency of the fitted curves: attention per sequence and linear per token count."""
-    c = model.curves[mode]
-    passes = 3.0 if mode == "train" else 1.0
-    L = np.asarray(lengths, dtype=np.int64)
-    attn = passes * flops.attention_core_flops(L, model.spec) / (c.attention(L) * 1e-3) / peak_flops
-    out = {"attention": attn}
-    for kind, curve in c.linear.items():
-        work = passes * flops.layer_linear_flops(L, model.spec, moe=kind == "moe")
-        out[f"linear {kind}"] = work / (curve(L) * 1e-3) / peak_flops
-    return out

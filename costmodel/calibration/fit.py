@@ -163,8 +163,8 @@ def fit_attention(records: list[Record]) -> tuple[AttentionCurve, float, dict[st
     lengths = np.array(sorted(per_seq), dtype=np.float64)
     raw = np.array([per_seq[int(L)] for L in lengths])
     weights = np.array([len(by_len[int(L)]) for L in lengths], dtype=np.float64)
+    # Non-decreasing, and within the floored input's range (scipy's contract): >= _MIN_MS.
     mono = isotonic_regression(np.maximum(raw, _MIN_MS), weights=weights, increasing=True).x
-    mono = np.maximum.accumulate(np.maximum(mono, _MIN_MS))
     details = {
         "per_call_ms": {str(int(k)): v for k, v in sorted(per_call.items())},
         "per_sequence_ms_raw": {str(int(L)): float(v) for L, v in zip(lengths, raw)},
@@ -186,8 +186,7 @@ def fit_token_curve(records: list[Record], what: str) -> TokenCurve:
     ms = np.array([np.median([r.ms for r in by_t[int(t)]]) for t in tokens])
     spreads = np.array([np.median([r.spread for r in by_t[int(t)]]) for t in tokens])
     ms = _without_spikes(tokens, ms, what)
-    mono = isotonic_regression(ms, weights=_weights(spreads), increasing=True).x
-    mono = np.maximum.accumulate(np.maximum(mono, _MIN_MS))
+    mono = isotonic_regression(np.maximum(ms, _MIN_MS), weights=_weights(spreads), increasing=True).x
     return TokenCurve(tokens, mono, what=what)
 
 

@@ -50,23 +50,20 @@ def calibrate(
     gpu_info: GpuInfo | None,
     attention: str,
     dtype: str = "bf16",
-    timing: str | None = None,
     command: str | None = None,
     progress: Progress | None = None,
     save_partial: Callable[[dict[str, Any]], None] | None = None,
 ) -> CostModel:
     """Run `plan` with `timer` and return the fitted, checked cost model (not yet saved).
 
-    `timing` ("graph" or "eager", see costmodel.calibration.timer) is recorded with the
-    kernels, so that `validate` times micro-batches the same way. If anything fails after
+    The timer's `timing` ("graph" or "eager", see costmodel.calibration.timer) is recorded
+    with the kernels, so that `validate` times micro-batches the same way. If anything fails after
     the first measurement (an error, Ctrl-C, a timeout's SIGINT), `save_partial` is called
     with the partial document before the exception propagates.
     """
     fingerprint = timer.device_fingerprint()
     kernels = {"attention": attention, "linear": "costmodel.kernels.layer (attention='none')",
-               "head": "costmodel.kernels.layer.LMHead", "dtype": dtype}
-    if timing is not None:
-        kernels["timing"] = timing
+               "head": "costmodel.kernels.layer.LMHead", "dtype": dtype, "timing": timer.timing}
     logger.info("calibrating %s on %s: %s", spec.name, fingerprint.get("name"), plan.summary())
     records: list[Record] = []
     sweep: dict[str, Any] = {"plan": plan.to_dict()}

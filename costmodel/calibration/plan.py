@@ -329,15 +329,16 @@ def make_plan(
         lambda t: _replace(t, max_packs=max(2, t.max_packs - 1), probes_per_mode=max(3, t.probes_per_mode // 2)),
         lambda t: _replace(t, repeats=max(3, t.repeats - 1), warmup=1),
     ]
-    for attempt in range(12):
+    attempt = 0
+    while True:  # ends: each step thins to a floor, and the last one is applied until it is there
         points, probe = _build(spec, tuple(modes), max_len, max_tokens, s, seed)
         est = plan_seconds(points + [probe, probe], model, s, timing)
-        if est <= budget:
+        thinner = thinning[min(attempt, len(thinning) - 1)](s)
+        if est <= budget or thinner == s:
             break
-        step = thinning[min(attempt, len(thinning) - 1)]
-        s = step(s)
+        s, attempt = thinner, attempt + 1
         notes.append(f"estimated {est:.0f} s > budget {budget:.0f} s: thinned to {s}")
-    else:
+    if est > budget:
         notes.append(f"could not fit the budget; estimated {est:.0f} s")
         logger.warning("sweep estimated at %.0f s, over the %.0f s budget", est, budget)
     ordered, essential = coarse_first(points)

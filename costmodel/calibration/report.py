@@ -89,7 +89,7 @@ def format_report(model: CostModel) -> str:
         out.append(f"  peak: {peak / 1e12:.0f} TFLOP/s bf16 dense ({info.source})")
     for mode in model.modes:
         c = model.curves[mode]
-        passes = 3.0 if mode == "train" else 1.0
+        passes = flops.pass_factor(mode)
         overhead = spec.num_layers * c.layer_overhead_ms + c.microbatch_overhead_ms
         out.append(f"\n[{mode}] overhead {overhead:.3f} ms per micro-batch "
                    f"({c.layer_overhead_ms:.4f} ms per layer x {spec.num_layers} + "
@@ -226,7 +226,7 @@ def _get(doc: Any, *keys: str) -> Any:
 
 
 def plot_report(model: CostModel, path: str) -> str:
-    """Write a 2x2 figure to `path` (PNG)."""
+    """Write a 2x2 figure to `path`, in the format its suffix names (`plot_format`)."""
     try:
         import matplotlib
 
@@ -243,7 +243,7 @@ def plot_report(model: CostModel, path: str) -> str:
     fitted = "estimated" if model.is_estimate else "fitted"
     for mode in model.modes:
         c, col = model.curves[mode], colors[mode]
-        passes = 3.0 if mode == "train" else 1.0
+        passes = flops.pass_factor(mode)
         hi = max(65536, int(c.attention.lengths[-1]) * 2)
         L = np.unique(np.geomspace(16, hi, 300).astype(np.int64))
         a = c.attention(L)

@@ -90,7 +90,7 @@ class Timer(Protocol):
 
     def measure(self, point: SweepPoint, *, repeats: int, warmup: int) -> Measurement:
         """Time one call of the workload `point` describes (ms): median over `repeats`
-        after `warmup` untimed calls."""
+        after untimed warm-up calls (`warmup` at least; `time_cuda` says how many)."""
         ...
 
     def device_fingerprint(self) -> dict[str, Any]:
@@ -268,7 +268,7 @@ class SyntheticShape:
     def linear_ms(self, spec, tokens: float, mode: str, moe: bool) -> float:
         from costmodel import flops
 
-        passes = 3.0 if mode == "train" else 1.0
+        passes = flops.pass_factor(mode)
         work = passes * float(flops.layer_linear_flops(tokens, spec, moe=moe)) / (self.peak_flops * 0.6) * 1e3
         if tokens >= self.step_at:
             work *= 1.0 + self.step
@@ -277,7 +277,7 @@ class SyntheticShape:
     def head_ms(self, spec, tokens: float, mode: str) -> float:
         from costmodel import flops
 
-        passes = 3.0 if mode == "train" else 1.0
+        passes = flops.pass_factor(mode)
         work = passes * tokens * flops.lm_head_flops_per_token(spec) / (self.peak_flops * 0.6) * 1e3
         return self.head_floor_ms * passes + work
 

@@ -1,7 +1,8 @@
 """Predicted vs measured on random packed micro-batches, next to the simple baselines.
 
-Micro-batches: RL-like long-tailed lengths (lognormal, median ~1.2k tokens, clipped to
-the calibrated range) packed in order under several token caps (1k .. 16k), so both
+Micro-batches: RL-like long-tailed lengths (lognormal, median ~1.2k tokens, drawn below
+the calibrated range's end: `rl_lengths`) packed in order under several token caps
+(`DEFAULT_CAPS`, 768 .. 16k), so both
 launch-bound small micro-batches and attention-heavy long ones appear. Each runs through
 `num_layers` distinct real layers + the LM head (a "stack" point; same timer as the
 sweep), and is compared with:

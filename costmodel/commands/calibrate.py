@@ -145,7 +145,7 @@ def run(args: argparse.Namespace) -> int:
     with _signals_interrupt():
         model = calibrate(
             spec, timer=timer, plan=plan, gpu_key=gpu_key, gpu_info=info, attention=args.attention,
-            dtype=args.dtype, timing=timer.timing, command=command, save_partial=save_partial,
+            dtype=args.dtype, command=command, save_partial=save_partial,
             progress=ProgressLine(sys.stderr, "calibrate"),
         )
     model.save(output)

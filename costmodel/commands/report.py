@@ -16,7 +16,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         ),
     )
     p.add_argument("model", metavar="PATH_OR_NAME", help="cost model file, or GPU/MODEL name")
-    p.add_argument("--png", default=None, help="also write a plot to this PNG file")
+    p.add_argument("--png", default=None, help="also write a plot to this file (.png, or another format matplotlib writes: "
+                   ".pdf, .svg ...)")
     p.add_argument("--cost-model-allow-other-shape", "--allow-other-shape", action="store_true",
                    dest="allow_other_shape",
                    help="with --spec, accept a file made for another model shape")

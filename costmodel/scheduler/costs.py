@@ -332,14 +332,14 @@ def tokens_cost() -> AdditiveCost:
 
 def flops_cost(spec: Any, mode: str = "train", fixed: float = 0.0) -> AdditiveCost:
     """Exact analytic FLOPs of ``spec`` per sample (× 3 for training), plus ``fixed``."""
-    from costmodel.flops import sequence_fwd_flops
+    from costmodel.flops import pass_factor, sequence_fwd_flops
     from costmodel.spec import ModelSpec
 
     if spec is None:
         raise ValueError('cost="flops" needs spec= (a ModelSpec or a preset name)')
     if not isinstance(spec, ModelSpec):
         spec = ModelSpec.from_any(spec)
-    scale = 3.0 if mode == "train" else 1.0
+    scale = pass_factor(mode)
 
     def per_sample(lengths: np.ndarray) -> np.ndarray:
         return sequence_fwd_flops(lengths, spec) * scale
