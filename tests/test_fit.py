@@ -106,3 +106,14 @@ def test_a_per_call_tail_that_grows_with_length_is_not_a_slow_pack():
     L = np.array([4096.0, 8192.0, 16384.0])
     np.testing.assert_allclose(curve(L), b(L), rtol=1e-6)  # b is not biased by the tail
     assert details["per_call_ms"]["16384"] == pytest.approx(call + tail(16384), rel=1e-6)
+
+
+def test_a_stack_measurement_is_not_a_sweep_point():
+    """validate's stacks (layers + head) are stored with its results; one among a file's
+    measurements is named, not fitted as something else (a bare "no prediction" before)."""
+    import pytest
+
+    d = {"kind": "stack", "mode": "train", "lengths": [100, 200], "ms": 1.0}
+    with pytest.raises(ValueError, match="kind 'stack' is not measured by a calibration sweep"):
+        Record.from_dict(d)
+    assert Record.from_dict({**d, "kind": "layer"}).tokens == 300

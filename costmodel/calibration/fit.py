@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 from scipy.optimize import isotonic_regression, nnls
 
-from costmodel.calibration.plan import KINDS
+from costmodel.calibration.plan import KINDS, SWEEP_KINDS, point_ms
 from costmodel.curves import MODES, AttentionCurve, ModeCurves, TokenCurve
 from costmodel.flops import MAX_LENGTH
 
@@ -70,6 +70,9 @@ class Record:
         """A stored measurement; ValueError saying what is impossible about it."""
         if d["kind"] not in KINDS or d["mode"] not in MODES:
             raise ValueError(f"unknown kind {d['kind']!r} or mode {d['mode']!r}")
+        if d["kind"] not in SWEEP_KINDS:  # validate's stacks are stored with its results
+            raise ValueError(f"kind {d['kind']!r} is not measured by a calibration sweep; "
+                             f"a sweep's kinds are {', '.join(SWEEP_KINDS)}")
         if d["kind"] == "attention":
             lengths = (_whole(d["length"], "length"),) * _whole(d["n"], "n", _MAX_PACK)
         elif "lengths" in d:
@@ -264,26 +267,12 @@ def fit_mode(records: list[Record], mode: str, *, needs: tuple[str, ...]) -> tup
     return curves, details
 
 
-def predict_record(curves: ModeCurves, r: Record, call_ms: float) -> float:
-    L = np.asarray(r.lengths, dtype=np.float64)
-    kind = "moe" if r.moe else "dense"
-    if r.kind == "attention":
-        return call_ms + float(curves.attention(L).sum())
-    if r.kind == "linear":
-        return float(curves.linear[kind](r.tokens))
-    if r.kind == "head":
-        return float(curves.head(r.tokens))
-    if r.kind == "layer":
-        return curves.layer_overhead_ms + float(curves.attention(L).sum()) + float(curves.linear[kind](r.tokens))
-    raise ValueError(f"no prediction for kind {r.kind!r}")
-
-
 def residuals(curves: ModeCurves, records: list[Record], call_ms: float) -> dict[str, Any]:
     """Relative residuals (predicted / measured − 1) by kind: rms, worst, and per point."""
     out: dict[str, Any] = {}
     by_kind: dict[str, list[tuple[Record, float]]] = defaultdict(list)
     for r in records:
-        by_kind[r.kind + (" moe" if r.moe else "")].append((r, predict_record(curves, r, call_ms) / r.ms - 1.0))
+        by_kind[r.kind + (" moe" if r.moe else "")].append((r, point_ms(curves, r, call_ms) / r.ms - 1.0))
     for kind, items in by_kind.items():
         rel = np.array([e for _, e in items])
         worst = int(np.argmax(np.abs(rel)))

@@ -33,13 +33,19 @@ from typing import Any
 
 import numpy as np
 
+from costmodel.curves import ModeCurves
 from costmodel.spec import ModelSpec
 
-__all__ = ["PlanSettings", "SweepPlan", "SweepPoint", "coarse_first", "estimate_point_ms", "make_plan"]
+__all__ = [
+    "PlanSettings", "SweepPlan", "SweepPoint", "coarse_first", "estimate_point_ms", "make_plan",
+    "point_ms",
+]
 
 logger = logging.getLogger(__name__)
 
 KINDS = ("attention", "linear", "head", "layer", "stack")
+SWEEP_KINDS = KINDS[:4]
+"""What a calibration sweep measures and fits ("stack" is validate's)."""
 PER_POINT_OVERHEAD_S = 0.02
 """Allocation, synchronisation and Python per point (a guess; the log shows the truth)."""
 DEADLINE_FACTOR = 1.2
@@ -247,19 +253,28 @@ def _random_pack(rng: np.random.Generator, max_len: int, max_tokens: int) -> tup
     return tuple(out) if out else (min(max_len, cap),)
 
 
-def estimate_point_ms(point: SweepPoint, model) -> float:
-    """Estimated time of one call of `point` under `model` (a CostModel, usually an estimate)."""
-    c = model.curves[point.mode]
+def point_ms(c: ModeCurves, point: Any, call_ms: float) -> float:
+    """Time of one call of `point` (a SweepPoint, or a measured point of the sweep: kind,
+    lengths, moe) under the curves `c` of its pass; `call_ms`: an attention call's own cost."""
+    L = np.asarray(point.lengths, dtype=np.float64)
     kind = "moe" if point.moe else "dense"
     if point.kind == "attention":
-        return c.layer_overhead_ms + point.n * float(c.attention(np.array([point.length]))[0])
+        return call_ms + float(c.attention(L).sum())
     if point.kind == "linear":
         return float(c.linear[kind](point.tokens))
     if point.kind == "head":
         return float(c.head(point.tokens))
-    layers = point.num_layers if point.kind == "stack" else 1
-    return model.stack_cost(point.lengths, point.mode, num_layers=layers, moe=point.moe,
-                            head=point.kind == "stack")
+    layer = c.layer_overhead_ms + float(c.attention(L).sum()) + float(c.linear[kind](point.tokens))
+    if point.kind == "layer":
+        return layer
+    return point.num_layers * layer + float(c.head(point.tokens))  # a stack
+
+
+def estimate_point_ms(point: SweepPoint, model) -> float:
+    """Estimated time of one call of `point` under `model` (a CostModel, usually an estimate,
+    whose per-layer overhead stands in for an attention call's own cost)."""
+    c = model.curves[point.mode]
+    return point_ms(c, point, call_ms=c.layer_overhead_ms)
 
 
 def plan_seconds(points: list[SweepPoint], model, s: PlanSettings, timing: str = "eager") -> float:
