@@ -241,16 +241,30 @@ def coarse_first(points: list[SweepPoint]) -> tuple[list[SweepPoint], int]:
     return levels[0] + levels[1] + levels[2], len(levels[0])
 
 
+def rl_lengths(rng: np.random.Generator, n: int, max_len: int) -> np.ndarray:
+    """Long-tailed response lengths: lognormal (median ~1.2k tokens) truncated to
+    [16, max_len] — drawn below the cut, not clipped to it: clipping made most micro-batches
+    of a small cap one sequence of exactly the cap, the same micro-batch over and over."""
+    from scipy.special import ndtr, ndtri  # here: `import costmodel` stays free of scipy
+
+    mu, sigma = np.log(1200.0), 1.1
+    top = ndtr((np.log(max_len) - mu) / sigma)  # the share of the distribution below the cut
+    u = rng.uniform(0.0, top, n)
+    lengths = np.exp(mu + sigma * ndtri(u))
+    return np.clip(np.round(lengths), 16, max_len).astype(np.int64)
+
+
 def _random_pack(rng: np.random.Generator, max_len: int, max_tokens: int) -> tuple[int, ...]:
-    """Long-tailed lengths (lognormal around 1k) packed up to a random cap."""
+    """RL-like lengths (`rl_lengths`) packed in order up to a random cap: mixes of many
+    short or a few long sequences (drawn clipped to the cap, a third of the probes were one
+    sequence of exactly the cap)."""
     cap = int(rng.choice([c for c in (512, 1024, 2048, 4096, 8192, 16384, max_tokens) if c <= max_tokens]))
     out: list[int] = []
     while True:
-        L = int(np.clip(rng.lognormal(np.log(1000), 1.0), 16, min(max_len, cap)))
+        L = int(rl_lengths(rng, 1, min(max_len, cap))[0])
         if sum(out) + L > cap:
-            break
+            return tuple(out)  # the first always fits: rl_lengths stays under the cap
         out.append(L)
-    return tuple(out) if out else (min(max_len, cap),)
 
 
 def point_ms(c: ModeCurves, point: Any, call_ms: float) -> float:

@@ -24,11 +24,10 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
-from scipy.special import ndtr, ndtri
 from scipy.stats import spearmanr
 
 from costmodel import flops
-from costmodel.calibration.plan import SweepPoint
+from costmodel.calibration.plan import SweepPoint, rl_lengths
 from costmodel.calibration.timer import Timer
 from costmodel.model import CostModel
 from costmodel.model_file import utc_timestamp
@@ -41,17 +40,6 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_CAPS = (768, 2048, 4096, 8192, 16384)
 SPLIT_TOKENS = 1024
-
-
-def rl_lengths(rng: np.random.Generator, n: int, max_len: int) -> np.ndarray:
-    """Long-tailed response lengths: lognormal (median ~1.2k tokens) truncated to
-    [16, max_len] — drawn below the cut, not clipped to it: clipping made most micro-batches
-    of a small cap one sequence of exactly the cap, the same micro-batch over and over."""
-    mu, sigma = np.log(1200.0), 1.1
-    top = ndtr((np.log(max_len) - mu) / sigma)  # the share of the distribution below the cut
-    u = rng.uniform(0.0, top, n)
-    lengths = np.exp(mu + sigma * ndtri(u))
-    return np.clip(np.round(lengths), 16, max_len).astype(np.int64)
 
 
 def random_microbatches(
