@@ -165,6 +165,21 @@ def test_context_parallel_multiplies_the_cap():
 def test_no_cap_for_the_scheduler():
     with pytest.raises(ValueError, match="--max-tokens-per-gpu"):
         scheduler_from_args(parse([]), SPEC)
+    # A cap without dynamic batch size: the framework splits by a fixed size and ignores it.
+    with pytest.raises(ValueError, match="add --use-dynamic-batch-size --max-tokens-per-gpu"):
+        scheduler_from_args(parse(["--max-tokens-per-gpu", "4096"]), SPEC)
+
+
+def test_a_cap_past_one_micro_batch_names_context_parallelism_only_when_set():
+    from costmodel.integrations.args import validate_args
+
+    args = parse(["--use-dynamic-batch-size", "--max-tokens-per-gpu", "99999999999"])
+    with pytest.raises(ValueError, match=r"--max-tokens-per-gpu 99999999999 is 99,999,999,999 tokens"):
+        validate_args(args)
+    args = parse(["--use-dynamic-batch-size", "--max-tokens-per-gpu", "300000000"])
+    args.context_parallel_size = 8
+    with pytest.raises(ValueError, match=r"300000000 × --context-parallel-size is 2,400,000,000"):
+        validate_args(args)
 
 
 def test_warns_when_the_cost_model_is_from_another_gpu(cost_model_file, monkeypatch, caplog):

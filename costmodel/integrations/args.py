@@ -203,9 +203,10 @@ def validate_args(args: argparse.Namespace, spec=None):
             f"--max-tokens-per-gpu must be a positive number of tokens, got {raw_cap}"
         )
     if raw_cap is not None and _cap(args) > MAX_LENGTH:
+        times_cp = " × --context-parallel-size" if _flag(args, "context_parallel_size", 1) not in (1, None) else ""
         raise ValueError(
-            f"--max-tokens-per-gpu {raw_cap} (× context parallel size) is {_cap(args):,} tokens, "
-            f"above the {MAX_LENGTH:,} one micro-batch may hold; lower it"
+            f"--max-tokens-per-gpu {raw_cap}{times_cp} is {_cap(args):,} tokens, above the "
+            f"{MAX_LENGTH:,} one micro-batch may hold; lower it"
         )
     if dynamic and raw_cap is None:
         raise ValueError(
@@ -316,9 +317,11 @@ def scheduler_from_args(
     if not hasattr(args, _LOADED_ATTR):
         validate_args(args, spec=spec)
     cap = _cap(args)
-    if cap is None:
+    if cap is None or not _flag(args, "use_dynamic_batch_size", False):
+        # Without dynamic batch size, frameworks split by a fixed micro-batch size and ignore
+        # the cap: a token-capped schedule would not be what runs.
         raise ValueError(
-            "the scheduler needs a token cap per micro-batch: add --use-dynamic-batch-size "
+            "the scheduler packs micro-batches under a token cap: add --use-dynamic-batch-size "
             "--max-tokens-per-gpu TOKENS"
         )
     if _flag(args, "balance_by_flops", False):

@@ -4,8 +4,12 @@ One process per rank (launched by `torchrun` or by `costmodel train-demo`). Each
 
 1. validates the flags and builds every step's schedule on its own (`config.prepare`),
    before the process group even exists, so bad input never stops a run mid-step;
-2. per step, all-gathers the schedule's digest and stops with a clear error if any rank
-   computed a different assignment;
+2. before anything else, all-gathers a fingerprint of the whole run (model shape, seed,
+   learning rate, every step's schedule) and stops on every rank if any differs: ranks
+   started with different flags or lengths files, caught before a weight is shared (they
+   hung in a collective, or agreed on step 1 and failed at a later step); then, per step,
+   all-gathers the schedule's digest and stops with a clear error if any rank computed a
+   different assignment;
 3. runs its micro-batches as packed varlen sequences, forward and backward, with the loss
    summed over tokens and divided by the step's *global* target-token count — the summed
    gradient over ranks is then the gradient of the global mean loss, whatever the partition;
@@ -30,7 +34,10 @@ from costmodel.flops import sequence_fwd_flops
 from costmodel.training.config import Plan, prepare
 from costmodel.training.data import sample_tokens
 
-__all__ = ["StepRecord", "TrainResult", "check_schedule_agreement", "digest_to_int", "train"]
+__all__ = [
+    "StepRecord", "TrainResult", "check_run_agreement", "check_schedule_agreement", "digest_to_int",
+    "run_fingerprint", "train",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -83,6 +90,27 @@ class TrainResult:
 def digest_to_int(digest: str) -> int:
     """A schedule digest as a non-negative int64, for an all-gather of tensors."""
     return int(hashlib.sha256(str(digest).encode()).hexdigest()[:15], 16)
+
+
+def run_fingerprint(args: argparse.Namespace, plan: Plan) -> str:
+    """What every rank of one run must agree on: the model shape, the seed (data and
+    weights), the learning rate and every step's schedule (so the steps, lengths, cap and
+    cost too)."""
+    doc = {"spec": plan.spec.fingerprint(), "seed": args.seed, "lr": args.lr,
+           "schedules": [str(s.digest()) for s in plan.schedules]}
+    return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
+
+
+def check_run_agreement(fingerprints: list[int]) -> None:
+    """Raise RuntimeError, on every rank alike, when the ranks' run fingerprints differ."""
+    if len(set(fingerprints)) > 1:
+        first = fingerprints[0]
+        differ = [r for r, f in enumerate(fingerprints) if f != first]
+        raise RuntimeError(
+            f"rank(s) {differ} were started with another run than rank 0 (model shape, seed, "
+            "learning rate, steps, lengths, cap or cost differ): start every rank with the same "
+            "command and lengths file"
+        )
 
 
 def check_schedule_agreement(digests: list[int], step: int) -> None:
@@ -207,6 +235,17 @@ def train(args: argparse.Namespace) -> TrainResult:
             dist.destroy_process_group()
 
 
+def _all_gather_int(value: int, world: int, device) -> list[int]:
+    """Every rank's ``value`` (an int64), in rank order."""
+    import torch
+    import torch.distributed as dist
+
+    mine = torch.tensor([value], dtype=torch.int64, device=device)
+    gathered = [torch.zeros_like(mine) for _ in range(world)]
+    dist.all_gather(gathered, mine)
+    return [int(t.item()) for t in gathered]
+
+
 def move_grads_into(accum: list, params: list) -> None:
     """Add each parameter's .grad into its (fp32) buffer in ``accum`` and clear it, so the
     next micro-batch's backward starts from zero instead of summing in the model's dtype."""
@@ -224,6 +263,7 @@ def _train_loop(args, plan: Plan, *, device, dtype, attention: str) -> TrainResu
     from costmodel.training.model import TinyGPT
 
     rank, world = dist.get_rank(), dist.get_world_size()
+    check_run_agreement(_all_gather_int(digest_to_int(run_fingerprint(args, plan)), world, device))
     torch.manual_seed(args.seed)
     model = TinyGPT(plan.spec, attention=attention, device=device, dtype=dtype)
     for p in model.parameters():  # same weights everywhere even if init ever drew per rank
@@ -240,10 +280,7 @@ def _train_loop(args, plan: Plan, *, device, dtype, attention: str) -> TrainResu
     try:
         for step, (lengths, schedule) in enumerate(zip(plan.lengths, plan.schedules)):
             digest = str(schedule.digest())
-            mine = torch.tensor([digest_to_int(digest)], dtype=torch.int64, device=device)
-            gathered = [torch.zeros_like(mine) for _ in range(world)]
-            dist.all_gather(gathered, mine)
-            check_schedule_agreement([int(t.item()) for t in gathered], step)
+            check_schedule_agreement(_all_gather_int(digest_to_int(digest), world, device), step)
 
             # Target tokens of the whole step: the loss is a sum over this rank's tokens
             # divided by it, so Σ over ranks of the gradients is the global mean's gradient.
