@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from costmodel import flops
-from costmodel.curves import AttentionCurve, ModeCurves, TokenCurve
+from costmodel.curves import MODES, AttentionCurve, ModeCurves, TokenCurve
 from costmodel.gpus import GpuInfo, lookup_gpu
 from costmodel.model import CostModel
 from costmodel.spec import ModelSpec, as_spec
@@ -117,7 +117,7 @@ def estimate_cost_model(spec: ModelSpec | str, gpu: str | GpuInfo) -> CostModel:
     spec = as_spec(spec)  # a preset name or config.json path too, as everywhere
     info = lookup_gpu(gpu)
     curves = {}
-    for mode in ("train", "forward"):
+    for mode in MODES:
         linear = {}
         if spec.num_dense_layers:
             linear["dense"] = TokenCurve(

@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from costmodel.curves import ModeCurves
+from costmodel.curves import MODES, ModeCurves
 from costmodel.spec import ModelSpec
 
 __all__ = [
@@ -311,7 +311,7 @@ _MAX_SWEEP_TOKENS = 1 << 20
 def make_plan(
     spec: ModelSpec,
     *,
-    modes: tuple[str, ...] = ("train", "forward"),
+    modes: tuple[str, ...] = MODES,
     max_len: int = 32768,
     max_tokens: int | None = None,
     quick: bool = False,
@@ -326,7 +326,7 @@ def make_plan(
     from costmodel.estimate import estimate_cost_model
     from costmodel.gpus import lookup_gpu
 
-    if isinstance(modes, str) or not modes or any(m not in ("train", "forward") for m in modes):
+    if isinstance(modes, str) or not modes or any(m not in MODES for m in modes):
         raise ValueError(f"modes must be a non-empty subset of train, forward; got {modes!r}")
     modes = tuple(dict.fromkeys(modes))  # ("train", "train") measured everything twice
     for name, value in (("max_len", max_len), ("max_tokens", max_tokens)):

@@ -14,16 +14,15 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from costmodel.commands.common import add_settle_argument, seconds
+from costmodel.curves import MODES
 from costmodel.kernels import check_attention
-
-_MODES = ("train", "forward")
 
 
 def parse_modes(text: str) -> tuple[str, ...]:
     modes = tuple(dict.fromkeys(m.strip() for m in text.split(",") if m.strip()))
-    bad = [m for m in modes if m not in _MODES]
+    bad = [m for m in modes if m not in MODES]
     if not modes or bad:
-        raise ValueError(f"--modes {text!r}: use a comma-separated subset of {', '.join(_MODES)}")
+        raise ValueError(f"--modes {text!r}: use a comma-separated subset of {', '.join(MODES)}")
     return modes
 
 
