@@ -118,15 +118,11 @@ def estimate_cost_model(spec: ModelSpec | str, gpu: str | GpuInfo) -> CostModel:
     info = lookup_gpu(gpu)
     curves = {}
     for mode in MODES:
-        linear = {}
-        if spec.num_dense_layers:
-            linear["dense"] = TokenCurve(
-                _TOKEN_GRID, _estimate_linear_ms(spec, info, _TOKEN_GRID, moe=False, mode=mode)
-            )
-        if spec.num_moe_layers:
-            linear["moe"] = TokenCurve(
-                _TOKEN_GRID, _estimate_linear_ms(spec, info, _TOKEN_GRID, moe=True, mode=mode)
-            )
+        linear = {
+            kind: TokenCurve(_TOKEN_GRID, _estimate_linear_ms(spec, info, _TOKEN_GRID,
+                                                              moe=kind == "moe", mode=mode))
+            for kind in spec.linear_kinds
+        }
         curves[mode] = ModeCurves(
             layer_overhead_ms=_ATTN_CALL_MS[mode],
             microbatch_overhead_ms=_MICROBATCH_MS[mode],

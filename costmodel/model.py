@@ -97,7 +97,7 @@ class CostModel:
         bad = sorted(set(curves) - set(MODES))
         if bad:
             raise ValueError(f"unknown modes {bad}; allowed: {list(MODES)}")
-        needed = [k for k, n in (("dense", spec.num_dense_layers), ("moe", spec.num_moe_layers)) if n]
+        needed = spec.linear_kinds
         for mode, c in curves.items():
             missing = [k for k in needed if k not in c.linear]
             if missing:

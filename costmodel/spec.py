@@ -162,6 +162,12 @@ class ModelSpec:
         return self.num_layers - self.num_moe_layers
 
     @property
+    def linear_kinds(self) -> tuple[str, ...]:
+        """The token-linear parts this model has: "dense" (an MLP), "moe" (experts), or both;
+        a cost model keeps one curve for each."""
+        return tuple(k for k, n in (("dense", self.num_dense_layers), ("moe", self.num_moe_layers)) if n)
+
+    @property
     def qk_head_dim(self) -> int:
         """Per-head width of queries and keys (nope + rope for MLA)."""
         return self.qk_nope_head_dim + self.qk_rope_head_dim if self.is_mla else self.head_dim

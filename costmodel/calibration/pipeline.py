@@ -150,7 +150,7 @@ def fit_measurements(
     A mode whose fit fails (an interrupted sweep never reached it) is dropped with a
     warning as long as another mode fits; if none does, the first error is raised.
     """
-    needs = tuple(k for k, n in (("dense", spec.num_dense_layers), ("moe", spec.num_moe_layers)) if n)
+    needs = spec.linear_kinds
     curves, fit_details, resid, errors = {}, {}, {}, {}
     planned = (sweep.get("plan") or {}).get("modes") or []
     if isinstance(planned, str) or not isinstance(planned, (list, tuple)):

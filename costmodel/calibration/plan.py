@@ -201,7 +201,7 @@ def _build(spec: ModelSpec, modes: tuple[str, ...], max_len: int, max_tokens: in
     lengths = _geometric(min(s.min_length, max_len), max_len, s.attention_per_octave, multiple=8)
     tokens = token_grid(s.min_tokens, max_tokens, s.token_per_octave, s.linear_step_from, s.linear_step)
     head_tokens = _geometric(s.min_tokens, min(max_tokens, s.head_max_tokens), s.head_per_octave)
-    kinds_moe = [m for m, n in ((False, spec.num_dense_layers), (True, spec.num_moe_layers)) if n]
+    kinds_moe = [kind == "moe" for kind in spec.linear_kinds]
     rng = np.random.default_rng(rng_seed)
     points: list[SweepPoint] = []
     for mode in modes:
