@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from costmodel.calibration.pipeline import calibrate
-from costmodel.calibration.plan import make_plan
+from costmodel.calibration.plan import QUICK_SETTINGS, make_plan
 from costmodel.calibration.report import format_report, plot_report
 from costmodel.calibration.timer import SyntheticShape, SyntheticTimer
 from costmodel.calibration.validate import format_validation, run_validation
@@ -405,3 +405,14 @@ def test_a_validation_of_modes_the_refit_lacks_is_dropped(caplog):
     model.curves.pop("forward")  # as a refit whose forward fit failed
     assert revalidate(model, block) is None
     assert "validated forward, which the model lacks" in caplog.text
+
+
+def test_a_quick_plan_over_budget_still_thins_its_grids():
+    """The first thinning step (a repeat fewer) does nothing to a quick plan, whose repeats
+    are at their floor: the grids are thinned next (the plan stopped there, unthinned)."""
+    spec = ModelSpec.from_preset("qwen3-32b")
+    plan = make_plan(spec, quick=True, max_len=32768, gpu="h200")
+    assert any("thinned" in n for n in plan.notes)
+    assert plan.settings.linear_step > QUICK_SETTINGS.linear_step
+    notes = make_plan(SPEC, quick=True, max_len=32768, gpu="h200", budget_s=1).notes
+    assert len(notes) == len(set(notes))  # no step repeated once at its floor

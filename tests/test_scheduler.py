@@ -673,3 +673,21 @@ def test_the_quantisation_scale_comes_from_an_exact_ceil_log2():
         assert _ceil_log2(p) == k
         assert _ceil_log2(math.nextafter(p, math.inf)) == k + 1  # log2 gives exactly k here
         assert _ceil_log2(math.nextafter(p, 0.0)) == k
+
+
+def test_a_users_additive_cost_needs_no_fixed_cost_method():
+    """A Cost subclass that says additive = True and gives sample and micro-batch costs
+    schedules as before the fixed cost became a method (NotImplementedError then)."""
+    from costmodel.scheduler.costs import Cost
+
+    class Linear(Cost):
+        name, additive = "linear", True
+
+        def sample_costs(self, lengths):
+            return lengths.astype(np.float64)
+
+        def microbatch_costs(self, lengths, offsets):
+            return np.add.reduceat(lengths.astype(np.float64), offsets[:-1])
+
+    s = build_schedule(np.arange(1, 65), dp_size=4, max_tokens_per_microbatch=8192, cost=Linear())
+    assert s.makespan == pytest.approx(sum(range(1, 65)) / 4)

@@ -107,5 +107,5 @@ def test_a_text_file_named_npy_is_not_sent_to_pickle(tmp_path):
     the file is not, and what to give instead."""
     (tmp_path / "lengths.npy").write_text("100\n200\n")
     with pytest.raises(ValueError, match=r"lengths\.npy: not a \.npy array of lengths \(not a "
-                       r"\.npy file\); save one with numpy\.save, or give the lengths as a text"):
+                       r"\.npy file\); save an integer array with numpy\.save, or give the lengths as a text"):
         read_lengths(tmp_path / "lengths.npy")

@@ -361,15 +361,18 @@ def make_plan(
         lambda t: _replace(t, max_packs=max(2, t.max_packs - 1), probes_per_mode=max(3, t.probes_per_mode // 2)),
         lambda t: _replace(t, repeats=max(3, t.repeats - 1), warmup=1),
     ]
-    attempt = 0
-    while True:  # ends: each step thins to a floor, and the last one is applied until it is there
+    once, again = iter(thinning[:-1]), thinning[-1]  # each once, in order; the last to its floor
+    while True:
         points, probe = _build(spec, tuple(modes), max_len, max_tokens, s, seed)
         est = plan_seconds(points + [probe, probe], model, s, timing)
-        thinner = thinning[min(attempt, len(thinning) - 1)](s)
-        if est <= budget or thinner == s:
+        if est <= budget:
             break
-        s, attempt = thinner, attempt + 1
-        notes.append(f"estimated {est:.0f} s > budget {budget:.0f} s: thinned to {s}")
+        # The next step that thins anything (a quick plan's repeats are at their floor).
+        thinner = next((t for t in (step(s) for step in once) if t != s), again(s))
+        if thinner == s:  # nothing left to thin
+            break
+        s = thinner
+        notes.append(f"estimated {est:.1f} s > budget {budget:.1f} s: thinned to {s}")
     if est > budget:
         notes.append(f"could not fit the budget; estimated {est:.0f} s")
         logger.warning("sweep estimated at %.0f s, over the %.0f s budget", est, budget)

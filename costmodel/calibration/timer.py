@@ -111,7 +111,13 @@ _FLUSHERS: dict[int, _L2Flusher] = {}
 
 
 class GraphCaptureError(RuntimeError):
-    """A workload could not be captured into a CUDA graph (a host sync inside, say)."""
+    """A workload could not be captured into a CUDA graph (a host sync inside, say);
+    ``reason``: the first line of what broke the capture."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(f"this workload cannot be captured into a CUDA graph ({reason}); time it "
+                         "eagerly instead (--timing eager)")
+        self.reason = reason
 
 
 def capture_cuda_graph(fn: Callable[[], Any], *, warmup: int = 1):
@@ -156,10 +162,7 @@ def capture_cuda_graph(fn: Callable[[], Any], *, warmup: int = 1):
         # The CLI shows one line; the traceback says which operation broke the capture.
         logger.warning("CUDA graph capture failed", exc_info=cause)
         first = str(cause).splitlines()[0] if str(cause) else type(cause).__name__
-        raise GraphCaptureError(
-            f"this workload cannot be captured into a CUDA graph ({first}); time it eagerly "
-            "instead (--timing eager)"
-        ) from exc
+        raise GraphCaptureError(first) from exc
     # A graph holds no reference to the tensors it reads: keep fn (and its closure) alive
     # for as long as the graph can be replayed.
     graph.keep_alive = fn

@@ -165,7 +165,8 @@ class KernelTimer:
         try:
             self._check_capture()
         except GraphCaptureError as exc:
-            logger.warning("%s: timing eagerly (recorded as such in the results)", exc)
+            logger.warning("this workload cannot be captured into a CUDA graph (%s): timing "
+                           "eagerly (recorded as such in the results)", exc.reason)
             self.timing = "eager"
 
     @staticmethod

@@ -387,6 +387,8 @@ def balanced_micro_batches(
     try:
         s = build_schedule(lengths, dp_size=dp_size, **kwargs)
     except ValueError as exc:
+        if "max_tokens_per_microbatch" not in str(exc):
+            raise
         raise ValueError(f"{exc} (in verl's terms: max_tokens_per_microbatch is max_token_len, "
                          "align is num_batches_divided_by)") from exc
     per_rank = s.microbatches

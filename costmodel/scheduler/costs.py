@@ -81,7 +81,11 @@ class Cost:
     separable: bool = False
 
     def fixed_cost(self) -> float:
-        raise NotImplementedError
+        """What every non-empty micro-batch pays on top of its samples: an additive cost's
+        ``fixed`` attribute (0 without one); a separable cost says its own."""
+        if self.additive:
+            return float(getattr(self, "fixed", 0.0))
+        raise NotImplementedError(f"{type(self).__name__} is separable: implement fixed_cost()")
 
     def sequence_costs(self, lengths: np.ndarray) -> np.ndarray:
         raise NotImplementedError
@@ -209,9 +213,6 @@ class AdditiveCost(Cost):
         per = self.sample_costs(lengths)
         _check_values(per, self.name, lengths, np.arange(lengths.size + 1))
         return _segment_sums(per, offsets) + self.fixed
-
-    def fixed_cost(self) -> float:
-        return self.fixed
 
 
 def _accepts_mode(fn: Callable) -> bool:

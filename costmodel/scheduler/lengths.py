@@ -128,9 +128,9 @@ def _read_npy(p: Path) -> np.ndarray:
         values = np.load(p, allow_pickle=False)
     except (ValueError, OSError, EOFError) as err:  # not .npy, or an object array
         # numpy says a text file "contains pickled data" and suggests allow_pickle: not that.
-        reason = "not a .npy file" if "pickle" in str(err) else str(err)
-        raise ValueError(f"{p}: not a .npy array of lengths ({reason}); save one with "
-                         "numpy.save, or give the lengths as a text file (one per line)") from None
+        reason = "not a .npy file" if "contains pickled" in str(err) else str(err)
+        raise ValueError(f"{p}: not a .npy array of lengths ({reason}); save an integer array "
+                         "with numpy.save, or give the lengths as a text file (one per line)") from None
     if values.ndim != 1 or not np.issubdtype(values.dtype, np.integer):
         raise ValueError(f"{p}: expected a 1-D integer array of lengths, got {values.dtype} "
                          f"with shape {values.shape}")

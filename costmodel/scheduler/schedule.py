@@ -354,9 +354,9 @@ def build_schedule(
 
 
 def _ceil_log2(x: float) -> int:
-    """ceil(log2(x)) for x > 0, exactly: the C library's log2 need not be correctly
-    rounded, and one machine off by one just above a power of two would double the scale
-    and schedule differently from the others."""
+    """ceil(log2(x)) for x > 0, exactly: log2 of a total just above a large power of two
+    rounds onto it (past ~2**50), and a C library's log2 need not be correctly rounded
+    either; the scale must not depend on either."""
     mantissa, exponent = math.frexp(x)  # x = mantissa · 2**exponent, 0.5 <= mantissa < 1
     return exponent - 1 if mantissa == 0.5 else exponent
 
