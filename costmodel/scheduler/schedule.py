@@ -49,7 +49,7 @@ from costmodel.scheduler.counts import Grouped, pack_and_assign, place_grouped, 
 from costmodel.scheduler.groups import first_appearance_ids
 from costmodel.scheduler.order import ORDERS, run_order
 from costmodel.scheduler.refine import BinState, local_search
-from costmodel.scheduler.sorting import as_lists, longest_first, members_of
+from costmodel.scheduler.sorting import as_lists, longest_first, members_of, stable_order
 
 logger = logging.getLogger(__name__)
 
@@ -176,8 +176,16 @@ def _dense_groups(group_ids: Sequence[Any], n: int) -> np.ndarray:
         raise ValueError(f"group_ids must hold one id per sample, got an array of shape "
                          f"{arr.shape}; flatten it")
     if arr.ndim == 1 and arr.dtype.kind in "iub":
-        _, dense = np.unique(arr, return_inverse=True)
-        return dense.astype(np.int64)
+        # Numbered by first appearance, as any other ids: the schedule depends on which
+        # samples share a group, not on what the ids are (ints sorted, strings not, split
+        # ranks that named the same groups differently).
+        _, inverse = np.unique(arr, return_inverse=True)  # numbered by value
+        inverse = inverse.reshape(-1).astype(np.int64)
+        order, starts = members_of(inverse, int(inverse.max()) + 1)
+        first = order[starts[:-1]]  # where each value first appears (a stable order)
+        by_appearance = np.empty(first.size, dtype=np.int64)
+        by_appearance[stable_order(first)] = np.arange(first.size)
+        return by_appearance[inverse]
     return first_appearance_ids(group_ids, "group_ids")
 
 
