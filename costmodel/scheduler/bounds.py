@@ -121,9 +121,8 @@ def lower_bound(
         return _separable_lower_bound(cost, desc, cap, dp, fewest_bins)
     if cost.additive:
         s = cost.sample_costs(lengths) if sample_costs is None else sample_costs
-        n_bins = fewest_bins
         fixed = cost.fixed_cost()
-        total = math.fsum(s.tolist()) + fixed * n_bins
+        total = math.fsum(s.tolist()) + fixed * fewest_bins
         return max(total / dp, fixed + float(s.max()))
     if order is None:
         order = longest_first(lengths)

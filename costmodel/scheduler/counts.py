@@ -75,7 +75,7 @@ def pack_and_assign(
     align: int,
     cap: int,
     exact: bool = False,
-) -> tuple[np.ndarray, np.ndarray, int, np.ndarray]:
+) -> tuple[np.ndarray, int, np.ndarray]:
     """Pack by tokens into dp × m micro-batches (fewest m that works), then give each
     rank m of them balancing their true costs. Returns (bin_of, m, bin costs), micro-batch
     ids ``rank * m + slot``.
