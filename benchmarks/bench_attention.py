@@ -225,42 +225,14 @@ def run(
     h, hkv, d = args.num_heads, args.num_kv_heads, args.head_dim
     for L in args.lengths:
         lengths, cu, q, k, v, do = _packed(L, args.total_tokens, h, hkv, d, device)
-        n = len(lengths)
         outs = {}
         for name, fn in backends.items():
             try:
                 with torch.no_grad():
                     outs[name] = fn(q, k, v, cu, L)  # validates once; timed calls skip the sync
-                for mode in args.modes:
-                    ins = (q, k, v, cu, L)
-                    if mode == "fwd":
-
-                        def step(fn=fn, ins=ins):
-                            with torch.no_grad():
-                                fn(*ins, check_values=False)
-                    else:
-
-                        def step(fn=fn, ins=ins, do=do):
-                            out = fn(*ins, check_values=False)
-                            torch.autograd.grad(out, ins[:3], do)
-
-                    ms = do_bench(step, warmup=args.warmup, rep=args.rep, return_mode="median")
-                    flops = attention_flops(lengths, h, hkv, d, mode)
-                    rows.append(
-                        {
-                            "L": L,
-                            "num_seqs": n,
-                            "backend": name,
-                            "mode": mode,
-                            "ms": ms,
-                            "tflops": flops / ms / 1e9,
-                            "flops": flops,
-                        }
-                    )
+                rows += _timed_rows(args, name, fn, (q, k, v, cu, L), do, lengths, do_bench)
             except Exception as exc:  # recorded in the table and the JSON, never fatal
-                first = str(exc).splitlines()[0] if str(exc) else ""
-                errors.append({"L": L, "backend": name, "error": f"{type(exc).__name__}: {first}"})
-                print(f"note: {name} failed at L={L}: {type(exc).__name__}: {first}", file=sys.stderr)
+                errors.append(_failure(L, name, exc))
                 outs.pop(name, None)
         if "triton" in outs and len(outs) > 1:
             ref = next(o for b, o in outs.items() if b != "triton").float()
@@ -270,6 +242,11 @@ def run(
                     row["fwd_rel_err_vs_baseline"] = err
         del q, k, v, do, outs
         torch.cuda.empty_cache()
+    gqa_check = None
+    if "torch-varlen" in backends and attn.torch_varlen_gqa_mode() == "expanded" and hkv < h:
+        # After the table, on its own: a kernel that mishandled fewer KV heads could leave
+        # the device unusable, and the table is what this benchmark is for.
+        gqa_check = _kv_as_given(args, backends["torch-varlen"], device, rows, errors, do_bench)
     result = {
         "provenance": _provenance(argv),
         "unavailable": unavailable,
@@ -287,6 +264,8 @@ def run(
         # torch 2.10/2.11 varlen_attn has no GQA switch: the adapter expands KV heads, and
         # that copy is inside the torch-varlen times.
         result["torch_varlen_gqa"] = attn.torch_varlen_gqa_mode()
+        if result["torch_varlen_gqa"] == "expanded" and hkv < h:
+            result["torch_varlen_kv_as_given"] = gqa_check
     if "triton" in backends:
         from costmodel.kernels.triton_attention import chosen_configs
 
@@ -294,6 +273,69 @@ def run(
         if triton_configs:
             result["tuned_configs"] = triton_configs
     return result
+
+
+def _timed_rows(args, name: str, fn, ins: tuple, do, lengths: list[int], do_bench) -> list[dict]:
+    """One row per mode (fwd, fwd+bwd) of ``fn`` on ``ins`` = (q, k, v, cu_seqlens, L)."""
+    import torch
+
+    rows = []
+    for mode in args.modes:
+        if mode == "fwd":
+
+            def step(fn=fn, ins=ins):
+                with torch.no_grad():
+                    fn(*ins, check_values=False)
+        else:
+
+            def step(fn=fn, ins=ins, do=do):
+                out = fn(*ins, check_values=False)
+                torch.autograd.grad(out, ins[:3], do)
+
+        ms = do_bench(step, warmup=args.warmup, rep=args.rep, return_mode="median")
+        flops = attention_flops(lengths, args.num_heads, args.num_kv_heads, args.head_dim, mode)
+        rows.append({"L": ins[4], "num_seqs": len(lengths), "backend": name, "mode": mode,
+                     "ms": ms, "tflops": flops / ms / 1e9, "flops": flops})
+    return rows
+
+
+def _failure(L: int, name: str, exc: Exception) -> dict:
+    first = str(exc).splitlines()[0] if str(exc) else ""
+    print(f"note: {name} failed at L={L}: {type(exc).__name__}: {first}", file=sys.stderr)
+    return {"L": L, "backend": name, "error": f"{type(exc).__name__}: {first}"}
+
+
+# The torch-varlen adapter on a torch without enable_gqa, KV heads passed as they are.
+KV_AS_GIVEN = "varlen-kv-as-is"
+
+
+def _kv_as_given(args, fn, device, rows: list, errors: list, do_bench) -> dict:
+    """Whether this torch's varlen_attn (no `enable_gqa`) computes GQA from the KV heads as
+    they are, checked against the adapter's expanded call at every L; where it does, its
+    timings join the table as KV_AS_GIVEN: what the expansion in torch-varlen's costs."""
+    import torch
+
+    native = functools.partial(fn, kv_as_given=True)
+    h, hkv, d = args.num_heads, args.num_kv_heads, args.head_dim
+    worst = 0.0
+    for L in args.lengths:
+        lengths, cu, q, k, v, do = _packed(L, args.total_tokens, h, hkv, d, device)
+        try:
+            with torch.no_grad():
+                err = _rel_err(native(q, k, v, cu, L), fn(q, k, v, cu, L))
+            worst = max(worst, err)
+            if not err <= MAX_TUNE_REL_ERR:
+                return {"same_as_expanded": False, "L": L, "rel_err": err}
+            rows += _timed_rows(args, KV_AS_GIVEN, native, (q, k, v, cu, L), do, lengths, do_bench)
+        except Exception as exc:  # noted; the table above stands
+            errors.append(_failure(L, KV_AS_GIVEN, exc))
+            return {"same_as_expanded": None, "L": L, "error": errors[-1]["error"]}
+        except KeyboardInterrupt:  # the step's timeout: keep the table and what was timed
+            return {"same_as_expanded": None, "L": L, "interrupted": True}
+        finally:
+            del q, k, v, do
+            torch.cuda.empty_cache()
+    return {"same_as_expanded": True, "max_rel_err": worst}
 
 
 def _packed(L: int, total_tokens: int, h: int, hkv: int, d: int, device):
@@ -585,14 +627,14 @@ def _table(result: dict) -> str:
     rows = result["rows"]
     times = {(r["L"], r["backend"], r["mode"]): r["ms"] for r in rows}
     lines = [
-        f"{'L':>6} {'seqs':>5} {'backend':<13} {'mode':<8} {'ms':>9} {'TFLOP/s':>8} "
+        f"{'L':>6} {'seqs':>5} {'backend':<15} {'mode':<8} {'ms':>9} {'TFLOP/s':>8} "
         f"{'vs torch-varlen':>15}"
     ]
     for r in rows:
         base = times.get((r["L"], "torch-varlen", r["mode"]))
         speedup = f"{base / r['ms']:.2f}x" if base and r["backend"] != "torch-varlen" else ""
         lines.append(
-            f"{r['L']:>6} {r['num_seqs']:>5} {r['backend']:<13} {r['mode']:<8} "
+            f"{r['L']:>6} {r['num_seqs']:>5} {r['backend']:<15} {r['mode']:<8} "
             f"{r['ms']:>9.3f} {r['tflops']:>8.1f} {speedup:>15}"
         )
     for name, why in result["unavailable"].items():
@@ -601,6 +643,15 @@ def _table(result: dict) -> str:
         lines.append(f"{e['backend']} at L={e['L']}: FAILED: {e['error']}")
     if result.get("torch_varlen_gqa") == "expanded":
         lines.append("torch-varlen: this torch has no enable_gqa; KV heads expanded per call")
+        check = result.get("torch_varlen_kv_as_given") or {}
+        if check.get("same_as_expanded"):
+            lines.append(f"{KV_AS_GIVEN}: the same varlen_attn given the KV heads as they are: "
+                         f"same output (rel err <= {check['max_rel_err']:.1e}); its rows show "
+                         "what the expansion costs")
+        elif check.get("same_as_expanded") is False:
+            lines.append(f"{KV_AS_GIVEN}: given the KV heads as they are, varlen_attn differs "
+                         f"(rel err {check['rel_err']:.2e} at L={check['L']}): the expansion "
+                         "is needed")
     return "\n".join(lines)
 
 

@@ -11,8 +11,10 @@
 #   4. costmodel bench-schedule with the fresh cost model (dp 8,16,64)  <= 130 s
 #      (stops measuring at 105 s, or at the step's SIGINT, and writes what it measured)
 #   5. attention benchmark, backward configs tuned first            <= 120 s
-#      (a timeout during its table still writes the tuning to bench_attention.json)
-#   6. GPU pytest tests (-m gpu)                                   <= 90 s
+#      (a timeout during its table still writes the tuning to bench_attention.json;
+#      on torch 2.11, last, whether varlen_attn takes the KV heads unexpanded, and how
+#      much faster it is then)
+#   6. GPU pytest tests (-m gpu), the kernel checks first           <= 90 s
 #   7. MLP benchmark, if time is left (STEPS without bench_mlp skips it)
 #   8. a quick MoE calibration (qwen3-30b-a3b), if time is left
 # STEPS picks a subset (run in the order above), e.g. STEPS="bench_schedule pytest" with
@@ -136,8 +138,12 @@ fi
 want bench_attention && step "bench_attention" 120 "$PY" benchmarks/bench_attention.py --quick \
   --tune-first --lengths 512 1024 2048 4096 8192 16384 32768 --backends torch-varlen triton \
   --json "$OUT/bench_attention.json"
-want pytest && step "pytest -m gpu" 90 "$PY" -m pytest -q -m gpu -p no:cacheprovider tests/ \
-  --junitxml="$OUT/pytest-gpu.xml"
+# The kernel checks first: a step cut short by the session's time keeps them.
+kernel_tests=(tests/test_attention.py tests/test_mlp.py tests/test_moe.py tests/test_layer.py)
+other_tests=()
+for f in tests/test_*.py; do [[ " ${kernel_tests[*]} " == *" $f "* ]] || other_tests+=("$f"); done
+want pytest && step "pytest -m gpu" 90 "$PY" -m pytest -q -m gpu -p no:cacheprovider \
+  "${kernel_tests[@]}" "${other_tests[@]}" --junitxml="$OUT/pytest-gpu.xml"
 want bench_mlp && step "bench_mlp" 60 "$PY" benchmarks/bench_mlp.py --quick \
   --tokens 512 1024 2048 4096 8192 16384 32768 --json "$OUT/bench_mlp.json"
 # A MoE profile, if time is left: --quick, no separate validation.

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -226,3 +227,19 @@ def test_gpu_test_results_are_summarised(adopt_script, tmp_path, capsys):
     text = capsys.readouterr().out
     assert "GPU tests: 3 ran, 1 failed, 0 errors, 1 skipped" in text
     assert "FAILED tests.test_timer::test_cold" in text
+
+
+def test_the_varlen_baseline_without_its_kv_expansion_is_judged_too(adopt_script, tmp_path, capsys):
+    """Where this torch's varlen_attn handled the KV heads as they are, the Triton ratios
+    against it (no expansion copy in the baseline) are printed next to the adapter's."""
+    out = _session_folder(tmp_path)
+    doc = json.loads((out / "bench_attention.json").read_text())
+    doc["torch_varlen_kv_as_given"] = {"same_as_expanded": True, "max_rel_err": 1e-3}
+    doc["rows"] += [{**r, "backend": "varlen-kv-as-is", "ms": r["ms"] * 0.9}
+                    for r in doc["rows"] if r["backend"] == "torch-varlen"]
+    (out / "bench_attention.json").write_text(json.dumps(doc))
+    assert adopt_script.main([str(out), "--dry-run"]) == 0
+    text = capsys.readouterr().out
+    assert "against varlen_attn given the KV heads as they are (no expansion), for L >= 4096: " \
+           "fwd at least" in text
+    assert re.search(r"fwd\+bwd at least 0\.6\dx \(MISSED\)", text)  # ~0.9 of the adapter's 0.68x

@@ -684,3 +684,32 @@ def test_every_shipped_config_is_valid_and_names_its_warps_and_stages():
             for cfg in configs:
                 ta._check_config(kernel, cfg)
                 assert {"num_warps", "num_stages"} <= set(cfg), (kernel, head_dim, cfg)
+
+
+@pytest.mark.parametrize("gqa_aware", [True, False])
+def test_varlen_given_kv_heads_as_they_are_is_timed_only_where_it_matches(load_benchmark, gqa_aware):
+    """On a torch without enable_gqa the benchmark asks whether varlen_attn handles fewer KV
+    heads by itself (then its rows show what the adapter's expansion costs) and stops at
+    the first length where it does not. Here a CPU stand-in for varlen_attn, GQA-aware or
+    pairing heads the wrong way."""
+    import argparse
+
+    bench = load_benchmark("bench_attention")
+
+    def varlen(q, k, v, cu, L, *, check_values=True, kv_as_given=False):
+        group = q.shape[1] // k.shape[1]
+        if kv_as_given and not gqa_aware:  # KV heads tiled, not repeated: wrong pairing
+            k, v = k.repeat(1, group, 1), v.repeat(1, group, 1)
+        return attn.attention_reference(q, k, v, cu).to(q.dtype)
+
+    args = argparse.Namespace(num_heads=4, num_kv_heads=2, head_dim=16, lengths=[40, 96],
+                              total_tokens=200, modes=["fwd", "fwd+bwd"], warmup=1, rep=1)
+    rows, errors = [], []
+    check = bench._kv_as_given(args, varlen, "cpu", rows, errors, lambda *a, **k: 1.0)
+    assert not errors
+    if gqa_aware:
+        assert check["same_as_expanded"] is True and check["max_rel_err"] < 1e-2
+        assert {(r["L"], r["mode"]) for r in rows} == {(L, m) for L in (40, 96) for m in args.modes}
+        assert {r["backend"] for r in rows} == {bench.KV_AS_GIVEN}
+    else:
+        assert check["same_as_expanded"] is False and check["L"] == 40 and not rows

@@ -255,7 +255,10 @@ def torch_varlen_gqa_mode() -> str:
     return "native" if _varlen_call_style()[1] else "expanded"
 
 
-def _torch_varlen_attention(q, k, v, cu_seqlens, max_seqlen, *, check_values: bool = True):
+def _torch_varlen_attention(q, k, v, cu_seqlens, max_seqlen, *, check_values: bool = True,
+                            kv_as_given: bool = False):
+    """``kv_as_given``: pass fewer KV heads even to a varlen_attn without `enable_gqa`
+    (benchmarks check whether it computes GQA by itself, and what the expansion costs)."""
     validate_attention_inputs(q, k, v, cu_seqlens, max_seqlen, check_values=check_values)
     varlen_attn = _varlen_attn_fn()
     causal, has_gqa = _varlen_call_style()
@@ -263,7 +266,7 @@ def _torch_varlen_attention(q, k, v, cu_seqlens, max_seqlen, *, check_values: bo
     if k.shape[1] != q.shape[1]:
         if has_gqa:
             kwargs["enable_gqa"] = True
-        else:  # torch 2.10/2.11: no GQA switch, materialise the repeated KV heads
+        elif not kv_as_given:  # torch 2.10/2.11: no GQA switch, materialise the repeated KV heads
             group = q.shape[1] // k.shape[1]
             k = k.repeat_interleave(group, dim=1)
             v = v.repeat_interleave(group, dim=1)
