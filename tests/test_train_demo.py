@@ -255,38 +255,25 @@ def test_update_does_not_depend_on_the_partition():
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
 
 
-def test_a_rank_started_with_another_run_stops_every_rank_before_training(tmp_path):
-    """Rank 1 started with another seed (or steps, shape, lengths file): every rank stops
-    before a weight is shared, with the reason (ranks hung in a collective, or trained on
-    different data without a word, or failed at a later step)."""
-    done = _torchrun_script(
-        tmp_path,
-        "if RANK == 1:\n"
-        "    sys.argv += ['--seed', '1']\n"
-        "sys.exit(train_varlen.main(sys.argv[1:]))",
-        *FAST, "--steps", "2", "--device", "cpu",
-    )
+@pytest.mark.parametrize(("patch", "reason"), [
+    # Rank 1 started with another seed (or steps, shape, lengths file): caught before a
+    # weight is shared (ranks hung in a collective, or trained on different data without
+    # a word, or failed at a later step).
+    ("if RANK == 1:\n    sys.argv += ['--seed', '1']\n",
+     "rank(s) [1] were started with another run than rank 0"),
+    # Rank 1's schedule digest off, past the run's check: caught at step 1.
+    ("trainer.check_run_agreement = lambda fingerprints: None\n"
+     "if RANK == 1:\n"
+     "    real = trainer.digest_to_int\n"
+     "    trainer.digest_to_int = lambda digest: real(digest) + 1\n",
+     "step 1: the ranks built different schedules"),
+])
+def test_ranks_that_disagree_all_stop_before_training_with_the_reason(tmp_path, patch, reason):
+    done = _torchrun_script(tmp_path, patch + "sys.exit(train_varlen.main(sys.argv[1:]))",
+                            *FAST, "--steps", "2", "--device", "cpu")
     assert done.returncode != 0
-    for rank in (0, 1):
-        assert f"error (rank {rank}): rank(s) [1] were started with another run than rank 0" in done.stderr
-    assert "step 1/" not in done.stdout
-
-
-def test_a_rank_with_another_schedule_stops_every_rank(tmp_path):
-    """Rank 1's digest is off (past the run's check): both ranks stop at step 1 with the
-    reason, nobody hangs."""
-    done = _torchrun_script(
-        tmp_path,
-        "trainer.check_run_agreement = lambda fingerprints: None\n"
-        "if RANK == 1:\n"
-        "    real = trainer.digest_to_int\n"
-        "    trainer.digest_to_int = lambda digest: real(digest) + 1\n"
-        "sys.exit(train_varlen.main(sys.argv[1:]))",
-        *FAST, "--steps", "2", "--device", "cpu",
-    )
-    assert done.returncode != 0
-    for rank in (0, 1):
-        assert f"error (rank {rank}): step 1: the ranks built different schedules" in done.stderr
+    for rank in (0, 1):  # every rank says why; none waits
+        assert f"error (rank {rank}): {reason}" in done.stderr
     assert "step 1/" not in done.stdout
 
 
