@@ -24,7 +24,8 @@ def add_batch_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default="qwen3-8b", help="preset name or HF config.json path (default: %(default)s)")
     src = p.add_mutually_exclusive_group()
     src.add_argument(
-        "--lengths",
+        "--lengths", "--lengths-file",  # train-demo's name for it
+        dest="lengths",
         metavar="FILE",
         help="file of sample lengths: one integer per line, or separated by commas or spaces "
         "(.json and .npy too)",
