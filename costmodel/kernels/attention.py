@@ -61,7 +61,7 @@ _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 #: Input dtypes each backend's adapter accepts (what a layer checks at construction).
 BACKEND_DTYPES: dict[str, tuple[torch.dtype, ...]] = {
     "triton": _FLOAT_DTYPES,
-    "torch-varlen": _FLOAT_DTYPES,
+    "torch-varlen": (torch.float16, torch.bfloat16),  # its flash and cuDNN kernels, both
     "sdpa": _FLOAT_DTYPES,
     "flash-attn": (torch.float16, torch.bfloat16),
 }
