@@ -11,7 +11,8 @@ d = head dim, f = MLP width):
   1. q, k, v projections: 2·h·nh·d + 2·(2·h·nkv·d). With GQA, k and v are narrower.
   2. output projection: 2·nh·d·h. This is *not* 2·h² when nh·d ≠ h (Qwen3-0.6B/4B/32B).
   3. SwiGLU MLP: gate and up 2·(2·h·f), down 2·f·h, so 6·h·f.
-  4. MoE layer: router 2·h·E (usually left out; it is ~1% for 128 experts at h=2048),
+  4. MoE layer: router 2·h·E (counted, as verl does; Megatron leaves it out: ~1% for 128
+     experts at h=2048),
      top-k routed experts 6·h·f_e each, shared experts 6·h·f_shared.
   5. MLA (DeepSeek-V3): q down 2·h·r_q and up 2·r_q·nh·(d_nope + d_rope) (or one direct
      projection when r_q = 0), kv down 2·h·(r_kv + d_rope), kv up 2·r_kv·nh·(d_nope + d_v),

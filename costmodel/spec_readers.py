@@ -212,6 +212,9 @@ def _from_megatron(ns: Any) -> ModelSpec:
         kw.update(
             num_kv_heads=heads,
             head_dim=0,
+            # MLA's --qk-layernorm norms the q and kv latents, not per-head q/k (the HF
+            # config's qk_norm); read as qk_norm it missed the DeepSeek-V3 profile's shape.
+            qk_norm=False,
             q_lora_rank=get("q_lora_rank") or 0,
             kv_lora_rank=need("kv_lora_rank"),
             qk_nope_head_dim=need("qk_head_dim"),

@@ -220,14 +220,17 @@ def test_megatron_moe_layer_patterns():
         ModelSpec.from_megatron_args(_megatron(**moe, moe_layer_freq=[1] * 3))
 
 
-def test_megatron_mla():
+@pytest.mark.parametrize("qk_layernorm", [False, True])
+def test_megatron_mla(qk_layernorm):
+    """DeepSeek-V3 trains with --qk-layernorm, which for MLA norms the q/kv latents: the
+    shape is the preset's either way (it read as qk_norm and missed the profile)."""
     args = _megatron(num_layers=61, hidden_size=7168, num_attention_heads=128,
                      num_query_groups=None, ffn_hidden_size=18432, vocab_size=129280,
                      multi_latent_attention=True, q_lora_rank=1536, kv_lora_rank=512,
                      qk_head_dim=128, qk_pos_emb_head_dim=64, v_head_dim=128, num_experts=256,
                      moe_ffn_hidden_size=2048, moe_router_topk=8,
                      moe_shared_expert_intermediate_size=2048,
-                     moe_layer_freq="[0]*3+[1]*58", qk_layernorm=False)
+                     moe_layer_freq="[0]*3+[1]*58", qk_layernorm=qk_layernorm)
     spec = ModelSpec.from_megatron_args(args)
     assert spec.fingerprint() == PRESETS["deepseek-v3"].fingerprint()
 
