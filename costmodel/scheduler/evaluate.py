@@ -3,7 +3,6 @@ under any cost, as a `Schedule`, so schedules compare on equal terms."""
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -44,25 +43,12 @@ def evaluate_schedule(
     idx = np.concatenate(flat) if flat else np.zeros(0, dtype=np.int64)
     offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
     costs = cost_obj.evaluate(lens[idx], offsets).tolist()
-    tokens = np.bincount(
-        np.repeat(np.arange(len(sizes)), sizes), weights=lens[idx], minlength=len(sizes)
-    )
-    mbs, mb_costs, mb_tokens, rank_costs = [], [], [], []
-    k = 0
-    for rank in microbatches:
-        c = costs[k : k + len(rank)]
-        mbs.append([x.tolist() for x in flat[k : k + len(rank)]])
-        mb_costs.append(c)
-        mb_tokens.append([int(t) for t in tokens[k : k + len(rank)]])
-        rank_costs.append(math.fsum(c))
-        k += len(rank)
-    return Schedule(
-        microbatches=mbs,
-        microbatch_costs=mb_costs,
-        microbatch_tokens=mb_tokens,
-        rank_costs=rank_costs,
-        lower_bound=lower_bound(cost_obj, lens, cap, len(microbatches)),
-        max_tokens_per_microbatch=cap,
+    tokens = [int(lens[x].sum()) for x in flat]
+    starts = np.cumsum([0] + [len(rank) for rank in microbatches]).tolist()
+    per_rank = [range(a, b) for a, b in zip(starts[:-1], starts[1:])]  # ids in the order given
+    return Schedule.from_microbatches(
+        per_rank, [x.tolist() for x in flat], costs, tokens,
+        lower_bound=lower_bound(cost_obj, lens, cap, len(microbatches)), cap=cap,
         cost_name=cost_obj.name,
     )
 

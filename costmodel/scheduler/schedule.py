@@ -123,6 +123,26 @@ class Schedule:
         cap = self.max_tokens_per_microbatch
         return sum(1 for rank_tok in self.microbatch_tokens for tok in rank_tok if tok > cap)
 
+    @classmethod
+    def from_microbatches(
+        cls, per_rank: Sequence[Sequence[int]], members: Sequence[list[int]], costs: Sequence[float],
+        tokens: Sequence[int], *, lower_bound: float, cap: int, cost_name: str,
+        stats: dict[str, Any] | None = None,
+    ) -> Schedule:
+        """A schedule from each rank's micro-batch ids in run order and, per id, its samples,
+        predicted cost and tokens (a rank's cost is the exact sum of its micro-batches')."""
+        mb_costs = [[float(costs[b]) for b in rank] for rank in per_rank]
+        return cls(
+            microbatches=[[members[b] for b in rank] for rank in per_rank],
+            microbatch_costs=mb_costs,
+            microbatch_tokens=[[int(tokens[b]) for b in rank] for rank in per_rank],
+            rank_costs=[math.fsum(c) for c in mb_costs],
+            lower_bound=lower_bound,
+            max_tokens_per_microbatch=cap,
+            cost_name=cost_name,
+            stats=stats or {},
+        )
+
     def digest(self) -> str:
         """A stable hash of the assignment (rank → micro-batches → samples), for checking
         that independently computed schedules agree."""
@@ -391,27 +411,9 @@ def _finish(
         bin_costs += cost.fixed_cost()
     else:
         bin_costs = cost.evaluate(st.lengths[flat], offsets)
-    members = as_lists(flat, offsets)
-    tokens = st.fill.tolist()
-    mbs: list[list[list[int]]] = []
-    mb_costs: list[list[float]] = []
-    mb_tokens: list[list[int]] = []
-    rank_costs: list[float] = []
-    for r in range(dp):
-        base = r * m
-        seq = run_order(st.bin_q[base : base + m], order)
-        mbs.append([members[base + k] for k in seq])
-        costs_r = [float(bin_costs[base + k]) for k in seq]
-        mb_costs.append(costs_r)
-        mb_tokens.append([int(tokens[base + k]) for k in seq])
-        rank_costs.append(math.fsum(costs_r))
-    return Schedule(
-        microbatches=mbs,
-        microbatch_costs=mb_costs,
-        microbatch_tokens=mb_tokens,
-        rank_costs=rank_costs,
-        lower_bound=lb,
-        max_tokens_per_microbatch=st.cap,
-        cost_name=cost.name,
-        stats=stats,
+    per_rank = [[r * m + k for k in run_order(st.bin_q[r * m : (r + 1) * m], order)]
+                for r in range(dp)]
+    return Schedule.from_microbatches(
+        per_rank, as_lists(flat, offsets), bin_costs.tolist(), st.fill.tolist(), lower_bound=lb,
+        cap=st.cap, cost_name=cost.name, stats=stats,
     )
