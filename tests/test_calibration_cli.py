@@ -271,6 +271,16 @@ def test_kernel_timer_rejects_an_unknown_timing():
 
 
 @pytest.mark.skipif(torch is None, reason="needs torch")
+def test_the_timer_refuses_what_a_layer_would_refuse_when_first_built():
+    """A head dim the Triton kernel lacks: said when the timer is made, not minutes into an
+    eager sweep when the first layer is built."""
+    import costmodel.calibration.workloads as workloads
+
+    with pytest.raises(ValueError, match="attention 'triton' supports head dims"):
+        workloads.KernelTimer(_tiny("qwen3-8b"), attention="triton", dtype="fp32", device="cpu")
+
+
+@pytest.mark.skipif(torch is None, reason="needs torch")
 def test_a_workload_no_graph_can_hold_is_timed_eagerly(monkeypatch, caplog):
     """sdpa reads the offsets on the host: graph timing falls back to eager at once; a
     failed start-up capture does too, with its reason, instead of ending the run."""

@@ -239,11 +239,11 @@ def test_layer_refuses_an_unusable_attention_at_construction(kw, says):
 def test_torch_varlen_is_refused_in_float32():
     """varlen_attn's flash and cuDNN kernels take fp16/bf16 only: fp32 failed at the first
     forward on a GPU (here, without one, the backend's availability is checked first)."""
-    from costmodel.kernels.layer import _check_attention_support
+    from costmodel.kernels.layer import check_attention_support
 
     with pytest.raises(ValueError, match="'torch-varlen' does not take torch.float32"):
-        _check_attention_support("torch-varlen", torch.float32, 128)
-    _check_attention_support("torch-varlen", torch.bfloat16, 128)
+        check_attention_support("torch-varlen", torch.float32, 128)
+    check_attention_support("torch-varlen", torch.bfloat16, 128)
 
 
 def test_layer_and_head_take_a_preset_name():

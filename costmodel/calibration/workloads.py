@@ -74,12 +74,15 @@ class KernelTimer:
             self._fingerprint = {"name": f"CPU dry run ({platform.processor() or platform.machine()})",
                                  "dry_run": True, "torch": torch.__version__}
         from costmodel.kernels.attention import get_attention
+        from costmodel.kernels.layer import check_attention_support
 
         self.torch = torch
         self.spec = spec
         self.attention = attention
-        self.attn_fn = get_attention(attention)  # RuntimeError if unavailable here
         self.dtype = getattr(torch, _DTYPES[dtype])
+        # What a layer would refuse when first built: minutes into an eager sweep.
+        check_attention_support(attention, self.dtype, spec.qk_head_dim)
+        self.attn_fn = get_attention(attention)  # RuntimeError if unavailable here
         self._check_attention()
         self.l2_bytes = int(self._fingerprint.get("l2_cache_bytes") or 0)
         self._modules: dict[tuple, Any] = {}

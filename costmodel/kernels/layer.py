@@ -37,7 +37,7 @@ from costmodel.kernels.moe import MoEMLP
 from costmodel.kernels.rotary import apply_rotary, positions_from_cu_seqlens, rotary_cos_sin
 from costmodel.spec import as_spec
 
-__all__ = ["LMHead", "TransformerLayer", "packed_inputs"]
+__all__ = ["LMHead", "TransformerLayer", "check_attention_support", "packed_inputs"]
 
 #: RMSNorm epsilon (Qwen3/Llama use 1e-6/1e-5; it does not change the cost).
 RMS_EPS = 1e-6
@@ -54,7 +54,7 @@ def _default_activation(device) -> str:
     return "triton" if device is not None and torch.device(device).type == "cuda" else "torch"
 
 
-def _check_attention_support(attention: str, dtype: torch.dtype, head_dim: int) -> None:
+def check_attention_support(attention: str, dtype: torch.dtype, head_dim: int) -> None:
     """At construction, what the backend would refuse only at the first forward."""
     from costmodel.kernels.attention import BACKEND_DTYPES, TRITON_HEAD_DIMS
 
@@ -119,7 +119,7 @@ class TransformerLayer(nn.Module):
 
             self._attn_fn = get_attention(attention)  # ValueError / RuntimeError if unusable
             # The backend sees the qk head dim (MLA pads v to it), in the layer's dtype.
-            _check_attention_support(attention, dtype, spec.qk_head_dim)
+            check_attention_support(attention, dtype, spec.qk_head_dim)
         self.is_moe = spec.is_moe if moe is None else bool(moe)
         if self.is_moe and not spec.is_moe:
             raise ValueError(f"moe=True but spec {spec.name!r} has no experts (num_experts=0)")
