@@ -230,7 +230,7 @@ def run(
             try:
                 with torch.no_grad():
                     outs[name] = fn(q, k, v, cu, L)  # validates once; timed calls skip the sync
-                rows += _timed_rows(args, name, fn, (q, k, v, cu, L), do, lengths, do_bench)
+                _time_modes(rows, args, name, fn, (q, k, v, cu, L), do, lengths, do_bench)
             except Exception as exc:  # recorded in the table and the JSON, never fatal
                 errors.append(_failure(L, name, exc))
                 outs.pop(name, None)
@@ -275,11 +275,11 @@ def run(
     return result
 
 
-def _timed_rows(args, name: str, fn, ins: tuple, do, lengths: list[int], do_bench) -> list[dict]:
-    """One row per mode (fwd, fwd+bwd) of ``fn`` on ``ins`` = (q, k, v, cu_seqlens, L)."""
+def _time_modes(rows: list, args, name: str, fn, ins: tuple, do, lengths: list[int], do_bench) -> None:
+    """Append one row per mode (fwd, fwd+bwd) of ``fn`` on ``ins`` = (q, k, v, cu_seqlens,
+    L) to ``rows``, each as it is timed: a backward that fails keeps the forward's row."""
     import torch
 
-    rows = []
     for mode in args.modes:
         if mode == "fwd":
 
@@ -296,7 +296,6 @@ def _timed_rows(args, name: str, fn, ins: tuple, do, lengths: list[int], do_benc
         flops = attention_flops(lengths, args.num_heads, args.num_kv_heads, args.head_dim, mode)
         rows.append({"L": ins[4], "num_seqs": len(lengths), "backend": name, "mode": mode,
                      "ms": ms, "tflops": flops / ms / 1e9, "flops": flops})
-    return rows
 
 
 def _failure(L: int, name: str, exc: Exception) -> dict:
@@ -319,21 +318,20 @@ def _kv_as_given(args, fn, device, rows: list, errors: list, do_bench) -> dict:
     h, hkv, d = args.num_heads, args.num_kv_heads, args.head_dim
     worst = 0.0
     for L in args.lengths:
-        lengths, cu, q, k, v, do = _packed(L, args.total_tokens, h, hkv, d, device)
         try:
+            lengths, cu, q, k, v, do = _packed(L, args.total_tokens, h, hkv, d, device)
             with torch.no_grad():
                 err = _rel_err(native(q, k, v, cu, L), fn(q, k, v, cu, L))
             worst = max(worst, err)
             if not err <= MAX_TUNE_REL_ERR:
                 return {"same_as_expanded": False, "L": L, "rel_err": err}
-            rows += _timed_rows(args, KV_AS_GIVEN, native, (q, k, v, cu, L), do, lengths, do_bench)
+            _time_modes(rows, args, KV_AS_GIVEN, native, (q, k, v, cu, L), do, lengths, do_bench)
         except Exception as exc:  # noted; the table above stands
             errors.append(_failure(L, KV_AS_GIVEN, exc))
             return {"same_as_expanded": None, "L": L, "error": errors[-1]["error"]}
         except KeyboardInterrupt:  # the step's timeout: keep the table and what was timed
             return {"same_as_expanded": None, "L": L, "interrupted": True}
         finally:
-            del q, k, v, do
             torch.cuda.empty_cache()
     return {"same_as_expanded": True, "max_rel_err": worst}
 

@@ -223,10 +223,10 @@ def _attention_summary(doc: dict) -> list[str]:
                            for L, b, m in times if b == "triton" and m == mode and L >= ATTN_FROM_L
                            and (L, "varlen-kv-as-is", mode) in times), default=None)
                 for mode in ATTN_TARGETS}
+        judged = [f"{mode} at least {r:.2f}x ({_verdict(r >= ATTN_TARGETS[mode])})"
+                  if r is not None else f"{mode} not timed" for mode, r in fair.items()]
         lines.append("  against varlen_attn given the KV heads as they are (no expansion), for "
-                     f"L >= {ATTN_FROM_L}: " + ", ".join(
-                         f"{mode} at least {r:.2f}x ({_verdict(r >= ATTN_TARGETS[mode])})"
-                         for mode, r in fair.items() if r is not None))
+                     f"L >= {ATTN_FROM_L}: " + ", ".join(judged))
     tuned = doc.get("tuned_configs")
     if tuned:
         from costmodel.kernels.triton_attention import kernel_configs

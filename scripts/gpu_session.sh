@@ -139,7 +139,10 @@ want bench_attention && step "bench_attention" 120 "$PY" benchmarks/bench_attent
   --tune-first --lengths 512 1024 2048 4096 8192 16384 32768 --backends torch-varlen triton \
   --json "$OUT/bench_attention.json"
 # The kernel checks first: a step cut short by the session's time keeps them.
-kernel_tests=(tests/test_attention.py tests/test_mlp.py tests/test_moe.py tests/test_layer.py)
+kernel_tests=()
+for f in tests/test_attention.py tests/test_mlp.py tests/test_moe.py tests/test_layer.py; do
+  [[ -e "$f" ]] && kernel_tests+=("$f")  # one renamed must not stop the others running
+done
 other_tests=()
 for f in tests/test_*.py; do [[ " ${kernel_tests[*]} " == *" $f "* ]] || other_tests+=("$f"); done
 want pytest && step "pytest -m gpu" 90 "$PY" -m pytest -q -m gpu -p no:cacheprovider \

@@ -713,3 +713,25 @@ def test_varlen_given_kv_heads_as_they_are_is_timed_only_where_it_matches(load_b
         assert {r["backend"] for r in rows} == {bench.KV_AS_GIVEN}
     else:
         assert check["same_as_expanded"] is False and check["L"] == 40 and not rows
+
+
+def test_a_backward_that_fails_keeps_the_forwards_row(load_benchmark):
+    """Rows are kept as each mode is timed: an out-of-memory backward (or a tuned backward
+    config that does not build) lost the forward's row too, and its ratio with it."""
+    import argparse
+
+    bench = load_benchmark("bench_attention")
+
+    def forward_only(q, k, v, cu, L, *, check_values=True):
+        if torch.is_grad_enabled():
+            raise RuntimeError("CUDA out of memory (backward)")
+        return q
+
+    args = argparse.Namespace(num_heads=2, num_kv_heads=1, head_dim=16, modes=["fwd", "fwd+bwd"],
+                              warmup=1, rep=1)
+    q = torch.zeros(8, 2, 16)
+    rows = []
+    with pytest.raises(RuntimeError, match="backward"):
+        bench._time_modes(rows, args, "triton", forward_only, (q, q[:, :1], q[:, :1], None, 8),
+                          None, [8], lambda step, **kw: step() or 1.0)
+    assert [r["mode"] for r in rows] == ["fwd"]

@@ -49,7 +49,7 @@ from costmodel.scheduler.counts import Grouped, pack_and_assign, place_grouped, 
 from costmodel.scheduler.groups import first_appearance_ids
 from costmodel.scheduler.order import ORDERS, run_order
 from costmodel.scheduler.refine import BinState, local_search
-from costmodel.scheduler.sorting import as_lists, longest_first, members_of, stable_order
+from costmodel.scheduler.sorting import as_lists, longest_first, members_of
 
 logger = logging.getLogger(__name__)
 
@@ -201,11 +201,11 @@ def _dense_groups(group_ids: Sequence[Any], n: int) -> np.ndarray:
         # ranks that named the same groups differently).
         _, inverse = np.unique(arr, return_inverse=True)  # numbered by value
         inverse = inverse.reshape(-1).astype(np.int64)
-        order, starts = members_of(inverse, int(inverse.max()) + 1)
-        first = order[starts[:-1]]  # where each value first appears (a stable order)
-        by_appearance = np.empty(first.size, dtype=np.int64)
-        by_appearance[stable_order(first)] = np.arange(first.size)
-        return by_appearance[inverse]
+        first = np.full(int(inverse.max()) + 1, n, dtype=np.int64)
+        np.minimum.at(first, inverse, np.arange(n, dtype=np.int64))  # each value's first sample
+        appears = np.zeros(n, dtype=bool)
+        appears[first] = True
+        return (np.cumsum(appears) - 1)[first][inverse]  # values counted in order of appearance
     return first_appearance_ids(group_ids, "group_ids")
 
 
