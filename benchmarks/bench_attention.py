@@ -278,24 +278,31 @@ def run(
 def _time_modes(rows: list, args, name: str, fn, ins: tuple, do, lengths: list[int], do_bench) -> None:
     """Append one row per mode (fwd, fwd+bwd) of ``fn`` on ``ins`` = (q, k, v, cu_seqlens,
     L) to ``rows``, each as it is timed: a backward that fails keeps the forward's row."""
-    import torch
-
+    timed = functools.partial(fn, check_values=False)  # inputs validated by the first call
     for mode in args.modes:
-        if mode == "fwd":
-
-            def step(fn=fn, ins=ins):
-                with torch.no_grad():
-                    fn(*ins, check_values=False)
-        else:
-
-            def step(fn=fn, ins=ins, do=do):
-                out = fn(*ins, check_values=False)
-                torch.autograd.grad(out, ins[:3], do)
-
+        step = _bench_step(timed, ins, do, mode)
         ms = do_bench(step, warmup=args.warmup, rep=args.rep, return_mode="median")
         flops = attention_flops(lengths, args.num_heads, args.num_kv_heads, args.head_dim, mode)
         rows.append({"L": ins[4], "num_seqs": len(lengths), "backend": name, "mode": mode,
                      "ms": ms, "tflops": flops / ms / 1e9, "flops": flops})
+
+
+def _bench_step(fn, ins: tuple, do, mode: str):
+    """What `do_bench` times: ``fn(*ins)`` without autograd ("fwd"), or forward and the
+    backward into q, k and v with output gradient ``do`` ("fwd+bwd")."""
+    import torch
+
+    if mode == "fwd":
+
+        def step():
+            with torch.no_grad():
+                fn(*ins)
+    else:
+
+        def step():
+            torch.autograd.grad(fn(*ins), ins[:3], do)
+
+    return step
 
 
 def _failure(L: int, name: str, exc: Exception) -> dict:
@@ -401,17 +408,7 @@ def tune(
             rows.append({"L": L, "kernel": kernel, "config": cand, "error": why})
             print(f"tune L={L} {kernel} {cand}: {why}", file=sys.stderr, flush=True)
             return
-        if mode == "fwd":
-
-            def step():
-                with torch.no_grad():
-                    flash_attn_varlen(*ins, configs=configs)
-        else:
-
-            def step():
-                out = flash_attn_varlen(*ins, configs=configs)
-                torch.autograd.grad(out, ins[:3], do)
-
+        step = _bench_step(functools.partial(flash_attn_varlen, configs=configs), ins, do, mode)
         try:
             ms = do_bench(step, warmup=args.warmup, rep=args.rep, return_mode="median")
         except Exception as exc:  # OutOfResources & co: recorded, not hidden

@@ -33,6 +33,8 @@ from typing import Any
 
 import numpy as np
 
+from costmodel.curves import MODES
+
 logger = logging.getLogger(__name__)
 
 __all__ = [
@@ -348,9 +350,6 @@ def flops_cost(spec: Any, mode: str = "train", fixed: float = 0.0) -> AdditiveCo
     return AdditiveCost(f"flops ({spec.name})", per_sample, fixed=fixed)
 
 
-_MODES = ("train", "forward")
-
-
 def _check_shape(model: Any, spec: Any) -> None:
     """A cost model object with a ``spec`` of another model shape is refused, as a cost model
     named by path or name is, unless it was loaded with allow_other_shape for that spec."""
@@ -378,8 +377,8 @@ def as_cost(cost: Any = "tokens", spec: Any = None, mode: str = "train") -> Cost
     shipped name such as "h200/qwen3-8b") with `costmodel.model.cached_cost_model`: once
     per file version, not on every call (training steps name it every time).
     """
-    if mode not in _MODES:
-        raise ValueError(f"mode must be one of {_MODES}, got {mode!r}")
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
     if isinstance(cost, Cost):
         return cost
     if isinstance(cost, str):
