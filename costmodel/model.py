@@ -367,6 +367,13 @@ def separable_microbatch_costs(
     return np.where(tokens > 0, cost, 0.0)
 
 
+def _not_a_name(text: str, err: ValueError) -> UnknownCostModel:
+    """``text`` is no file, and one of its parts (GPU key / model preset) is unknown."""
+    return UnknownCostModel(
+        f"{text!r} is not an existing cost model file, and as a name (GPU key / model preset): {err}"
+    )
+
+
 def load_cost_model(
     path_or_name: str | os.PathLike,
     *,
@@ -406,10 +413,7 @@ def load_cost_model(
     try:
         info = gpus.lookup_gpu(gpu_name)
     except ValueError as err:
-        raise UnknownCostModel(
-            f"{text!r} is not an existing cost model file, and as a name (GPU key / model "
-            f"preset): {err}"
-        ) from None
+        raise _not_a_name(text, err) from None
     if not m:  # a GPU alone: its profile of the spec's shape, whatever the model is called
         shipped = profile_for_shape(info.key, spec.fingerprint())
     else:
@@ -427,10 +431,7 @@ def load_cost_model(
         try:
             model_spec = ModelSpec.from_preset(model_name)
         except ValueError as err:  # "h200/qwen3-8bb": a typo in the model part of the name
-            raise UnknownCostModel(
-                f"{text!r} is not an existing cost model file, and as a name (GPU key / model "
-                f"preset): {err}"
-            ) from None
+            raise _not_a_name(text, err) from None
         if spec is not None and spec.fingerprint() != model_spec.fingerprint() and not allow_other_shape:
             raise ValueError(
                 f"cost model {text!r} is for model {model_spec.name!r} (shape "
