@@ -95,6 +95,20 @@ GPUS: dict[str, GpuInfo] = {
                 source="NVIDIA GH200 Grace Hopper Superchip datasheet, "
                 "https://resources.nvidia.com/en-us-grace-cpu/grace-hopper-superchip "
                 "(990 TFLOPS bf16 dense, 4 TB/s HBM3 version)"),
+        # H800 and A800: the export variants of H100 SXM and A100 SXM; same silicon, clocks
+        # and HBM, only NVLink cut to 400 GB/s, which a single-GPU cost model never sees.
+        GpuInfo(key="h800", names=("NVIDIA H800",),
+                peak_bf16_flops=989.4e12, hbm_bandwidth=3.35e12, sm_count=132,
+                source=_H100_DATASHEET + " (as H100 SXM; NVIDIA publishes no H800 SXM "
+                "datasheet: the H800 is the H100 SXM with NVLink capped at 400 GB/s, e.g. "
+                "https://github.com/ai-dynamo/aiconfigurator/pull/968)"),
+        GpuInfo(key="h800-pcie", names=("NVIDIA H800 PCIe",),
+                peak_bf16_flops=756.5e12, hbm_bandwidth=2.0e12, sm_count=114,
+                source=_H100_DATASHEET + " (as H100 PCIe, the H800 PCIe's silicon and clocks)"),
+        GpuInfo(key="a800", names=("NVIDIA A800-SXM4-80GB",),
+                peak_bf16_flops=312e12, hbm_bandwidth=2.039e12, sm_count=108,
+                source=_A100_DATASHEET + " (as A100 80GB SXM; the A800 is the A100 with NVLink "
+                "capped at 400 GB/s)"),
         GpuInfo(key="h20", names=("NVIDIA H20",),
                 peak_bf16_flops=148e12, hbm_bandwidth=4.0e12, sm_count=78,
                 source="NVIDIA HGX H20 product brief (not publicly posted); figures as reported by "

@@ -17,6 +17,15 @@ def test_lookup_by_key_and_exact_name():
     assert find_gpu_by_device_name("NVIDIA H300") is None
 
 
+def test_china_market_variants_resolve_to_their_own_entries():
+    # H800/A800 keep H100/A100 compute; the H800 PCIe must not fall to the SXM entry
+    # through the "registered name plus words" rule calibrate uses on device names.
+    assert find_gpu_by_device_name("NVIDIA H800").peak_bf16_flops == GPUS["h100"].peak_bf16_flops
+    assert find_gpu_by_device_name("NVIDIA H800 PCIe", allow_suffix=True).key == "h800-pcie"
+    assert find_gpu_by_device_name("NVIDIA H800 80GB HBM3", allow_suffix=True).key == "h800"
+    assert lookup_gpu("NVIDIA A800-SXM4-80GB").sm_count == GPUS["a100"].sm_count
+
+
 def test_unknown_gpu_lists_known_ones():
     with pytest.raises(ValueError, match=r"unknown GPU 'v100'.*h100.*NVIDIA H200"):
         lookup_gpu("v100")
@@ -32,7 +41,7 @@ def test_every_entry_is_cited_and_plausible():
         assert 40 <= g.sm_count <= 200, g.key
     assert GPUS["h100"].peak_bf16_flops == pytest.approx(989.4e12)
     assert GPUS["h200"].hbm_bandwidth == pytest.approx(4.8e12)
-    for key in ("h100", "h100-pcie", "h100-nvl", "h200", "a100", "h20", "b200", "l40s", "a10g", "rtx4090"):
+    for key in ("h100", "h100-pcie", "h100-nvl", "h200", "h800", "a100", "a800", "h20", "b200", "l40s", "a10g", "rtx4090"):
         assert key in GPUS
 
 
