@@ -508,6 +508,25 @@ def test_fewest_micro_batches_when_they_cost_less():
         check_schedule(s, lengths, dp=8, cap=16384)
 
 
+@pytest.mark.parametrize("cost", ["h200/qwen3-8b", "tokens"])
+def test_equal_samples_of_half_the_cap_pack_two_per_micro_batch(cost):
+    """The first guess asks for room a level fill of equal samples never needs (one per
+    micro-batch here); two steps down were not enough to undo it (none past 64 per rank),
+    and a measured profile paid 59% over the lower bound. A tie (token balance sees no fixed cost) keeps the fewer,
+    as frameworks pack."""
+    s = build_schedule([1000] * 64, dp_size=2, max_tokens_per_microbatch=2000, cost=cost,
+                       spec="qwen3-8b")
+    assert s.stats["microbatches_per_rank"] == 16
+    assert s.makespan <= s.lower_bound * (1 + 1e-6)
+    check_schedule(s, np.full(64, 1000), dp=2, cap=2000)
+    assert len(build_schedule([50] * 6, dp_size=1, max_tokens_per_microbatch=100,
+                              cost=cost, spec="qwen3-8b").microbatches[0]) == 3
+    # Past 64 per rank no steps are taken; a guess 25% over the fewest is still bisected.
+    many = build_schedule([1000] * 8192, dp_size=64, max_tokens_per_microbatch=2000, cost=cost,
+                          spec="qwen3-8b")
+    assert many.stats["microbatches_per_rank"] == 64
+
+
 @pytest.mark.parametrize(("n", "k", "high", "first"),
                          [(65536, 4, 1, 1), (20000, 7, 40, 40), (5000, 3, 300, 300),
                           (20000, 7, 40, 5000), (40000, 2, 20, 100000)])

@@ -84,10 +84,10 @@ def pack_and_assign(
 
     ``m_range``: (lowest possible, where to start, highest possible), as `place_grouped`.
     The search starts at a guess that leaves room for a level fill and grows on failure.
-    When the guess packs at once, fewer micro-batches are tried down to the lowest, kept
-    while their total cost is lower: a micro-batch saved is a fixed cost saved, but fuller
-    micro-batches can cost more per token (a measured H200 profile of Qwen3-8B has both),
-    so the cost decides, not the count. ``exact``: the start is a count the caller asked
+    When the guess packs at once, fewer micro-batches are tried (`_fewer_if_no_dearer`),
+    kept while their total cost is no higher: a micro-batch saved is a fixed cost saved,
+    but fuller micro-batches can cost more per token (a measured H200 profile of Qwen3-8B
+    has both), so the cost decides, not the count. ``exact``: the start is a count the caller asked
     for; when levelling fails there, best-fit packing is tried at that count too before
     growing.
     """
@@ -116,19 +116,10 @@ def pack_and_assign(
             )
         m = min(next_m(m, left, dp, align, cap), m_max)
     bin_q = bin_costs(bins, dp * m)
-    # At most two steps down, and only while one micro-batch per rank is worth it (past
-    # _FEWER_MAX_M per rank, one fewer saves under 1/64 of the fixed costs, and each try
-    # is another pass over every sample).
-    for _ in range(2 if len(tried) == 1 and m <= _FEWER_MAX_M else 0):
-        if m - align < m_floor:
-            break
-        fewer, _ = pack_tokens(lens, dp * (m - align), cap, by_length)
-        if fewer is None:
-            break
-        fewer_q = bin_costs(fewer, dp * (m - align))
-        if int(fewer_q.sum()) >= int(bin_q.sum()):
-            break
-        bins, bin_q, m = fewer, fewer_q, m - align
+    if len(tried) == 1:
+        bins, bin_q, m = _fewer_if_no_dearer(
+            lambda k: pack_tokens(lens, dp * k, cap, by_length)[0],
+            lambda b, k: bin_costs(b, dp * k), (bins, bin_q, m), m_floor, align)
     k = dp * m
     rank_of_bin = assign_bins(bin_q, dp, m)
     # Renumber micro-batches rank by rank: id = rank * m + slot.
@@ -139,6 +130,50 @@ def pack_and_assign(
     renumbered_q = np.empty(k, dtype=np.int64)
     renumbered_q[new_id] = bin_q
     return bin_of, m, renumbered_q
+
+
+def _fewer_if_no_dearer(pack, costs, packed, m_floor: int, align: int):
+    """The guess packed at once: try fewer micro-batches per rank, kept while their total
+    cost is no higher (a tie keeps the fewer: cost models without a fixed cost, token
+    balance, cannot see what a micro-batch launch costs, and frameworks pack that tight).
+
+    Two steps down, while one micro-batch per rank is worth a pass over every sample (past
+    _FEWER_MAX_M per rank, one fewer saves under 1/64 of the fixed costs). If both were
+    worth it the trend goes on, so the fewest count that packs is bisected for, down to
+    ``m_floor``; also, at any count, when the guess is 25% or more above ``m_floor`` (it
+    asks for room a level fill of equal samples never needs: samples of half the cap got
+    one per micro-batch). ``pack(m)``: bins or None; ``costs(bins, m)``; ``packed``:
+    (bins, costs, m) at the guess.
+    """
+    bins, bin_q, m = packed
+
+    def no_dearer(k: int, fewer: np.ndarray) -> bool:
+        nonlocal bins, bin_q, m
+        fewer_q = costs(fewer, k)
+        if int(fewer_q.sum()) > int(bin_q.sum()):
+            return False
+        bins, bin_q, m = fewer, fewer_q, k
+        return True
+
+    step = m <= _FEWER_MAX_M
+    for _ in range(2 if step else 0):
+        fewer = pack(m - align) if m - align >= m_floor else None
+        if fewer is None or not no_dearer(m - align, fewer):
+            return bins, bin_q, m
+    if not step and 5 * m_floor > 4 * m:
+        return bins, bin_q, m
+    # Bisect in [m_floor, m): lo is untried, hi packs; `fewest` packs at hi once found.
+    lo, hi, fewest = m_floor, m, None
+    while lo < hi:
+        mid = lo + (hi - lo) // (2 * align) * align
+        found = pack(mid)
+        if found is None:
+            lo = mid + align
+        else:
+            hi, fewest = mid, found
+    if fewest is not None:
+        no_dearer(hi, fewest)
+    return bins, bin_q, m
 
 
 # Counts tried again tightly: enough to walk down from a count one sample short to the
