@@ -5,7 +5,8 @@
 
 Builds schedules by token balance, analytic-FLOPs balance, the common baseline (first-fit
 by tokens, then Karmarkar-Karp over FLOPs) and the calibrated cost model, then times each
-simulated rank's micro-batches through one real layer on this GPU, rank after rank.
+simulated rank's micro-batches through one real layer on this GPU, the policies
+interleaved micro-batch by micro-batch (a second round in reverse order, against drift).
 Prints measured makespan, measured max/mean, the speed-up over token balance and the
 cost model's per-rank error; writes everything (with provenance) as JSON.
 """

@@ -13,9 +13,9 @@
   under the cap with `costmodel.scheduler.build_schedule`, balancing the chosen cost, so it
   may make more micro-batches; with ``same_micro_num_in_dp`` the ranks of ``dp_group``
   agree on the largest count (an all-reduce, repeated until every rank has it).
-  Deliberately unlike current verl, ``dp_group=None`` agrees over all processes (as verl
-  did before it skipped the sync without a group, and ranks ran different counts of
-  collectives and hung, e.g. in dp_actor, which passes no group); pass
+  As verl at 0db13434, ``dp_group=None`` agrees over all processes (some verl versions
+  skip the sync without a group, ``... and dp_group is not None``, and ranks then run
+  different counts of collectives and hang, e.g. in dp_actor, which passes no group); pass
   ``same_micro_num_in_dp=False`` where only some processes call it. Where the cap and
   ``num_batches_divided_by`` need more micro-batches than there are sequences, verl runs
   micro-batches over the cap; this raises a ValueError instead. ``force_group_size`` > 1

@@ -10,7 +10,8 @@ policy —
 - ``calibrated``: balance the predicted time of a calibrated cost model (one layer),
 
 then time every simulated rank by running its micro-batches, forward and backward, through
-one real layer (`costmodel.kernels.layer.TransformerLayer`) on one GPU, rank after rank.
+one real layer (`costmodel.kernels.layer.TransformerLayer`) on one GPU, the policies
+interleaved micro-batch by micro-batch (a second round in reverse order, against drift).
 A rank's time is the sum of its micro-batches' times; the step's makespan is the slowest
 rank. One layer stands for the model: every layer of a dense model does the same work,
 and the per-rank sums compare policies on equal terms.
