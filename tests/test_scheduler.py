@@ -525,6 +525,11 @@ def test_equal_samples_of_half_the_cap_pack_two_per_micro_batch(cost):
     many = build_schedule([1000] * 8192, dp_size=64, max_tokens_per_microbatch=2000, cost=cost,
                           spec="qwen3-8b")
     assert many.stats["microbatches_per_rank"] == 64
+    # Whole groups too (the first count that placed them was kept, 32 per rank here).
+    grouped = build_schedule([1000] * 64, dp_size=2, max_tokens_per_microbatch=2000, cost=cost,
+                             spec="qwen3-8b", group_ids=[i // 4 for i in range(64)])
+    assert grouped.stats["microbatches_per_rank"] == 16
+    assert grouped.makespan <= grouped.lower_bound * (1 + 1e-6)
 
 
 @pytest.mark.parametrize(("n", "k", "high", "first"),

@@ -4,7 +4,8 @@ Without groups (`pack_and_assign`): pack every sample by tokens into ``dp × m``
 micro-batches, growing ``m`` until that works (and trying one or two fewer when the first
 guess packed at once, kept if they cost less), then give each rank ``m`` of them. With
 groups (`place_grouped`): place whole groups for a given ``m`` (`groups.place_groups`),
-which can fail either way, so the count is bisected. `build_schedule` chooses between them.
+which can fail either way, so the count is bisected; when the first guess works, fewer
+are tried as without groups. `build_schedule` chooses between them.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from costmodel.scheduler.groups import place_groups
 from costmodel.scheduler.pack import assign_bins, pack_tokens, search_pack, tight_pack
 from costmodel.scheduler.sorting import members_of
 
-__all__ = ["Grouped", "next_m", "pack_and_assign", "place_grouped", "start_m"]
+__all__ = ["Grouped", "bin_costs_of", "next_m", "pack_and_assign", "place_grouped", "start_m"]
 
 
 def start_m(
@@ -63,6 +64,19 @@ def next_m(m: int, left_tokens: int, dp: int, align: int, cap: int) -> int:
 _FEWER_MAX_M = 64
 
 
+def bin_costs_of(lens: np.ndarray, q: np.ndarray, cost: Cost, scale: float):
+    """``costs(bins, k)``: the quantised costs of ``k`` micro-batches, sample i in bins[i]
+    (``q``: the samples' quantised costs, for an additive cost)."""
+
+    def costs(bins: np.ndarray, k: int) -> np.ndarray:
+        if cost.additive:
+            return additive_bin_costs(cost, q, bins, k, scale)
+        order, offsets = members_of(bins, k)
+        return quantise(cost.evaluate(lens[order], offsets), scale, cost.name)
+
+    return costs
+
+
 def pack_and_assign(
     lens: np.ndarray,
     by_length: np.ndarray,
@@ -92,13 +106,7 @@ def pack_and_assign(
     growing.
     """
     m_floor, m_start, m_max = m_range
-
-    def bin_costs(bins: np.ndarray, k: int) -> np.ndarray:
-        if cost.additive:
-            return additive_bin_costs(cost, q, bins, k, scale)
-        order, offsets = members_of(bins, k)
-        return quantise(cost.evaluate(lens[order], offsets), scale, cost.name)
-
+    bin_costs = bin_costs_of(lens, q, cost, scale)
     m = m_start
     tried: list[int] = []
     while True:
@@ -132,10 +140,15 @@ def pack_and_assign(
     return bin_of, m, renumbered_q
 
 
-def _fewer_if_no_dearer(pack, costs, packed, m_floor: int, align: int):
-    """The guess packed at once: try fewer micro-batches per rank, kept while their total
-    cost is no higher (a tie keeps the fewer: cost models without a fixed cost, token
-    balance, cannot see what a micro-batch launch costs, and frameworks pack that tight).
+def _total(bin_q: np.ndarray, m: int) -> int:
+    return int(bin_q.sum())
+
+
+def _fewer_if_no_dearer(pack, costs, packed, m_floor: int, align: int, score=_total):
+    """The guess packed at once: try fewer micro-batches per rank, kept while their
+    ``score(costs, m)`` (total cost by default) is no higher (a tie keeps the fewer: cost
+    models without a fixed cost, token balance, cannot see what a micro-batch launch
+    costs, and frameworks pack that tight).
 
     Two steps down, while one micro-batch per rank is worth a pass over every sample (past
     _FEWER_MAX_M per rank, one fewer saves under 1/64 of the fixed costs). If both were
@@ -150,7 +163,7 @@ def _fewer_if_no_dearer(pack, costs, packed, m_floor: int, align: int):
     def no_dearer(k: int, fewer: np.ndarray) -> bool:
         nonlocal bins, bin_q, m
         fewer_q = costs(fewer, k)
-        if int(fewer_q.sum()) > int(bin_q.sum()):
+        if score(fewer_q, k) > score(bin_q, m):
             return False
         bins, bin_q, m = fewer, fewer_q, k
         return True
@@ -204,13 +217,15 @@ class Grouped:
 
 
 def place_grouped(
-    g: Grouped, m_range: tuple[int, int, int], exact: bool = False
+    g: Grouped, m_range: tuple[int, int, int], bin_costs, exact: bool = False
 ) -> tuple[np.ndarray, int]:
     """Place whole groups for the fewest micro-batches per rank that work.
 
     ``m_range``: (lowest possible, where to start, highest possible). A failure says which
     way to go: a rank with too few samples for ``m`` micro-batches asks for fewer, a rank
     whose samples do not pack asks for more. Each try narrows the range, so the search ends.
+    When the first try places, fewer are tried as in `pack_and_assign`, the total of
+    ``bin_costs(bins, k)`` (`bin_costs_of`) deciding.
     ``exact``: the lowest is a count the caller asked for (ranks agreeing on one): it is
     tried first, with the tight packer too, so a count a schedule came out with is found
     again when asked for.
@@ -234,7 +249,7 @@ def place_grouped(
     while True:
         placed = g.place(m)
         if not isinstance(placed, str):
-            return placed, m
+            return (placed, m) if failed else _fewer_placed(g, placed, m, lo, bin_costs)
         failed.append((m, placed))
         if placed == "samples":
             hi, shrunk = m - align, True
@@ -246,6 +261,27 @@ def place_grouped(
             m = lo + (hi - lo) // (2 * align) * align  # bisect what is left
         else:
             m = min(next_m(m, 0, dp, align, cap), hi)
+
+
+def _fewer_placed(g: Grouped, placed: np.ndarray, m: int, m_floor: int, bin_costs):
+    """`_fewer_if_no_dearer` for whole groups: the first count tried placed them. Scored by
+    the makespan: placed groups are final (no local search moves them), and fewer
+    micro-batches per rank leave whole groups less room to balance, so a lower total can
+    still be a slower step."""
+
+    def place(k: int) -> np.ndarray | None:
+        fewer = g.place(k)
+        return None if isinstance(fewer, str) else fewer
+
+    def costs(bins: np.ndarray, k: int) -> np.ndarray:
+        return bin_costs(bins, g.dp * k)
+
+    def makespan(bin_q: np.ndarray, k: int) -> int:  # micro-batch ids are rank * k + slot
+        return int(bin_q.reshape(g.dp, k).sum(axis=1).max())
+
+    bins, _, m = _fewer_if_no_dearer(place, costs, (placed, costs(placed, m), m), m_floor,
+                                     g.align, makespan)
+    return bins, m
 
 
 def _place_grouped_tight(

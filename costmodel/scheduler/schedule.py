@@ -45,7 +45,13 @@ from costmodel.checks import positive_int
 from costmodel.flops import MAX_LENGTH, as_lengths
 from costmodel.scheduler.bounds import lower_bound, microbatch_range, round_up
 from costmodel.scheduler.costs import Cost, as_cost, quantise
-from costmodel.scheduler.counts import Grouped, pack_and_assign, place_grouped, start_m
+from costmodel.scheduler.counts import (
+    Grouped,
+    bin_costs_of,
+    pack_and_assign,
+    place_grouped,
+    start_m,
+)
 from costmodel.scheduler.groups import first_appearance_ids
 from costmodel.scheduler.order import ORDERS, run_order
 from costmodel.scheduler.refine import BinState, local_search
@@ -358,7 +364,8 @@ def build_schedule(
         )
     else:
         grouped = Grouped(lens, q, groups, dp, align, cap, short)
-        bin_of, m = place_grouped(grouped, (m_lb, m_start, m_max), exact)
+        bin_of, m = place_grouped(grouped, (m_lb, m_start, m_max),
+                                  bin_costs_of(lens, q, cost_obj, scale), exact)
         bin_q = None
     state = BinState(lens, q, bin_of, dp, m, cap, cost_obj, scale, bin_q)
     greedy_imbalance = _imbalance(state.load)
