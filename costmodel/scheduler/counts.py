@@ -1,8 +1,9 @@
 """How many micro-batches per rank: the search for the fewest that pack.
 
 Without groups (`pack_and_assign`): pack every sample by tokens into ``dp × m`` level
-micro-batches, growing ``m`` until that works (and trying one or two fewer when the first
-guess packed at once, kept if they cost less), then give each rank ``m`` of them. With
+micro-batches, growing ``m`` until that works (and trying fewer when the first guess
+packed at once, kept if they cost no more: `_fewer_if_no_dearer`), then give each rank
+``m`` of them. With
 groups (`place_grouped`): place whole groups for a given ``m`` (`groups.place_groups`),
 which can fail either way, so the count is bisected; when the first guess works, fewer
 are tried as without groups. `build_schedule` chooses between them.
