@@ -286,6 +286,22 @@ def test_balance_under_the_measured_h200_profile(dist):
         assert 1.0 <= s.makespan_over_lower_bound <= 1.06, (dist, dp, cap, s.makespan_over_lower_bound)
 
 
+@pytest.mark.parametrize("cap", [131073, 262144, 2**31 - 1])
+def test_separable_lower_bound_holds_past_the_exactly_evaluated_fills(cap):
+    """Past 2^17 tokens per micro-batch the bound once fell back to the cap-filled reference,
+    which prices a micro-batch over the cap and the token curve at the cap, not at its
+    cheapest: 13,668 ms against a schedule of 13,631 (forward, cap 131073)."""
+    from costmodel.model import load_cost_model
+
+    cost = load_cost_model("h200/qwen3-8b")
+    for lengths in ([30023, 103144], [70000, 70000, 5000], [300000, 200000, 1000]):
+        for mode in ("train", "forward"):
+            s = build_schedule(lengths, dp_size=1, max_tokens_per_microbatch=cap, cost=cost,
+                               mode=mode)
+            assert s.lower_bound <= s.makespan * (1 + 1e-12), (lengths, mode)
+            assert s.lower_bound >= 0.9 * s.makespan, (lengths, mode)  # and still close
+
+
 def test_separable_local_search_keeps_exact_books():
     """Under a calibrated model the local search prices moves from the cost's parts
     (fixed + Σ attention per sequence + token curve): after it, every micro-batch's tracked

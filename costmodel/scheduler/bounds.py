@@ -116,7 +116,7 @@ def lower_bound(
     over = lengths > cap
     n_over = int(over.sum())
     fewest_bins = n_over + -(-int(lengths[~over].sum()) // cap)  # the cap's own bound
-    if cost.separable and min(cap, int(lengths[~over].sum())) <= _SEPARABLE_BOUND_MAX_T:
+    if cost.separable:
         desc = lengths[order if order is not None else longest_first(lengths)]
         return _separable_lower_bound(cost, desc, cap, dp, fewest_bins)
     if cost.additive:
@@ -135,9 +135,11 @@ def lower_bound(
     return max(total / dp, _costliest_alone(cost, lo))
 
 
-# The separable bound evaluates the token curve at every fill up to the cap (exact, so a
-# true bound); past this many tokens per micro-batch it falls back to the reference.
-_SEPARABLE_BOUND_MAX_T = 1 << 17
+# The separable bound evaluates the token curve at every fill up to this many tokens, and
+# past it on cells of a geometric grid this fine (a bound within 1/4096 of exact, ~40k
+# evaluations up to the largest cap).
+_EXACT_FILLS = 1 << 17
+_CELL_RATIO = 1.0 + 2.0**-12
 
 
 def _costliest_alone(cost: Cost, desc: np.ndarray) -> float:
@@ -166,6 +168,19 @@ def _separable_lower_bound(
     if over.any():
         total += float(cost.token_costs(desc[over].astype(np.float64)).sum())
     if fits:
-        fill = np.arange(1, min(cap, fits) + 1, dtype=np.float64)
-        total += fits * float(np.min(cost.token_costs(fill) / fill))
+        total += fits * _cheapest_per_token(cost, min(cap, fits))
     return max(total / dp, _costliest_alone(cost, desc))
+
+
+def _cheapest_per_token(cost: Cost, top: int) -> float:
+    """A lower bound on token_costs(T) / T over whole T in 1..top: exact up to _EXACT_FILLS;
+    above, token_costs does not fall as T grows (curves are checked monotone), so on each
+    cell [a, b] of a fine grid the time per token is at least token_costs(a) / b."""
+    fill = np.arange(1, min(top, _EXACT_FILLS) + 1, dtype=np.float64)
+    cheapest = float(np.min(cost.token_costs(fill) / fill))
+    if top > _EXACT_FILLS:
+        cells = math.ceil(math.log(top / _EXACT_FILLS) / math.log(_CELL_RATIO))
+        edges = np.unique(np.floor(np.geomspace(_EXACT_FILLS, top, cells + 1)))
+        edges[-1] = top  # geomspace's last point can round below it
+        cheapest = min(cheapest, float(np.min(cost.token_costs(edges[:-1]) / edges[1:])))
+    return cheapest
