@@ -77,55 +77,74 @@ class _Units(NamedTuple):
 def _greedy(units: _Units, dp: int, budget: int) -> np.ndarray:
     """Costliest group first, to the least-loaded rank with token room (else the roomiest)."""
     uq, ut, _ = units
-    n_units = uq.size
-    order = np.lexsort((np.arange(n_units), -ut, -uq)).tolist()
-    rank_of_unit = np.empty(n_units, dtype=np.int64)
-    tokens = [0] * dp
-    heap = [(0, r) for r in range(dp)]
-    uq_l, ut_l = uq.tolist(), ut.tolist()
-    for u in order:
-        skipped = []
-        chosen = None
-        while heap:
-            load, r = heapq.heappop(heap)
-            if tokens[r] + ut_l[u] <= budget:
-                chosen = (load, r)
-                break
-            skipped.append((load, r))
-        if chosen is None:
-            # Nowhere within budget: the roomiest rank (packing may then fail, and the
-            # caller asks for more micro-batches).
-            r = min(range(dp), key=lambda x: (tokens[x], x))
-            idx = next(i for i, item in enumerate(skipped) if item[1] == r)
-            chosen = skipped.pop(idx)
-        load, r = chosen
-        rank_of_unit[u] = r
-        tokens[r] += ut_l[u]
-        heapq.heappush(heap, (load + uq_l[u], r))
-        for item in skipped:
-            heapq.heappush(heap, item)
-    return rank_of_unit
+    loads = [0] * dp
+    uq_l = uq.tolist()
+
+    def add(r: int, u: int) -> None:
+        loads[r] += uq_l[u]
+
+    order = np.lexsort((np.arange(uq.size), -ut, -uq)).tolist()
+    return _least_with_room(order, ut.tolist(), dp, budget, loads.__getitem__, add, True)
 
 
 def _greedy_by_count(units: _Units, dp: int, budget: int) -> np.ndarray:
-    """Largest group first, to the rank with the fewest samples that has token room.
+    """Largest group first, to the rank with the fewest samples that has token room (else
+    the fewest samples anywhere).
 
     The fallback when the cost-first greedy leaves a rank short of samples: with few
     samples per rank (m close to n / dp), counts, not costs, decide what is feasible.
     """
     _, ut, uc = units
-    order = np.lexsort((np.arange(uc.size), -ut, -uc)).tolist()
-    rank_of_unit = np.empty(uc.size, dtype=np.int64)
-    tokens = [0] * dp
-    counts = [0] * dp
+    counts, tokens = [0] * dp, [0] * dp
     uc_l, ut_l = uc.tolist(), ut.tolist()
-    for u in order:
-        fits = [r for r in range(dp) if tokens[r] + ut_l[u] <= budget] or range(dp)
-        r = min(fits, key=lambda x: (counts[x], tokens[x], x))
-        rank_of_unit[u] = r
-        tokens[r] += ut_l[u]
+
+    def add(r: int, u: int) -> None:
         counts[r] += uc_l[u]
-    return rank_of_unit
+        tokens[r] += ut_l[u]
+
+    order = np.lexsort((np.arange(uc.size), -ut, -uc)).tolist()
+    return _least_with_room(order, ut_l, dp, budget, lambda r: (counts[r], tokens[r]), add,
+                            False)
+
+
+def _least_with_room(order, unit_tokens, dp, budget, key, add, else_roomiest) -> np.ndarray:
+    """Each unit in ``order`` to the rank of least ``(key(r), r)`` whose tokens stay within
+    ``budget``; with no such rank, the roomiest (``else_roomiest``) or the least-keyed.
+    ``add(r, u)`` books unit u on rank r (keys only grow).
+
+    Two heaps of (value, rank), stale entries skipped as they surface: by key, and by
+    tokens, which says at once when no rank has room (samples at the cap leave none) —
+    scanning every rank for every group took seconds at dp 1024.
+    """
+    out = np.empty(len(unit_tokens), dtype=np.int64)
+    tokens = [0] * dp
+    by_key = [(key(r), r) for r in range(dp)]
+    by_tokens = [(0, r) for r in range(dp)]
+    heapq.heapify(by_key)
+    for u in order:
+        t = unit_tokens[u]
+        while by_tokens[0][0] != tokens[by_tokens[0][1]]:
+            heapq.heappop(by_tokens)
+        room = by_tokens[0][0] + t <= budget
+        if not room and else_roomiest:
+            r = by_tokens[0][1]
+        else:
+            skipped = []
+            while True:
+                k, r = heapq.heappop(by_key)
+                if k != key(r):
+                    continue
+                if not room or tokens[r] + t <= budget:
+                    break
+                skipped.append((k, r))
+            for item in skipped:
+                heapq.heappush(by_key, item)
+        out[u] = r
+        add(r, u)
+        tokens[r] += t
+        heapq.heappush(by_key, (key(r), r))
+        heapq.heappush(by_tokens, (tokens[r], r))
+    return out
 
 
 def _sweep(
