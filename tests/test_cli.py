@@ -217,6 +217,8 @@ def test_api_entry_points_name_a_missing_argument():
     for lengths in (None, 100, (n for n in [1, 2])):
         with pytest.raises(ValueError, match="lengths must be a list or array with one length per sample"):
             build_schedule(lengths, dp_size=2, max_tokens_per_microbatch=1000)
+    with pytest.raises(ValueError, match="flat list of integers, got nested lists of different"):
+        build_schedule([[1, 2], [3]], dp_size=1, max_tokens_per_microbatch=10)  # not numpy's
     with pytest.raises(ValueError, match="a model preset is named by a string, got None; known"):
         ModelSpec.from_preset(None)
     with pytest.raises(ValueError, match="a cost model is a file path or a name like"):

@@ -283,7 +283,7 @@ def build_schedule(
     Returns:
         A `Schedule`.
     """
-    if np.ndim(lengths) == 0:  # a number, None, a generator: not one length per sample
+    if _ndim(lengths) == 0:  # a number, None, a generator: not one length per sample
         raise ValueError(f"lengths must be a list or array with one length per sample, got "
                          f"{lengths!r:.60}")
     lens = as_lengths(lengths, "lengths")
@@ -386,6 +386,14 @@ def build_schedule(
             "microbatches_per_rank": m,
         },
     )
+
+
+def _ndim(values: Any) -> int | None:
+    """np.ndim, or None for ragged nesting (as_lengths says what is wrong with it)."""
+    try:
+        return np.ndim(values)
+    except ValueError:
+        return None
 
 
 def _ceil_log2(x: float) -> int:
