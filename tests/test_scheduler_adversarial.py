@@ -340,3 +340,24 @@ def test_groups_of_samples_at_the_cap_place_in_milliseconds_at_dp_1024():
         build_schedule(np.full(65536, 2049), dp_size=1024, max_tokens_per_microbatch=4096,
                        group_ids=ragged)
     assert time.perf_counter() - start < 2.0  # 0.2 s on the 2-core dev machine; was 7 s
+
+
+@pytest.mark.parametrize("cost", ["tokens", "flops", "h200/qwen3-8b"])
+def test_a_sample_over_the_cap_that_outweighs_a_rank_gets_the_rank_to_itself(cost):
+    """Level packing gave the rank of a 64k sample (cap 16k) full micro-batches beside it,
+    which the local search moved off one sample per sweep: 1.50x the lower bound after 64
+    sweeps (a fuzzing review). Its rank now runs it and one short sample per other slot."""
+    import logging
+
+    lengths = np.random.default_rng(3).integers(1, 101, 8192)
+    lengths[123] = 65536
+    logging.disable(logging.WARNING)  # the over-cap note
+    try:
+        s = build_schedule(lengths, dp_size=16, max_tokens_per_microbatch=16384, cost=cost,
+                           spec="qwen3-8b")
+    finally:
+        logging.disable(logging.NOTSET)
+    check_schedule(s, lengths, dp=16, cap=16384)
+    rank = next(r for r, mbs in enumerate(s.microbatches) if any(123 in mb for mb in mbs))
+    assert [len(mb) for mb in s.microbatches[rank]] == [1] * s.stats["microbatches_per_rank"]
+    assert s.makespan_over_lower_bound <= (1.03 if cost == "h200/qwen3-8b" else 1.0001)

@@ -18,6 +18,7 @@ import numpy as np
 
 from costmodel.scheduler.bounds import round_up
 from costmodel.scheduler.costs import Cost, additive_bin_costs, quantise
+from costmodel.scheduler.dominant import dominant_alone
 from costmodel.scheduler.groups import place_groups
 from costmodel.scheduler.pack import assign_bins, pack_tokens, search_pack, tight_pack
 from costmodel.scheduler.sorting import members_of
@@ -90,10 +91,11 @@ def pack_and_assign(
     align: int,
     cap: int,
     exact: bool = False,
-) -> tuple[np.ndarray, int, np.ndarray]:
+) -> list[tuple[np.ndarray, int, np.ndarray]]:
     """Pack by tokens into dp × m micro-batches (fewest m that works), then give each
-    rank m of them balancing their true costs. Returns (bin_of, m, bin costs), micro-batch
-    ids ``rank * m + slot``.
+    rank m of them balancing their true costs. Returns layouts (bin_of, m, bin costs),
+    micro-batch ids ``rank * m + slot``, for the local search to start from: this one, and
+    where a sample over the cap costs more than a rank's share, `dominant_alone`'s before.
     ``q``: the samples' quantised costs, ``scale`` the quantisation's (bin costs of a
     non-additive ``cost`` are quantised the same way).
 
@@ -129,16 +131,24 @@ def pack_and_assign(
         bins, bin_q, m = _fewer_if_no_dearer(
             lambda k: pack_tokens(lens, dp * k, cap, by_length)[0],
             lambda b, k: bin_costs(b, dp * k), (bins, bin_q, m), m_floor, align)
-    k = dp * m
-    rank_of_bin = assign_bins(bin_q, dp, m)
-    # Renumber micro-batches rank by rank: id = rank * m + slot.
+    layouts = [_by_rank(bins, assign_bins(bin_q, dp, m), bin_q, m)]
+    alone = dominant_alone(lens, q, dp, m, cap, bin_costs)
+    if alone is not None:  # first: usually the better start, and often at the bound
+        layouts.insert(0, _by_rank(*alone, m))
+    return layouts
+
+
+def _by_rank(
+    bins: np.ndarray, rank_of_bin: np.ndarray, bin_q: np.ndarray, m: int
+) -> tuple[np.ndarray, int, np.ndarray]:
+    """Micro-batches renumbered rank by rank (id = rank * m + slot): (bin_of, m, costs)."""
+    k = rank_of_bin.size
     by_rank = np.lexsort((np.arange(k), rank_of_bin))
     new_id = np.empty(k, dtype=np.int64)
     new_id[by_rank] = np.arange(k, dtype=np.int64)
-    bin_of = new_id[bins]
     renumbered_q = np.empty(k, dtype=np.int64)
     renumbered_q[new_id] = bin_q
-    return bin_of, m, renumbered_q
+    return new_id[bins], m, renumbered_q
 
 
 def _total(bin_q: np.ndarray, m: int) -> int:

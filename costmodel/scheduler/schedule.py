@@ -64,6 +64,8 @@ __all__ = ["Schedule", "build_schedule", "token_cap"]
 # Quantised costs sum to about 2**44: exact integer sums with room (2**9) for
 # non-additive micro-batch costs up to 2**53 (float64-exact integers).
 _QUANT_BITS = 44
+# A placement this close to the lower bound is not worth another start of the local search.
+_AT_THE_BOUND = 1e-4
 
 
 @dataclass(frozen=True)
@@ -358,27 +360,31 @@ def build_schedule(
     q = quantise(s, scale, cost_obj.name)
 
     if groups is None:
-        bin_of, m, bin_q = pack_and_assign(
+        layouts = pack_and_assign(
             lens, by_length, q, cost_obj, scale, dp=dp, m_range=(m_lb, m_start, m_max),
             align=align, cap=cap, exact=exact,
         )
     else:
         grouped = Grouped(lens, q, groups, dp, align, cap, short)
-        bin_of, m = place_grouped(grouped, (m_lb, m_start, m_max),
-                                  bin_costs_of(lens, q, cost_obj, scale), exact)
-        bin_q = None
-    state = BinState(lens, q, bin_of, dp, m, cap, cost_obj, scale, bin_q)
-    greedy_imbalance = _imbalance(state.load)
-    steps = 0
-    if groups is None:
-        steps = local_search(state)
+        layouts = [(*place_grouped(grouped, (m_lb, m_start, m_max),
+                                   bin_costs_of(lens, q, cost_obj, scale), exact), None)]
+    lb = lower_bound(cost_obj, lens, cap, dp, order=by_length, sample_costs=s)
+    state = None
+    for bin_of, m, bin_q in layouts:  # the local search from each; the lowest maximum wins
+        tried = BinState(lens, q, bin_of, dp, m, cap, cost_obj, scale, bin_q)
+        tried_imbalance = _imbalance(tried.load)
+        tried_steps = local_search(tried) if groups is None else 0
+        if state is None or int(tried.load.max()) < int(state.load.max()):
+            state, greedy_imbalance, steps = tried, tried_imbalance, tried_steps
+        if state.load.max() <= lb * scale * (1 + _AT_THE_BOUND):
+            break  # no other start can do better than that
 
     return _finish(
         state,
         cost_obj,
         order,
         s,
-        lower_bound(cost_obj, lens, cap, dp, order=by_length, sample_costs=s),
+        lb,
         stats={
             "greedy_imbalance": greedy_imbalance,
             "local_search_steps": steps,
