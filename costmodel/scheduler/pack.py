@@ -25,6 +25,8 @@ __all__ = ["assign_bins", "best_fit_pack", "pack_tokens", "search_pack", "tight_
 _BIG = np.iinfo(np.int64).max
 # Up to this many micro-batches per rank, ranks are balanced with Karmarkar-Karp.
 _KK_MAX_ROUNDS = 64
+# Past that, rounds of longest-processing-time; up to this many ranks a round runs on lists.
+_LIST_ROUNDS_MAX_DP = 8
 # At most about this many rounds of level filling in `pack_tokens` (see there).
 MAX_ROUNDS = 512
 
@@ -338,10 +340,21 @@ def assign_bins(bin_q: np.ndarray, dp: int, m: int) -> np.ndarray:
     rank), which is as good there and linear. Returns the rank of each micro-batch.
     """
     k = dp * m
+    if dp == 1:
+        return np.zeros(k, dtype=np.int64)
     if m <= _KK_MAX_ROUNDS:
         return karmarkar_karp_labels(bin_q, dp, equal_size=True)
     rank_of_bin = np.empty(k, dtype=np.int64)
     order = np.lexsort((np.arange(k), -bin_q))
+    if dp <= _LIST_ROUNDS_MAX_DP:  # a numpy call per round costs more than the round
+        q, load, ranks_in_order = bin_q[order].tolist(), [0] * dp, []
+        for t in range(0, k, dp):
+            ranks = sorted(range(dp), key=load.__getitem__)  # stable: as np.argsort below
+            for j, r in enumerate(ranks):
+                load[r] += q[t + j]
+            ranks_in_order += ranks
+        rank_of_bin[order] = ranks_in_order
+        return rank_of_bin
     load = np.zeros(dp, dtype=np.int64)
     for t in range(m):
         ranks = np.argsort(load, kind="stable")
