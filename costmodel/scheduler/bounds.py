@@ -136,8 +136,9 @@ def lower_bound(
 
 
 # The separable bound evaluates the token curve at every fill up to this many tokens, and
-# past it on cells of a geometric grid this fine (a bound within 1/4096 of exact, ~40k
-# evaluations up to the largest cap).
+# past it on cells of a geometric grid this fine (a bound within about 1/4096 of exact,
+# a little more where cell edges round down to whole tokens; ~40k evaluations up to the
+# largest cap).
 _EXACT_FILLS = 1 << 17
 _CELL_RATIO = 1.0 + 2.0**-12
 
@@ -159,8 +160,8 @@ def _separable_lower_bound(
     costs, each over-cap sample's token cost alone, and for the other tokens at least the
     cheapest token cost per token the curve offers at any fill up to the cap (a calibrated
     GPU curve has steps: on an H200 it can be cheapest per token well below the cap, so
-    the cap-filled reference is not a bound there). Reported only, never decided on, so
-    plain numpy sums.
+    the cap-filled reference is not a bound there). Reported, and used only to stop trying
+    starting layouts early (`build_schedule`), so plain numpy sums.
     """
     over = desc > cap
     fits = int(desc[~over].sum())

@@ -2,7 +2,7 @@
 
 Without groups (`pack_and_assign`): pack every sample by tokens into ``dp × m`` level
 micro-batches, growing ``m`` until that works (and trying fewer when the first guess
-packed at once, kept if they cost no more: `_fewer_if_no_dearer`), then give each rank
+packed at once, kept if they cost less: `_fewer_if_no_worse`), then give each rank
 ``m`` of them. With
 groups (`place_grouped`): place whole groups for a given ``m`` (`groups.place_groups`),
 which can fail either way, so the count is bisected; when the first guess works, fewer
@@ -101,8 +101,8 @@ def pack_and_assign(
 
     ``m_range``: (lowest possible, where to start, highest possible), as `place_grouped`.
     The search starts at a guess that leaves room for a level fill and grows on failure.
-    When the guess packs at once, fewer micro-batches are tried (`_fewer_if_no_dearer`),
-    kept while their total cost is no higher: a micro-batch saved is a fixed cost saved,
+    When the guess packs at once, fewer micro-batches are tried (`_fewer_if_no_worse`),
+    kept while their total cost is lower: a micro-batch saved is a fixed cost saved,
     but fuller micro-batches can cost more per token (a measured H200 profile of Qwen3-8B
     has both), so the cost decides, not the count. ``exact``: the start is a count the caller asked
     for; when levelling fails there, best-fit packing is tried at that count too before
@@ -128,13 +128,24 @@ def pack_and_assign(
         m = min(next_m(m, left, dp, align, cap), m_max)
     bin_q = bin_costs(bins, dp * m)
     if len(tried) == 1:
-        bins, bin_q, m = _fewer_if_no_dearer(
+
+        def no_worse(fewer_q: np.ndarray, k: int, q_now: np.ndarray, m_now: int) -> bool:
+            # Only a lower total: a cost without a fixed part (tokens, FLOPs) ties at every
+            # count, and taking the fewest there cost up to 1.45x in makespan (fuller
+            # micro-batches leave the rank of a long sample no room to be light).
+            return int(fewer_q.sum()) < int(q_now.sum())
+
+        bins, bin_q, m = _fewer_if_no_worse(
             lambda k: pack_tokens(lens, dp * k, cap, by_length)[0],
-            lambda b, k: bin_costs(b, dp * k), (bins, bin_q, m), m_floor, align)
+            lambda b, k: bin_costs(b, dp * k), (bins, bin_q, m), m_floor, align, no_worse)
     layouts = [_by_rank(bins, assign_bins(bin_q, dp, m), bin_q, m)]
-    alone = dominant_alone(lens, q, dp, m, cap, bin_costs)
-    if alone is not None:  # first: usually the better start, and often at the bound
-        layouts.insert(0, _by_rank(*alone, m))
+    # A dominant sample's rank needs room elsewhere for the rest; one more micro-batch per
+    # rank may give it (not where the caller asked for an exact count).
+    for k in (m,) if exact or m + align > m_max else (m, m + align):
+        alone = dominant_alone(lens, q, dp, k, cap, bin_costs)
+        if alone is not None:  # first: usually the better start, and often at the bound
+            layouts.insert(0, _by_rank(*alone, k))
+            break
     return layouts
 
 
@@ -151,15 +162,9 @@ def _by_rank(
     return new_id[bins], m, renumbered_q
 
 
-def _total(bin_q: np.ndarray, m: int) -> int:
-    return int(bin_q.sum())
-
-
-def _fewer_if_no_dearer(pack, costs, packed, m_floor: int, align: int, score=_total):
-    """The guess packed at once: try fewer micro-batches per rank, kept while their
-    ``score(costs, m)`` (total cost by default) is no higher (a tie keeps the fewer: cost
-    models without a fixed cost, token balance, cannot see what a micro-batch launch
-    costs, and frameworks pack that tight).
+def _fewer_if_no_worse(pack, costs, packed, m_floor: int, align: int, no_worse):
+    """The guess packed at once: try fewer micro-batches per rank, kept while
+    ``no_worse(fewer costs, fewer m, current costs, current m)``.
 
     Two steps down, while one micro-batch per rank is worth a pass over every sample (past
     _FEWER_MAX_M per rank, one fewer saves under 1/64 of the fixed costs). If both were
@@ -171,10 +176,10 @@ def _fewer_if_no_dearer(pack, costs, packed, m_floor: int, align: int, score=_to
     """
     bins, bin_q, m = packed
 
-    def no_dearer(k: int, fewer: np.ndarray) -> bool:
+    def take_if_no_worse(k: int, fewer: np.ndarray) -> bool:
         nonlocal bins, bin_q, m
         fewer_q = costs(fewer, k)
-        if score(fewer_q, k) > score(bin_q, m):
+        if not no_worse(fewer_q, k, bin_q, m):
             return False
         bins, bin_q, m = fewer, fewer_q, k
         return True
@@ -182,7 +187,7 @@ def _fewer_if_no_dearer(pack, costs, packed, m_floor: int, align: int, score=_to
     step = m <= _FEWER_MAX_M
     for _ in range(2 if step else 0):
         fewer = pack(m - align) if m - align >= m_floor else None
-        if fewer is None or not no_dearer(m - align, fewer):
+        if fewer is None or not take_if_no_worse(m - align, fewer):
             return bins, bin_q, m
     if not step and 5 * m_floor > 4 * m:
         return bins, bin_q, m
@@ -196,7 +201,7 @@ def _fewer_if_no_dearer(pack, costs, packed, m_floor: int, align: int, score=_to
         else:
             hi, fewest = mid, found
     if fewest is not None:
-        no_dearer(hi, fewest)
+        take_if_no_worse(hi, fewest)
     return bins, bin_q, m
 
 
@@ -275,7 +280,7 @@ def place_grouped(
 
 
 def _fewer_placed(g: Grouped, placed: np.ndarray, m: int, m_floor: int, bin_costs):
-    """`_fewer_if_no_dearer` for whole groups: the first count tried placed them. Scored by
+    """`_fewer_if_no_worse` for whole groups: the first count tried placed them. Scored by
     the makespan: placed groups are final (no local search moves them), and fewer
     micro-batches per rank leave whole groups less room to balance, so a lower total can
     still be a slower step."""
@@ -290,8 +295,11 @@ def _fewer_placed(g: Grouped, placed: np.ndarray, m: int, m_floor: int, bin_cost
     def makespan(bin_q: np.ndarray, k: int) -> int:  # micro-batch ids are rank * k + slot
         return int(bin_q.reshape(g.dp, k).sum(axis=1).max())
 
-    bins, _, m = _fewer_if_no_dearer(place, costs, (placed, costs(placed, m), m), m_floor,
-                                     g.align, makespan)
+    def no_worse(fewer_q: np.ndarray, k: int, q_now: np.ndarray, m_now: int) -> bool:
+        return makespan(fewer_q, k) <= makespan(q_now, m_now)
+
+    bins, _, m = _fewer_if_no_worse(place, costs, (placed, costs(placed, m), m), m_floor,
+                                     g.align, no_worse)
     return bins, m
 
 

@@ -377,7 +377,7 @@ def build_schedule(
         if state is None or int(tried.load.max()) < int(state.load.max()):
             state, greedy_imbalance, steps = tried, tried_imbalance, tried_steps
         if state.load.max() <= lb * scale * (1 + _AT_THE_BOUND):
-            break  # no other start can do better than that
+            break  # at a true bound no start does better (for a callable's reference: close)
 
     return _finish(
         state,
