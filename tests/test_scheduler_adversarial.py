@@ -361,3 +361,19 @@ def test_a_sample_over_the_cap_that_outweighs_a_rank_gets_the_rank_to_itself(cos
     rank = next(r for r, mbs in enumerate(s.microbatches) if any(123 in mb for mb in mbs))
     assert [len(mb) for mb in s.microbatches[rank]] == [1] * s.stats["microbatches_per_rank"]
     assert s.makespan_over_lower_bound <= (1.03 if cost == "h200/qwen3-8b" else 1.0001)
+
+
+def test_a_dominant_sample_gets_one_more_micro_batch_per_rank_when_the_rest_needs_room():
+    """At the fewest count the other ranks cannot hold everything else, so the start with
+    the dominant sample alone was skipped: 1.50x the lower bound (a fuzzing review)."""
+    import logging
+
+    rng = np.random.default_rng(2)
+    lengths = np.r_[rng.integers(1, 2000, 65535), [2_000_000]]
+    logging.disable(logging.WARNING)
+    try:
+        s = build_schedule(lengths, dp_size=64, max_tokens_per_microbatch=16384)
+    finally:
+        logging.disable(logging.NOTSET)
+    assert s.makespan_over_lower_bound <= 1.001
+    assert s.stats["microbatches_per_rank"] == s.stats["min_microbatches_per_rank"] + 1
