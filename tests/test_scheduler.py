@@ -37,6 +37,7 @@ def check_schedule(
     assert len(s.microbatches) == dp
     m = len(s.microbatches[0])
     assert m >= align and m % align == 0, "micro-batches per rank: a multiple of align"
+    assert s.stats.get("microbatches_per_rank", m) == m, "the stats say the count it has"
     seen = []
     for r in range(dp):
         assert len(s.microbatches[r]) == m, "same number of micro-batches on every rank"

@@ -2,11 +2,11 @@
 
 Without groups (`pack_and_assign`): pack every sample by tokens into ``dp × m`` level
 micro-batches, growing ``m`` until that works (and trying fewer when the first guess
-packed at once, kept if they cost less: `_fewer_if_no_worse`), then give each rank
-``m`` of them. With
-groups (`place_grouped`): place whole groups for a given ``m`` (`groups.place_groups`),
-which can fail either way, so the count is bisected; when the first guess works, fewer
-are tried as without groups. `build_schedule` chooses between them.
+packed at once, kept if they cost less: `_fewer_if_no_worse`), then give each rank ``m``
+of them. With groups (`place_grouped`): place whole groups for a given ``m``
+(`groups.place_groups`), which can fail either way, so the count is bisected; when the
+first guess works, fewer are tried as without groups, kept if the step is no slower.
+`build_schedule` chooses between them.
 """
 
 from __future__ import annotations
@@ -102,11 +102,11 @@ def pack_and_assign(
     ``m_range``: (lowest possible, where to start, highest possible), as `place_grouped`.
     The search starts at a guess that leaves room for a level fill and grows on failure.
     When the guess packs at once, fewer micro-batches are tried (`_fewer_if_no_worse`),
-    kept while their total cost is lower: a micro-batch saved is a fixed cost saved,
-    but fuller micro-batches can cost more per token (a measured H200 profile of Qwen3-8B
-    has both), so the cost decides, not the count. ``exact``: the start is a count the caller asked
-    for; when levelling fails there, best-fit packing is tried at that count too before
-    growing.
+    kept while their total cost is lower: a micro-batch saved is a fixed cost saved, but
+    fuller micro-batches can cost more per token (a measured H200 profile of Qwen3-8B has
+    both), so the cost decides, not the count. ``exact``: the start is a count the caller
+    asked for; when levelling fails there, best-fit packing is tried at that count too
+    before growing.
     """
     m_floor, m_start, m_max = m_range
     bin_costs = bin_costs_of(lens, q, cost, scale)
@@ -240,8 +240,8 @@ def place_grouped(
     ``m_range``: (lowest possible, where to start, highest possible). A failure says which
     way to go: a rank with too few samples for ``m`` micro-batches asks for fewer, a rank
     whose samples do not pack asks for more. Each try narrows the range, so the search ends.
-    When the first try places, fewer are tried as in `pack_and_assign`, the total of
-    ``bin_costs(bins, k)`` (`bin_costs_of`) deciding.
+    When the first try places, fewer are tried as in `pack_and_assign`, kept while the
+    makespan of ``bin_costs(bins, k)`` (`bin_costs_of`) is no higher (`_fewer_placed`).
     ``exact``: the lowest is a count the caller asked for (ranks agreeing on one): it is
     tried first, with the tight packer too, so a count a schedule came out with is found
     again when asked for.

@@ -6,7 +6,7 @@ sample per sweep: 65,536 samples of 1-100 tokens and one of 64k over dp 64 ended
 a schedule that is easy to build, after 64 sweeps (200 ms). Here that schedule is built
 directly: each dominant sample's rank holds it and ``m - 1`` of the shortest samples, one
 per micro-batch; everything else is packed by tokens over the other ranks. The caller
-keeps whichever layout has the lower maximum rank load.
+runs the local search from both layouts and keeps the one that ends lower.
 """
 
 from __future__ import annotations

@@ -389,7 +389,7 @@ def build_schedule(
             "greedy_imbalance": greedy_imbalance,
             "local_search_steps": steps,
             "min_microbatches_per_rank": m_lb,
-            "microbatches_per_rank": m,
+            "microbatches_per_rank": state.m,
         },
     )
 
