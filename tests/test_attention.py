@@ -490,6 +490,17 @@ def test_wide_backward_candidates_match_reference(poisoned, load_benchmark, cand
     _check(got, _reference(q, k, v, do, cu), 1e-2 if CUDA else 1e-5)
 
 
+def test_tutorial_shaped_dq_candidate_matches_reference(poisoned, load_benchmark):
+    """The 128 x 32 dq tile (the Triton tutorial's backward shape) across several blocks."""
+    bench = load_benchmark("bench_attention")
+    lengths = [1, 300, 64, 129]
+    q, k, v, do = _inputs(lengths, 4, 1, 128, torch.float32, seed=7)
+    cu = _cu(lengths)
+    configs = {"dq": bench._config("dq", (128, 32, 8, 3, 0, 32))}
+    got = _run_triton(q, k, v, do, cu, max(lengths), configs)
+    _check(got, _reference(q, k, v, do, cu), 1e-2 if CUDA else 1e-5)
+
+
 # ---------------------------------------------------------- found by a bad-input sweep
 def test_strided_cu_seqlens_is_refused_or_made_dense():
     """A strided cu_seqlens view passed validation (values read through the strides) and the
