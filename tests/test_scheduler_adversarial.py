@@ -377,3 +377,24 @@ def test_a_dominant_sample_gets_one_more_micro_batch_per_rank_when_the_rest_need
         logging.disable(logging.NOTSET)
     assert s.makespan_over_lower_bound <= 1.001
     assert s.stats["microbatches_per_rank"] == s.stats["min_microbatches_per_rank"] + 1
+
+
+@pytest.mark.parametrize("fraction", [0.1, 0.5, 0.999])
+def test_a_sample_over_the_cap_under_a_share_gets_the_rest_of_one(fraction):
+    """Only samples reaching a whole share were set apart: one just under it kept full
+    micro-batches beside it, 1.79x the lower bound (a review); one of a tenth of a share
+    (20k tokens over a 16k cap) 1.015x after 64 sweeps. Now its rank gets the rest of a
+    share beside it."""
+    import logging
+
+    rng = np.random.default_rng(0)
+    short = rng.integers(1, 101, 16383)
+    share = int(short.sum()) / 16
+    huge = int(fraction * share / (1 - fraction / 16))
+    logging.disable(logging.WARNING)
+    try:
+        s = build_schedule(np.r_[short, [huge]], dp_size=16, max_tokens_per_microbatch=1024)
+    finally:
+        logging.disable(logging.NOTSET)
+    check_schedule(s, np.r_[short, [huge]], dp=16, cap=1024)
+    assert s.makespan_over_lower_bound <= 1.001

@@ -18,7 +18,7 @@ import numpy as np
 
 from costmodel.scheduler.bounds import round_up
 from costmodel.scheduler.costs import Cost, additive_bin_costs, quantise
-from costmodel.scheduler.dominant import dominant_alone
+from costmodel.scheduler.dominant import heavy_apart
 from costmodel.scheduler.groups import place_groups
 from costmodel.scheduler.pack import assign_bins, pack_tokens, search_pack, tight_pack
 from costmodel.scheduler.sorting import members_of
@@ -95,7 +95,7 @@ def pack_and_assign(
     """Pack by tokens into dp × m micro-batches (fewest m that works), then give each
     rank m of them balancing their true costs. Returns layouts (bin_of, m, bin costs),
     micro-batch ids ``rank * m + slot``, for the local search to start from: this one, and
-    where a sample over the cap costs more than a rank's share, `dominant_alone`'s before.
+    where samples over the cap outweigh a micro-batch, `heavy_apart`'s before.
     ``q``: the samples' quantised costs, ``scale`` the quantisation's (bin costs of a
     non-additive ``cost`` are quantised the same way).
 
@@ -139,14 +139,11 @@ def pack_and_assign(
             lambda k: pack_tokens(lens, dp * k, cap, by_length)[0],
             lambda b, k: bin_costs(b, dp * k), (bins, bin_q, m), m_floor, align, no_worse)
     layouts = [_by_rank(bins, assign_bins(bin_q, dp, m), bin_q, m)]
-    # A dominant sample's rank needs room elsewhere for the rest; one more micro-batch per
-    # rank may give it (not where the caller asked for an exact count).
-    for k in (m,) if exact or m + align > m_max else (m, m + align):
-        alone = dominant_alone(lens, q, dp, k, cap, bin_costs)
-        if alone is not None:  # first: usually the better start, and often at the bound
-            layouts.insert(0, _by_rank(*alone, k))
-            break
-    return layouts
+    # Heavy samples' ranks apart, first: usually the better start, and often at the bound
+    # (with more micro-batches per rank where it needs them; not past a count asked for).
+    apart = heavy_apart(lens, (bins, bin_q), dp, (m, m if exact else m_max, align), cap,
+                        bin_costs)
+    return [_by_rank(*layout) for layout in apart] + layouts
 
 
 def _by_rank(

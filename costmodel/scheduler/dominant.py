@@ -1,12 +1,18 @@
-"""A sample over the cap that costs more than a rank's share: its rank gets nothing else.
+"""Samples over the cap that outweigh a micro-batch: their ranks get only the rest of a share.
 
 Every rank runs ``m`` micro-batches. Packed level by tokens, the rank of such a sample
 gets ``m - 1`` full micro-batches beside it, and the local search moves them off one
 sample per sweep: 65,536 samples of 1-100 tokens and one of 64k over dp 64 ended 50% above
-a schedule that is easy to build, after 64 sweeps (200 ms). Here that schedule is built
-directly: each dominant sample's rank holds it and ``m - 1`` of the shortest samples, one
-per micro-batch; everything else is packed by tokens over the other ranks. The caller
-runs the local search from both layouts and keeps the one that ends lower.
+a schedule that is easy to build, after 64 sweeps (200 ms), and a sample just under a
+rank's share 79% above. Here that schedule is built directly: each heavy sample's rank
+holds it and, in its other ``m - 1`` micro-batches, what is left of a rank's share (an
+even slice of every length; the shortest samples, one per micro-batch, where the sample
+alone reaches the share); everything else is packed by tokens over the other ranks. The
+caller runs the local search from these layouts and the level one, and keeps the lowest.
+
+Shares are measured on the level layout's micro-batch costs (the cost itself, fixed costs
+included), not on marginal sample costs: under a measured profile 65,536 samples of 1-100
+tokens add up, one by one, to twice what their micro-batches cost.
 """
 
 from __future__ import annotations
@@ -16,40 +22,121 @@ import numpy as np
 from costmodel.scheduler.pack import assign_bins, pack_tokens
 from costmodel.scheduler.sorting import longest_first
 
-__all__ = ["dominant_alone"]
+__all__ = ["heavy_apart"]
+
+Layout = tuple[np.ndarray, np.ndarray, np.ndarray, int]  # bins, rank of each bin, costs, m
 
 
-def dominant_alone(
-    lens: np.ndarray, q: np.ndarray, dp: int, m: int, cap: int, bin_costs
-) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
-    """(bins, rank of each bin, bin costs) with each dominant sample's rank kept to it and
-    ``m - 1`` singletons, or None when no sample dominates or the rest does not pack.
+def heavy_apart(
+    lens: np.ndarray,
+    level: tuple[np.ndarray, np.ndarray],
+    dp: int,
+    m_range: tuple[int, int, int],
+    cap: int,
+    bin_costs,
+) -> list[Layout]:
+    """Layouts with each heavy sample's rank kept to it and the rest of a share: one per
+    set of heavy samples below that packs (none when no sample is heavy).
 
-    Dominant: over the cap (alone in its micro-batch anyway) and at least the mean rank
-    load in marginal cost ``q``. ``bin_costs(bins, k)``: quantised costs of k bins.
+    ``level``: the level packing's (bin of each sample, quantised bin costs), dp × m bins.
+    ``m_range``: (its m, most allowed, step). The other ranks hold all the rest, so a
+    layout may need more micro-batches per rank: the fewest their tokens allow, and up to
+    two steps more where levelling needs room. ``bin_costs(bins, k)``: costs of k bins.
+
+    Heavy: over the cap (alone in its micro-batch anyway) and costing at least an average
+    micro-batch; then, as other starts (many heavy ranks apart can leave the rest too
+    little room or balance), those costing half a share (two cannot share a rank without
+    passing it), and those costing a whole share.
     """
-    share = -(-int(q.sum()) // dp)  # q >= share  <=>  q · dp >= Σ q, without overflow
-    is_dominant = (lens > cap) & (q >= share)
-    dominant = np.flatnonzero(is_dominant)
-    d = dominant.size
+    level_bins, level_q = level
+    m_lo, m_hi, step = m_range
+    total = int(level_q.sum())
+    share = -(-total // dp)  # whole units: no int64 product of costs and dp
+    over = np.flatnonzero(lens > cap)
+    alone = level_q[level_bins[over]]  # an over-cap sample is alone in its level bin
+    by_cost = np.lexsort((over, -alone))  # costliest first, ties by index
+    over, alone = over[by_cost], alone[by_cost]
+    layouts: list[Layout] = []
+    tried: set[int] = set()
+    for floor in (-(-share // m_lo), -(-share // 2), share):
+        d = int((alone >= floor).sum())
+        if d in tried or d == 0 or d >= dp:
+            continue
+        tried.add(d)
+        heavy = over[:d]
+        rest = np.flatnonzero(~np.isin(np.arange(lens.size), heavy))
+        by_length = rest[longest_first(lens[rest])]
+        # Each heavy rank's fraction of the rest: what its sample leaves of a share.
+        rest_cost = max(1, total - int(alone[:d].sum()))
+        fractions = [max(0, share - int(a)) / rest_cost for a in alone[:d].tolist()]
+        first = _fewest_for_the_rest(lens, by_length, fractions, dp - d, m_lo, step, cap)
+        for m in range(first, min(first + 2 * step, m_hi) + 1, step):
+            built = _apart(lens, heavy, by_length, fractions, dp, m, cap, bin_costs)
+            if built is not None:
+                layouts.append((*built, m))
+                break
+    return layouts
+
+
+def _fewest_for_the_rest(lens, by_length, fractions, ranks, m_lo, step, cap) -> int:
+    """The fewest micro-batches per rank (a multiple of ``step``, at least ``m_lo``) whose
+    cap holds, on ``ranks`` ranks, what the heavy ranks leave of the rest."""
+    riders = _riders(by_length, fractions, max(0, m_lo - 1))
+    tokens = int(np.minimum(lens[by_length], cap).sum()) - sum(int(lens[r].sum()) for r in riders)
+    need = -(-tokens // (ranks * cap))
+    return max(m_lo, -(-need // step) * step)
+
+
+def _apart(lens, heavy, by_length, fractions, dp, m, cap, bin_costs):
+    """One layout at ``m`` micro-batches per rank, or None where something does not pack."""
+    d = heavy.size
     k_bulk = (dp - d) * m
-    if d == 0 or d >= dp or lens.size - d < d * (m - 1) + k_bulk:
+    if by_length.size < d * (m - 1) + k_bulk:
         return None
-    rest = np.flatnonzero(~is_dominant)
-    by_length = rest[longest_first(lens[rest])]
-    riders = by_length[by_length.size - d * (m - 1):]
-    bulk = by_length[: by_length.size - riders.size]  # longest first still
+    riders = _riders(by_length, fractions if m > 1 else [0.0] * d, m - 1)
+    taken = np.zeros(lens.size, dtype=bool)
+    for mine in riders:
+        taken[mine] = True
+    bulk = by_length[~taken[by_length]]  # longest first still
+    if bulk.size < k_bulk:
+        return None
+    bins = np.empty(lens.size, dtype=np.int64)
     bulk_bins, _ = pack_tokens(lens[bulk], k_bulk, cap, np.arange(bulk.size))
     if bulk_bins is None:
         return None
-    bins = np.empty(lens.size, dtype=np.int64)
     bins[bulk] = bulk_bins
-    # Dominant rank j holds bins k_bulk + j*m (its sample) .. + m - 1 (one rider each).
-    bins[dominant] = k_bulk + np.arange(d) * m
-    bins[riders] = (k_bulk + np.repeat(np.arange(d) * m, m - 1)
-                    + np.tile(np.arange(1, m), d))
+    # Heavy rank j holds bins k_bulk + j*m (its sample) and + 1 .. + m - 1 (its riders).
+    for j, (x, mine) in enumerate(zip(heavy.tolist(), riders)):
+        bins[x] = k_bulk + j * m
+        if m > 1:
+            packed, _ = pack_tokens(lens[mine], m - 1, cap, np.arange(mine.size))
+            if packed is None:
+                return None
+            bins[mine] = k_bulk + j * m + 1 + packed
     bin_q = bin_costs(bins, dp * m)
     rank_of_bin = np.empty(dp * m, dtype=np.int64)
     rank_of_bin[:k_bulk] = assign_bins(bin_q[:k_bulk], dp - d, m)
     rank_of_bin[k_bulk:] = dp - d + np.arange(d * m) // m
     return bins, rank_of_bin, bin_q
+
+
+def _riders(by_length: np.ndarray, fractions: list[float], slots: int) -> list[np.ndarray]:
+    """For each heavy rank, the samples beside its heavy one, longest first: its fraction
+    of the rest as an even slice of every length (every k-th sample, longest first, so
+    what the other ranks pack keeps its mix), and at least ``slots`` of them (one per
+    micro-batch: the shortest left)."""
+    taken = np.zeros(by_length.size, dtype=bool)
+    out = []
+    left = 1.0
+    for f in fractions:
+        free = np.flatnonzero(~taken)
+        g = min(1.0, f / left) if left > 0 else 0.0
+        left -= f
+        marks = np.floor(np.arange(1, free.size + 1) * g)
+        pick = free[np.diff(marks, prepend=0.0) > 0]
+        if pick.size < slots:
+            spare = np.setdiff1d(free, pick)  # ascending positions: shortest last
+            pick = np.union1d(pick, spare[max(0, spare.size - (slots - pick.size)):])
+        taken[pick] = True
+        out.append(by_length[pick])
+    return out

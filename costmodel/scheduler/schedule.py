@@ -65,7 +65,7 @@ __all__ = ["Schedule", "build_schedule", "token_cap"]
 # non-additive micro-batch costs up to 2**53 (float64-exact integers).
 _QUANT_BITS = 44
 # A placement this close to the lower bound is not worth another start of the local search.
-_AT_THE_BOUND = 1e-4
+_AT_THE_BOUND = 5e-4
 
 
 @dataclass(frozen=True)
