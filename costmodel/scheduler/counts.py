@@ -18,8 +18,8 @@ import numpy as np
 
 from costmodel.scheduler.bounds import round_up
 from costmodel.scheduler.costs import Cost, additive_bin_costs, quantise
-from costmodel.scheduler.dominant import heavy_apart
 from costmodel.scheduler.groups import place_groups
+from costmodel.scheduler.heavy import heavy_apart
 from costmodel.scheduler.pack import assign_bins, pack_tokens, search_pack, tight_pack
 from costmodel.scheduler.sorting import members_of
 
