@@ -122,21 +122,38 @@ def _apart(lens, heavy, by_length, fractions, dp, m, cap, bin_costs):
 
 def _riders(by_length: np.ndarray, fractions: list[float], slots: int) -> list[np.ndarray]:
     """For each heavy rank, the samples beside its heavy one, longest first: its fraction
-    of the rest as an even slice of every length (every k-th sample, longest first, so
-    what the other ranks pack keeps its mix), and at least ``slots`` of them (one per
-    micro-batch: the shortest left)."""
-    taken = np.zeros(by_length.size, dtype=bool)
+    of the rest as an even slice of every length (so what the other ranks pack keeps its
+    mix too), and at least ``slots`` of them (one per micro-batch: the shortest left).
+
+    One pass for all ranks: a pool of every k-th sample (longest first) as large as the
+    fractions together (all of it where they ask for more: heavy samples just under a share
+    each), dealt out evenly spaced, each rank in proportion to its fraction.
+    """
+    n, d = by_length.size, len(fractions)
+    asked = float(sum(fractions))
+    in_pool = np.diff(np.floor(np.arange(1, n + 1) * min(1.0, asked)), prepend=0.0) > 0
+    pool = np.flatnonzero(in_pool)  # positions in by_length, ascending: longest first
+    counts = np.zeros(d, dtype=np.int64)
+    if pool.size and asked > 0:
+        exact = np.asarray(fractions, dtype=np.float64) / asked * pool.size
+        counts = np.floor(exact).astype(np.int64)
+        extra = pool.size - int(counts.sum())  # largest remainders, ties to the lower rank
+        counts[np.lexsort((np.arange(d), -(exact - counts)))[:extra]] += 1
+    # Rank j's turns fall at (k + 1/2) / counts[j]: merged, each rank's share is spread
+    # evenly over the pool, and so over every length.
+    owners = np.repeat(np.arange(d), counts)
+    turns = np.concatenate([(np.arange(c) + 0.5) / c for c in counts.tolist() if c] or [[]])
+    owner_of_pool = owners[np.lexsort((owners, turns))]  # pool[p] goes to owner_of_pool[p]
+    by_owner = np.argsort(owner_of_pool, kind="stable")  # each owner's run stays ascending
+    bounds = np.r_[0, np.cumsum(counts)]
+    spare = np.flatnonzero(~in_pool)  # shortest last
+    end = spare.size
     out = []
-    left = 1.0
-    for f in fractions:
-        free = np.flatnonzero(~taken)
-        g = min(1.0, f / left) if left > 0 else 0.0
-        left -= f
-        marks = np.floor(np.arange(1, free.size + 1) * g)
-        pick = free[np.diff(marks, prepend=0.0) > 0]
-        if pick.size < slots:
-            spare = np.setdiff1d(free, pick)  # ascending positions: shortest last
-            pick = np.union1d(pick, spare[max(0, spare.size - (slots - pick.size)):])
-        taken[pick] = True
-        out.append(by_length[pick])
+    for j in range(d):
+        mine = pool[by_owner[bounds[j]:bounds[j + 1]]]
+        if mine.size < slots:
+            take = spare[max(0, end - (slots - mine.size)):end]
+            end -= take.size
+            mine = np.sort(np.concatenate([mine, take]))
+        out.append(by_length[mine])
     return out
