@@ -157,6 +157,8 @@ def _bench_gpu_key(docs: list[dict]) -> str | None:
 
 # ---- summaries ----------------------------------------------------------------------------
 def _profile_summary(model, shipped) -> list[str]:
+    from costmodel.curves import MODES
+
     validation = model.extra.get("validation") or {}
     timing = (model.extra.get("kernels") or {}).get("timing", "eager (not recorded)")
     if validation.get("timing", timing) != timing:
@@ -169,7 +171,7 @@ def _profile_summary(model, shipped) -> list[str]:
     if validation.get("stopped_at_time_limit"):
         lines.append(f"  validation stopped at its time limit: {validation.get('count')} of "
                      f"{validation.get('requested_count')} micro-batches")
-    for mode in ("train", "forward"):
+    for mode in MODES:
         summary = (validation.get("modes", {}).get(mode) or {}).get("summary")
         if not summary:
             lines.append(f"  {mode}: not validated")
@@ -188,7 +190,7 @@ def _profile_summary(model, shipped) -> list[str]:
             lines.append(f"  POWER LIMIT {new_w:.0f} W, the shipped profile's GPU had {old_w:.0f} W: "
                          "another variant of this GPU? Check before it replaces the shipped "
                          "profile (costmodel/gpus.py names the variants)")
-        for mode in ("train", "forward"):
+        for mode in MODES:
             lines.append(f"  shipped now: {shipped.validation_summary(mode) or f'{mode}: not validated'}")
     return lines
 

@@ -28,7 +28,7 @@ DEFAULT_TOLERANCE = 0.05
 
 def record_flops(r: Record, spec: ModelSpec) -> float:
     """Matmul FLOPs of one measured point (forward × 3 for train)."""
-    passes = 3.0 if r.mode == "train" else 1.0
+    passes = flops.pass_factor(r.mode)
     L = np.asarray(r.lengths, dtype=np.int64)
     T = r.tokens
     if r.kind == "attention":

@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from costmodel.curves import MODES
 from costmodel.model_file import is_unknown_name
 from costmodel.scheduler.lengths import DISTRIBUTIONS, MAX_GENERATED, generate_lengths, read_lengths
 
@@ -46,7 +47,7 @@ def add_batch_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--mode",
-        choices=("train", "forward"),
+        choices=MODES,
         default="train",
         help="cost of a training step or of a forward-only (log-prob) pass (default: %(default)s)",
     )

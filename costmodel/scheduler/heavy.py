@@ -64,7 +64,9 @@ def heavy_apart(
             continue
         tried.add(d)
         heavy = over[:d]
-        rest = np.flatnonzero(~np.isin(np.arange(lens.size), heavy))
+        is_rest = np.ones(lens.size, dtype=bool)
+        is_rest[heavy] = False
+        rest = np.flatnonzero(is_rest)
         by_length = rest[longest_first(lens[rest])]
         # Each heavy rank's fraction of the rest: what its sample leaves of a share.
         rest_cost = max(1, total - int(alone[:d].sum()))
