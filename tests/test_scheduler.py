@@ -327,7 +327,16 @@ def test_separable_local_search_keeps_exact_books():
     st_ = BinState(lengths, q, bin_of.copy(), dp, m, cap, cost, scale)
     before = int(st_.load.max())
     assert local_search(st_) > 0 and int(st_.load.max()) < before
-    fresh = BinState(lengths, q, st_.bin_of, dp, m, cap, cost, scale)
+    _assert_exact_books(st_, cost)
+
+
+def _assert_exact_books(st_, cost):
+    """A local search's tracked micro-batch costs, fills, counts and loads equal those
+    recomputed from its placement, and the model's own costs to within rounding."""
+    from costmodel.scheduler.refine import BinState
+
+    lengths, dp, m, cap = st_.lengths, st_.dp, st_.m, st_.cap
+    fresh = BinState(lengths, st_.q, st_.bin_of, dp, m, cap, cost, st_.scale)
     assert np.array_equal(st_.bin_q, fresh.bin_q)
     assert np.array_equal(st_.fill, fresh.fill) and np.array_equal(st_.count, fresh.count)
     assert np.array_equal(st_.load, np.bincount(np.arange(dp * m) // m, weights=st_.bin_q))
@@ -335,7 +344,32 @@ def test_separable_local_search_keeps_exact_books():
     order = np.argsort(st_.bin_of, kind="stable")
     offsets = np.concatenate([[0], np.cumsum(st_.count)])
     true = cost.evaluate(lengths[order], offsets)
-    np.testing.assert_allclose(st_.bin_q / scale, true, rtol=0, atol=1e-6 * true.max())
+    np.testing.assert_allclose(st_.bin_q / st_.scale, true, rtol=0, atol=1e-6 * true.max())
+
+
+@pytest.mark.parametrize("cost_name", ["tokens", "profile"])
+def test_local_search_moves_many_small_samples_in_batches(cost_name):
+    """One rank's excess is ~350 samples of 1-8 tokens: one move per sweep would take
+    hundreds of sweeps (the search stops at 64); batches of them move in a few."""
+    from costmodel.scheduler.costs import ModelCost, as_cost
+    from costmodel.scheduler.refine import BinState, local_search
+
+    cost = ModelCost(_shipped_profile()) if cost_name == "profile" else as_cost("tokens")
+    rng = np.random.default_rng(3)
+    dp, m, cap = 4, 2, 8192
+    big = np.full(dp, 6000)
+    tiny = rng.integers(1, 9, 900)
+    lengths = np.concatenate([big, [2000, 2000, 2000], tiny]).astype(np.int64)
+    # Rank r: its big sample alone, then a second micro-batch; every tiny one on rank 0.
+    bin_of = np.concatenate([np.arange(dp) * m, np.arange(1, dp) * m + 1,
+                             np.ones(tiny.size, dtype=np.int64)])
+    scale = 2.0**30
+    q = np.rint(cost.marginal_costs(lengths, 4096) * scale).astype(np.int64)
+    st_ = BinState(lengths, q, bin_of, dp, m, cap, cost, scale)
+    local_search(st_)
+    _assert_exact_books(st_, cost)
+    mean = st_.load.sum() / dp
+    assert st_.load.max() <= 1.002 * mean, st_.load / mean
 
 
 @pytest.mark.parametrize("lengths", [[1], [1, 2, 3], [7] * 8])
