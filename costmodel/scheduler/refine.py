@@ -14,8 +14,11 @@ cost the best one is applied (its effect is exact). For a separable cost (a cali
 model: fixed + Σ attention per sequence + a function of the token count) every A sample's
 best option is priced exactly, in bulk, and each pair applies the one that lowers its
 maximum the most. Otherwise each pair's best is evaluated with the true cost of the two
-micro-batches it changes, and applied if it lowers the pair's maximum. Sweeps repeat
-until the most loaded rank is within a tolerance of the mean, or a sweep changes nothing.
+micro-batches it changes, and applied if it lowers the pair's maximum. Where A's excess is
+many small samples (its best single change covers under a quarter of the gap), a batch
+of them moves at once instead (`_apply_batches`; additive and separable costs). Sweeps
+repeat until the most loaded rank is within a tolerance of the mean, or a sweep changes
+nothing.
 
 A sweep is a handful of numpy calls over all samples: the samples of every B rank, keyed
 ``pair · SPAN + cost``, are sorted once, and one `searchsorted` finds each A sample's best
@@ -26,6 +29,8 @@ global maximum, so sweeps cannot cycle.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import numpy as np
 
@@ -79,6 +84,33 @@ class BinState:
 
     def quantise(self, values: np.ndarray) -> np.ndarray:
         return quantise(values, self.scale, self.cost.name)
+
+    def priced(self, bins: np.ndarray, d_tokens: np.ndarray, d_part: np.ndarray) -> np.ndarray:
+        """Exact quantised costs of micro-batches ``bins`` once their tokens change by
+        ``d_tokens`` and their samples' parts (`part`) by ``d_part``: the sample parts are
+        additive, a separable cost's token part is its curve at the new fill."""
+        new = self.bin_q[bins] + d_part
+        if self.separable:
+            new += self.token_q(self.fill[bins] + d_tokens) - self.tok_q[bins]
+        return new
+
+    @property
+    def part(self) -> np.ndarray:
+        """Per sample, its exact additive share of a micro-batch's quantised cost (only for
+        additive and separable costs)."""
+        return self.seq_q if self.separable else self.q
+
+    def refresh(self) -> None:
+        """Recount fills, counts, costs and loads after ``bin_of`` changed."""
+        k = self.dp * self.m
+        self.fill = np.bincount(self.bin_of, weights=self.lengths, minlength=k).astype(np.int64)
+        self.count = np.bincount(self.bin_of, minlength=k).astype(np.int64)
+        if self.separable:
+            self.tok_q = np.where(self.count > 0, self.token_q(self.fill), 0)
+        elif self.members is not None:
+            self.members = as_lists(*members_of(self.bin_of, k))
+        self.bin_q = self.evaluate_bins().astype(np.int64)
+        self.load = self.bin_q.reshape(self.dp, self.m).sum(axis=1)
 
     def token_q(self, tokens: np.ndarray) -> np.ndarray:
         """Quantised token part of a separable cost for micro-batches of `tokens` tokens."""
@@ -470,9 +502,9 @@ MAX_SWEEPS = 64  # per local search (and per group placement)
 _REL_TOL = 2.5e-4  # see local_search
 
 
-def local_search(st: BinState) -> int:
+def local_search(st: BinState, sweep_fn: Callable[[BinState, float, bool], int] | None = None) -> int:
     """Run sweeps on ``st`` in place (at most ``MAX_SWEEPS``). Returns the number of changes
-    applied.
+    applied. ``sweep_fn(st, tol, fold)``: one sweep (default: of samples, `_sweep`).
 
     Stops once the most loaded rank is within ``_REL_TOL`` of the mean: 2.5e-4 is 20 times
     under the 0.5% balance target and below the run-to-run noise of a GPU step, and the
@@ -498,7 +530,7 @@ def local_search(st: BinState) -> int:
             stale += 1
             if stale >= _PATIENCE:
                 break
-        changed = _sweep(st, tol, fold=sweep % 2 == 0)
+        changed = (sweep_fn or _sweep)(st, tol, sweep % 2 == 0)
         if changed == 0:
             break
         applied += changed

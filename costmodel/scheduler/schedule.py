@@ -15,9 +15,11 @@ How (each step justified by ``benchmarks/bench_scheduler.py``):
    asked for unless packing fails, in which case ``m`` grows by about 1%.
 2. Without groups (`pack`): pack all samples by tokens into ``dp × m`` level micro-batches,
    give each rank ``m`` of them balancing their true costs, then (`refine`) move and swap
-   single samples between paired ranks, judged by the true cost of the micro-batches they
-   change. With groups (`groups`): balance whole groups over ranks (marginal costs, within
-   a token budget per rank), then pack each rank. Here ``m`` can also be too large (a rank
+   single samples (or batches of small ones) between paired ranks, judged by the true cost
+   of the micro-batches they change. With groups (`groups`): balance whole groups over
+   ranks (marginal costs, within a token budget per rank), pack each rank, then
+   (`group_search`) move and swap whole groups between paired ranks on true costs, where a
+   group fits one micro-batch. Here ``m`` can also be too large (a rank
    with few samples cannot fill ``m`` micro-batches), so failures move it either way.
    Feasibility with groups is bin packing under a sample-count constraint (NP-hard): on
    tiny, tight inputs the search may report failure where a placement exists.
@@ -52,6 +54,7 @@ from costmodel.scheduler.counts import (
     place_grouped,
     start_m,
 )
+from costmodel.scheduler.group_search import group_local_search
 from costmodel.scheduler.groups import first_appearance_ids
 from costmodel.scheduler.order import ORDERS, run_order
 from costmodel.scheduler.refine import BinState, local_search
@@ -373,7 +376,7 @@ def build_schedule(
     for bin_of, m, bin_q in layouts:  # the local search from each; the lowest maximum wins
         tried = BinState(lens, q, bin_of, dp, m, cap, cost_obj, scale, bin_q)
         tried_imbalance = _imbalance(tried.load)
-        tried_steps = local_search(tried) if groups is None else 0
+        tried_steps = local_search(tried) if groups is None else group_local_search(tried, groups)
         if state is None or int(tried.load.max()) < int(state.load.max()):
             state, greedy_imbalance, steps = tried, tried_imbalance, tried_steps
         if state.load.max() <= lb * scale * (1 + _AT_THE_BOUND):
