@@ -126,6 +126,20 @@ def test_scheduler_benchmark_quick_run(tmp_path, capsys, load_benchmark, cost_mo
     assert "balance targets met" in capsys.readouterr().out
 
 
+def test_grouped_benchmark_quick_run(tmp_path, load_benchmark):
+    """Grouped against ungrouped schedules of the same batches: every case in the JSON,
+    neither below the lower bound."""
+    bench = load_benchmark("bench_grouped")
+    out = tmp_path / "grouped.json"
+    assert bench.main(["--quick", "--json", str(out)]) == 0
+    cases = json.loads(out.read_text())["cases"]
+    assert len(cases) == 4
+    for case in cases:
+        for side in ("grouped", "ungrouped"):
+            assert case[side]["makespan_over_lower_bound"] >= 1.0 - 1e-9
+            assert case[side]["max_over_mean"] >= 1.0 - 1e-12
+
+
 def test_policy_gain_benchmark(tmp_path, load_benchmark, capsys):
     """The predicted gain table: every case of every row, and the cost-model policy never
     worse under its own model than token or FLOPs balance."""

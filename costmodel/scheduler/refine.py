@@ -222,9 +222,10 @@ def _sweep(st: BinState, tol: float, fold: bool = True) -> int:
 
     valid = best_err < _NONE
     batched = np.zeros(gap.size, dtype=bool)
-    if st.additive or st.separable:
-        # Where a pair's best single change covers little of its gap (A's excess is many
-        # small samples), a batch of them moves at once: one sweep instead of hundreds.
+    # Where a pair's best single change covers under a quarter of its gap (A's excess is
+    # many small samples), a batch of them moves at once: one sweep instead of hundreds.
+    covered = np.bincount(pa[valid & (2 * best_err <= g_a)], minlength=gap.size) > 0
+    if (st.additive or st.separable) and not covered.all():
         pair_err = np.full(gap.size, _NONE, dtype=np.int64)
         np.minimum.at(pair_err, pa[valid], best_err[valid])
         batched = _apply_batches(st, ia, pa, gap, pair_err, roomiest[b_ranks], a_ranks, b_ranks)

@@ -1,0 +1,95 @@
+"""Grouped schedules (a prompt's responses on one rank) against the same batch ungrouped.
+
+    PYTHONPATH=. python benchmarks/bench_grouped.py [--quick] [--cost-model h200/qwen3-8b] [--json out.json]
+
+For rl and bimodal lengths, several (n, dp, group size, cap), two schedules of the same
+batch under the same cost: with ``group_ids`` (whole groups per rank) and without. The
+ungrouped one is the baseline: what the group constraint costs. Reported: makespan over
+the lower bound and max/mean of each, the grouped makespan's excess over the ungrouped one,
+and the grouped wall time (best of three, one process).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import logging
+import platform
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from costmodel.model import load_cost_model  # noqa: E402
+from costmodel.scheduler import build_schedule, generate_lengths  # noqa: E402
+
+# (n, dp, group size, cap): groups that fit one micro-batch (2-4 responses at 16-32k) and
+# groups that do not (8-16 RL responses at 16k).
+CASES = (
+    (512, 8, 4, 32768),
+    (2048, 16, 2, 16384),
+    (4096, 64, 4, 32768),
+    (8192, 64, 2, 32768),
+    (512, 8, 8, 16384),
+    (2048, 16, 8, 16384),
+    (4096, 64, 16, 16384),
+    (8192, 64, 8, 16384),
+)
+
+
+def _best_of(runs: int, fn, *args, **kwargs):
+    best, out = float("inf"), None
+    for _ in range(runs):
+        t = time.perf_counter()
+        out = fn(*args, **kwargs)
+        best = min(best, time.perf_counter() - t)
+    return out, best * 1000
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true", help="two cases per distribution, timed once")
+    p.add_argument("--cost-model", default="h200/qwen3-8b",
+                   help="a cost model file or shipped name, or tokens / flops")
+    p.add_argument("--json", help="write the results here")
+    args = p.parse_args(argv)
+    cases, runs = (CASES[:2], 1) if args.quick else (CASES, 3)
+    logging.disable(logging.WARNING)  # the estimate and over-cap notes, once per case
+    cost = args.cost_model if args.cost_model in ("tokens", "flops") else load_cost_model(args.cost_model)
+    rows = []
+    print(f"cost: {args.cost_model}")
+    print(f"{'dist':8} {'n':>5} {'dp':>3} {'group':>5} {'cap':>6} | grouped: mk/lb  max/mean   ms | "
+          "ungrouped: mk/lb  max/mean | grouped makespan over ungrouped")
+    for dist in ("rl", "bimodal"):
+        for n, dp, size, cap in cases:
+            lengths = generate_lengths(n, dist, seed=n + dp)
+            ids = [i // size for i in range(n)]
+            kw = dict(spec="qwen3-8b", dp_size=dp, max_tokens_per_microbatch=cap, cost=cost)
+            g, ms = _best_of(runs, build_schedule, lengths, group_ids=ids, **kw)
+            u = build_schedule(lengths, **kw)
+            row = dict(dist=dist, n=n, dp=dp, group_size=size, cap=cap,
+                       grouped=dict(makespan_over_lower_bound=g.makespan_over_lower_bound,
+                                    max_over_mean=g.imbalance, wall_ms=ms),
+                       ungrouped=dict(makespan_over_lower_bound=u.makespan_over_lower_bound,
+                                      max_over_mean=u.imbalance),
+                       grouped_over_ungrouped=g.makespan / u.makespan)
+            rows.append(row)
+            print(f"{dist:8} {n:5} {dp:3} {size:5} {cap:6} | {g.makespan_over_lower_bound:13.4f} "
+                  f"{g.imbalance:9.4f} {ms:5.0f} | {u.makespan_over_lower_bound:15.4f} "
+                  f"{u.imbalance:9.4f} | {g.makespan / u.makespan:.4f}")
+    if args.json:
+        meta = dict(date=dt.date.today().isoformat(), cpu=platform.processor() or platform.machine(),
+                    python=platform.python_version(), numpy=np.__version__, cost=args.cost_model)
+        Path(args.json).write_text(json.dumps(dict(meta, cases=rows), indent=1) + "\n")
+        print(f"wrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
