@@ -52,6 +52,29 @@ def _best_of(runs: int, fn, *args, **kwargs):
     return out, best * 1000
 
 
+def _run(cases, runs: int, cost) -> list[dict]:
+    print(f"{'dist':8} {'n':>5} {'dp':>3} {'group':>5} {'cap':>6} | grouped: mk/lb  max/mean   ms | "
+          "ungrouped: mk/lb  max/mean | grouped makespan over ungrouped")
+    rows = []
+    for dist in ("rl", "bimodal"):
+        for n, dp, size, cap in cases:
+            lengths = generate_lengths(n, dist, seed=n + dp)
+            ids = [i // size for i in range(n)]
+            kw = dict(spec="qwen3-8b", dp_size=dp, max_tokens_per_microbatch=cap, cost=cost)
+            g, ms = _best_of(runs, build_schedule, lengths, group_ids=ids, **kw)
+            u = build_schedule(lengths, **kw)
+            rows.append(dict(dist=dist, n=n, dp=dp, group_size=size, cap=cap,
+                             grouped=dict(makespan_over_lower_bound=g.makespan_over_lower_bound,
+                                          max_over_mean=g.imbalance, wall_ms=ms),
+                             ungrouped=dict(makespan_over_lower_bound=u.makespan_over_lower_bound,
+                                            max_over_mean=u.imbalance),
+                             grouped_over_ungrouped=g.makespan / u.makespan))
+            print(f"{dist:8} {n:5} {dp:3} {size:5} {cap:6} | {g.makespan_over_lower_bound:13.4f} "
+                  f"{g.imbalance:9.4f} {ms:5.0f} | {u.makespan_over_lower_bound:15.4f} "
+                  f"{u.imbalance:9.4f} | {g.makespan / u.makespan:.4f}")
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="two cases per distribution, timed once")
@@ -60,29 +83,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", help="write the results here")
     args = p.parse_args(argv)
     cases, runs = (CASES[:2], 1) if args.quick else (CASES, 3)
-    logging.disable(logging.WARNING)  # the estimate and over-cap notes, once per case
     cost = args.cost_model if args.cost_model in ("tokens", "flops") else load_cost_model(args.cost_model)
-    rows = []
     print(f"cost: {args.cost_model}")
-    print(f"{'dist':8} {'n':>5} {'dp':>3} {'group':>5} {'cap':>6} | grouped: mk/lb  max/mean   ms | "
-          "ungrouped: mk/lb  max/mean | grouped makespan over ungrouped")
-    for dist in ("rl", "bimodal"):
-        for n, dp, size, cap in cases:
-            lengths = generate_lengths(n, dist, seed=n + dp)
-            ids = [i // size for i in range(n)]
-            kw = dict(spec="qwen3-8b", dp_size=dp, max_tokens_per_microbatch=cap, cost=cost)
-            g, ms = _best_of(runs, build_schedule, lengths, group_ids=ids, **kw)
-            u = build_schedule(lengths, **kw)
-            row = dict(dist=dist, n=n, dp=dp, group_size=size, cap=cap,
-                       grouped=dict(makespan_over_lower_bound=g.makespan_over_lower_bound,
-                                    max_over_mean=g.imbalance, wall_ms=ms),
-                       ungrouped=dict(makespan_over_lower_bound=u.makespan_over_lower_bound,
-                                      max_over_mean=u.imbalance),
-                       grouped_over_ungrouped=g.makespan / u.makespan)
-            rows.append(row)
-            print(f"{dist:8} {n:5} {dp:3} {size:5} {cap:6} | {g.makespan_over_lower_bound:13.4f} "
-                  f"{g.imbalance:9.4f} {ms:5.0f} | {u.makespan_over_lower_bound:15.4f} "
-                  f"{u.imbalance:9.4f} | {g.makespan / u.makespan:.4f}")
+    logging.disable(logging.WARNING)  # the over-cap notes, once per case
+    try:
+        rows = _run(cases, runs, cost)
+    finally:
+        logging.disable(logging.NOTSET)  # main() may run inside a test session
     if args.json:
         meta = dict(date=dt.date.today().isoformat(), cpu=platform.processor() or platform.machine(),
                     python=platform.python_version(), numpy=np.__version__, cost=args.cost_model)

@@ -3,20 +3,22 @@
 `groups.place_groups` balances the groups' marginal costs over the ranks, then packs each
 rank. Under a calibrated model a micro-batch's cost is not the sum of its samples' marginal
 costs (the token curve has steps), so the packed ranks came out 0.7-2.9% apart under the
-H200 profile on RL-like batches in groups of 8-16, where samples alone balance within
+H200 profile on RL-like batches in groups of 2-16, where samples alone balance within
 0.02%. This pass works on the packed placement: for each pair of a heavy rank A and a light
 rank B (as `refine` pairs them), it prices exactly
 
-- every move of one of A's groups into B's roomiest micro-batch, and
+- every move of one of A's groups to B, and
 - swaps of a group of A with one of B (the two whose marginal costs lie either side of
-  half the gap, as `refine.swap_partners` finds them), each group going into the
-  micro-batch that held most of the other's tokens,
+  half the gap, as `refine.swap_partners` finds them),
 
-and applies the one that lowers the pair's maximum the most. A group's samples may sit in
-several micro-batches of its rank; each loses its share, and none may be left empty or go
-over the cap. Costs are the placement's own integers, so every priced change is what the
-placement gets: sweeps cannot cycle, and every process gets the same result. Additive and
-separable costs only (a generic cost would need every candidate micro-batch evaluated).
+and applies the one that lowers the pair's maximum the most. A group's samples sit in one
+or more micro-batches of its rank (its pieces, largest first). A move sends its i-th piece
+into B's i-th roomiest micro-batch; a swap sends each group's j-th piece into the
+micro-batch of the other's (j mod its piece count)-th piece, so the largest take the room
+the largest left. No micro-batch may be left empty or go over the cap. Costs are the
+placement's own integers, so every priced change is what the placement gets: sweeps cannot
+cycle, and every process gets the same result. Additive and separable costs only (a generic
+cost would need every candidate micro-batch evaluated).
 """
 
 from __future__ import annotations
@@ -36,6 +38,11 @@ from costmodel.scheduler.sorting import stable_order
 
 __all__ = ["group_local_search"]
 
+_NONE = np.iinfo(np.int64).max
+# Sweeps per search: on bench_grouped-like batches (n 2k-65k, dp 16-1024, groups of 2-16)
+# the first 16 took all but 0.1% of what 64 reached (makespan), in 10-60% less time.
+_MAX_SWEEPS = 16
+
 
 def group_local_search(st: BinState, groups: np.ndarray) -> int:
     """Balance ``st`` by moving and swapping whole groups (``groups[i]`` is sample i's dense
@@ -43,25 +50,28 @@ def group_local_search(st: BinState, groups: np.ndarray) -> int:
     if not (st.additive or st.separable):
         return 0
     by_group = stable_order(groups)  # samples by group, once: groups never change
-    return local_search(st, lambda st_, tol, fold: _sweep(st_, groups, by_group, tol, fold))
+    st.tabulate_tokens()  # each sweep prices every group's pieces on the token curve
+    return local_search(st, lambda st_, tol, fold: _sweep(st_, groups, by_group, tol, fold),
+                        max_sweeps=_MAX_SWEEPS)
 
 
 class _Pieces(NamedTuple):
-    """The groups on paired ranks, and the pieces they leave behind in each micro-batch."""
+    """The groups on paired ranks, each cut into pieces: its samples in one micro-batch."""
 
     samples: np.ndarray  # sample ids, by group then micro-batch
-    group_start: np.ndarray  # where each group's samples start in ``samples``
-    bin: np.ndarray  # per piece (a group's samples in one micro-batch): the micro-batch
+    piece_start: np.ndarray  # where each piece's samples start in ``samples`` (and an end)
+    bin: np.ndarray  # per piece: its micro-batch
     tokens: np.ndarray  # per piece
     part: np.ndarray  # per piece: the samples' summed parts (`BinState.part`)
-    left: np.ndarray  # per piece: its micro-batch's cost change once the piece leaves
+    count: np.ndarray  # per piece: samples
+    by_size: np.ndarray  # piece ids, by group, largest first (ties: lower micro-batch)
+    first: np.ndarray  # per group: its first entry in ``by_size`` (and an end)
     rank: np.ndarray  # per group
-    leave_delta: np.ndarray  # per group: what its rank's load changes by when it leaves
-    can_leave: np.ndarray  # per group: no micro-batch of its rank is left empty
-    total_tokens: np.ndarray  # per group
-    total_part: np.ndarray  # per group
     q: np.ndarray  # per group: summed marginal costs (to find swap partners)
-    main: np.ndarray  # per group: the piece with the most tokens
+
+    @property
+    def size(self) -> np.ndarray:  # per group: its number of pieces
+        return np.diff(self.first)
 
 
 def _pieces(st: BinState, by_group: np.ndarray, groups: np.ndarray) -> _Pieces:
@@ -73,31 +83,69 @@ def _pieces(st: BinState, by_group: np.ndarray, groups: np.ndarray) -> _Pieces:
     new_group = np.concatenate([[True], g[1:] != g[:-1]])
     new_piece = new_group | np.concatenate([[True], b[1:] != b[:-1]])
     piece_start = np.flatnonzero(new_piece)
-    group_start = np.flatnonzero(new_group)
-    bins = b[piece_start]
     tokens = np.add.reduceat(st.lengths[samples], piece_start)
-    part = np.add.reduceat(st.part[samples], piece_start)
-    count = np.diff(np.append(piece_start, samples.size))
-    first_piece = np.searchsorted(piece_start, group_start)
-    left = st.priced(bins, -tokens, -part) - st.bin_q[bins]
-    # The piece with the most tokens (ties: the first) takes the other group in a swap.
     piece_group = np.cumsum(new_group)[piece_start] - 1
-    most = np.flatnonzero(tokens == np.maximum.reduceat(tokens, first_piece)[piece_group])
+    first = np.searchsorted(piece_group, np.arange(piece_group[-1] + 2))
     return _Pieces(
         samples=samples,
-        group_start=group_start,
-        bin=bins,
+        piece_start=np.append(piece_start, samples.size),
+        bin=b[piece_start],
         tokens=tokens,
-        part=part,
-        left=left,
-        rank=b[group_start] // st.m,
-        leave_delta=np.add.reduceat(left, first_piece),
-        can_leave=np.minimum.reduceat(st.count[bins] - count, first_piece) >= 1,
-        total_tokens=np.add.reduceat(tokens, first_piece),
-        total_part=np.add.reduceat(part, first_piece),
-        q=np.add.reduceat(st.q[samples], group_start),
-        main=most[np.searchsorted(most, first_piece)],
+        part=np.add.reduceat(st.part[samples], piece_start),
+        count=np.diff(np.append(piece_start, samples.size)),
+        # One integer key, nearly sorted already: by group, then most tokens (ties: first).
+        by_size=np.argsort(piece_group * (int(tokens.max()) + 1) - tokens, kind="stable"),
+        first=first,
+        rank=b[piece_start[first[:-1]]] // st.m,
+        q=np.add.reduceat(st.q[samples], piece_start[first[:-1]]),
     )
+
+
+def _expand(counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """For segments of ``counts`` items: each item's segment and its place in it."""
+    seg = np.repeat(np.arange(counts.size), counts)
+    starts = np.cumsum(counts) - counts
+    return seg, np.arange(seg.size) - starts[seg]
+
+
+class _Side(NamedTuple):
+    """What a change does to one rank: per candidate, its load change and whether legal."""
+
+    delta: np.ndarray
+    ok: np.ndarray
+
+
+def _side(
+    st: BinState,
+    slot_bin: np.ndarray,
+    slot_out: np.ndarray,
+    slot_start: np.ndarray,
+    in_slot: np.ndarray,
+    in_piece: np.ndarray,
+    pc: _Pieces,
+) -> _Side:
+    """Price one rank's side of each candidate. Candidate c owns the micro-batches
+    ``slot_bin[slot_start[c]:slot_start[c+1]]``; ``slot_out`` is the piece leaving each
+    (-1: none), and piece ``in_piece[e]`` comes into slot ``in_slot[e]``."""
+    def into(values: np.ndarray) -> np.ndarray:  # float sums of integers under 2**53: exact
+        return np.bincount(in_slot, weights=values[in_piece], minlength=slot_bin.size).astype(np.int64)
+
+    d_tok, d_part, d_count = into(pc.tokens), into(pc.part), into(pc.count)
+    out = slot_out >= 0
+    d_tok[out] -= pc.tokens[slot_out[out]]
+    d_part[out] -= pc.part[slot_out[out]]
+    d_count[out] -= pc.count[slot_out[out]]
+    delta = st.priced(slot_bin, d_tok, d_part) - st.bin_q[slot_bin]
+    count = st.count[slot_bin] + d_count
+    legal = (count >= 1) & ((st.fill[slot_bin] + d_tok <= st.cap) | (count == 1))
+    starts = slot_start[:-1]
+    return _Side(np.add.reduceat(delta, starts), np.logical_and.reduceat(legal, starts))
+
+
+def _own_slots(pc: _Pieces, groups_: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Slots of each group in ``groups_``: its pieces, largest first. (pieces, slot starts)"""
+    seg, j = _expand(pc.size[groups_])
+    return pc.by_size[pc.first[groups_][seg] + j], np.append(0, np.cumsum(pc.size[groups_]))
 
 
 def _sweep(st: BinState, groups: np.ndarray, by_group: np.ndarray, tol: float, fold: bool) -> int:
@@ -110,42 +158,40 @@ def _sweep(st: BinState, groups: np.ndarray, by_group: np.ndarray, tol: float, f
     pc = _pieces(st, by_group[(pair_a[rank] >= 0) | (pair_b[rank] >= 0)], groups)
     on_a = pair_a[pc.rank] >= 0
     pair_of = np.where(on_a, pair_a[pc.rank], pair_b[pc.rank])
-    a = np.flatnonzero(on_a & pc.can_leave)
-    if a.size == 0:
-        return 0
+    a = np.flatnonzero(on_a)
     pa = pair_of[a]
     load_a, load_b = st.load[a_ranks[pa]], st.load[b_ranks[pa]]
+    size = pc.size
 
-    # Moves: group a into B's roomiest micro-batch.
+    # Group a leaves A (its pieces' micro-batches lose them): shared by moves and swaps.
+    a_pieces, a_start = _own_slots(pc, a)
+    none = np.zeros(0, dtype=np.int64)
+    leave = _side(st, pc.bin[a_pieces], a_pieces, a_start, none, none, pc)
+
+    # Moves: a's i-th piece into B's i-th roomiest micro-batch.
     m = st.m
-    roomiest = np.argmin(st.fill.reshape(st.dp, m), axis=1) + np.arange(st.dp) * m
-    dst = roomiest[b_ranks[pa]]
-    fits = st.fill[dst] + pc.total_tokens[a] <= st.cap
-    into = st.priced(dst, pc.total_tokens[a], pc.total_part[a]) - st.bin_q[dst]
-    value = np.where(fits, np.maximum(load_a + pc.leave_delta[a], load_b + into), _NONE)
-    choice = [(value, np.full(a.size, -1), dst)]
+    roomy = np.argsort(st.fill.reshape(st.dp, m), axis=1, kind="stable") + (np.arange(st.dp) * m)[:, None]
+    seg, i = _expand(size[a])
+    move = _side(st, roomy[b_ranks[pa[seg]], i], np.full(seg.size, -1), a_start,
+                 np.arange(seg.size), a_pieces, pc)
+    value = np.where(leave.ok & move.ok,
+                     np.maximum(load_a + leave.delta, load_b + move.delta), _NONE)
+    choices: list[tuple[np.ndarray, np.ndarray]] = [(value, np.full(a.size, -1))]
 
-    # Swaps: group a with a group h of B, each into the micro-batch that held most of the
-    # other's tokens (its main piece).
+    # Swaps: a with a group h of B, each piece into the other's pieces' micro-batches.
     pair_b_of = np.where(on_a, -1, pair_of)
-    pair_b_of[~pc.can_leave] = -1
     for h in swap_partners(pa, pc.q[a], gap[pa], pair_b_of, pc.q, int(gap.max())):
-        ma, mh = pc.main[a], pc.main[h]
-        ba, bh = pc.bin[ma], pc.bin[mh]
-        # Each main micro-batch: what it lost (priced in leave_delta) undone, then priced
-        # with the lost piece gone and the other group in.
-        new_a = st.priced(ba, pc.total_tokens[h] - pc.tokens[ma], pc.total_part[h] - pc.part[ma])
-        new_h = st.priced(bh, pc.total_tokens[a] - pc.tokens[mh], pc.total_part[a] - pc.part[mh])
-        ok = (
-            (pair_b_of[h] == pa)
-            & (st.fill[ba] - pc.tokens[ma] + pc.total_tokens[h] <= st.cap)
-            & (st.fill[bh] - pc.tokens[mh] + pc.total_tokens[a] <= st.cap)
-        )
-        after_a = load_a + pc.leave_delta[a] - pc.left[ma] + new_a - st.bin_q[ba]
-        after_b = load_b + pc.leave_delta[h] - pc.left[mh] + new_h - st.bin_q[bh]
-        choice.append((np.where(ok, np.maximum(after_a, after_b), _NONE), h, bh))
+        h_pieces, h_start = _own_slots(pc, h)
+        seg_h, j = _expand(size[h])  # h's pieces into a's slots, j mod a's piece count
+        into_a = _side(st, pc.bin[a_pieces], a_pieces, a_start,
+                       a_start[seg_h] + j % size[a][seg_h], h_pieces, pc)
+        into_b = _side(st, pc.bin[h_pieces], h_pieces, h_start,
+                       h_start[seg] + i % size[h][seg], a_pieces, pc)
+        ok = (pair_b_of[h] == pa) & into_a.ok & into_b.ok
+        value = np.where(ok, np.maximum(load_a + into_a.delta, load_b + into_b.delta), _NONE)
+        choices.append((value, h))
 
-    values = np.stack([c[0] for c in choice])
+    values = np.stack([c[0] for c in choices])
     kind = np.argmin(values, axis=0)  # ties: the move, then the first partner
     best = values[kind, np.arange(a.size)]
     cand = np.flatnonzero(best < load_a)  # strictly lowers the pair's maximum
@@ -153,22 +199,20 @@ def _sweep(st: BinState, groups: np.ndarray, by_group: np.ndarray, tol: float, f
         return 0
     win = cand[first_min_per_pair(pa[cand], best[cand])]  # ties: the lower group
     for c in win.tolist():
-        k = int(kind[c])
         g = int(a[c])
-        if k == 0:
-            _send(st, pc, g, int(dst[c]))
+        own = pc.by_size[pc.first[g] : pc.first[g + 1]]
+        if kind[c] == 0:
+            _send(st, pc, own, roomy[b_ranks[pa[c]], : own.size])
         else:
-            h = int(choice[k][1][c])
-            _send(st, pc, h, int(pc.bin[pc.main[g]]))
-            _send(st, pc, g, int(choice[k][2][c]))
+            h = int(choices[kind[c]][1][c])
+            theirs = pc.by_size[pc.first[h] : pc.first[h + 1]]
+            _send(st, pc, theirs, pc.bin[own][np.arange(theirs.size) % own.size])
+            _send(st, pc, own, pc.bin[theirs][np.arange(own.size) % theirs.size])
     st.refresh()
     return int(win.size)
 
 
-def _send(st: BinState, pc: _Pieces, g: int, to: int) -> None:
-    """Put every sample of group position ``g`` into micro-batch ``to`` (books: `refresh`)."""
-    end = pc.group_start[g + 1] if g + 1 < pc.group_start.size else pc.samples.size
-    st.bin_of[pc.samples[pc.group_start[g] : end]] = to
-
-
-_NONE = np.iinfo(np.int64).max
+def _send(st: BinState, pc: _Pieces, pieces: np.ndarray, to: np.ndarray) -> None:
+    """Put each piece's samples into micro-batch ``to`` (books: `BinState.refresh`)."""
+    for p, b in zip(pieces.tolist(), to.tolist()):
+        st.bin_of[pc.samples[pc.piece_start[p] : pc.piece_start[p + 1]]] = b

@@ -14,11 +14,11 @@ cost the best one is applied (its effect is exact). For a separable cost (a cali
 model: fixed + Σ attention per sequence + a function of the token count) every A sample's
 best option is priced exactly, in bulk, and each pair applies the one that lowers its
 maximum the most. Otherwise each pair's best is evaluated with the true cost of the two
-micro-batches it changes, and applied if it lowers the pair's maximum. Where A's excess is
-many small samples (its best single change covers under a quarter of the gap), a batch
-of them moves at once instead (`_apply_batches`; additive and separable costs). Sweeps
-repeat until the most loaded rank is within a tolerance of the mean, or a sweep changes
-nothing.
+micro-batches it changes, and applied if it lowers the pair's maximum. Sweeps repeat
+until the most loaded rank is within a tolerance of the mean, or a sweep changes nothing.
+Where the most loaded rank's excess was many small samples (its best single change
+covered under a quarter of the gap), a second round of sweeps moves batches of them at
+once (`_apply_batches`; additive and separable costs).
 
 A sweep is a handful of numpy calls over all samples: the samples of every B rank, keyed
 ``pair · SPAN + cost``, are sorted once, and one `searchsorted` finds each A sample's best
@@ -40,6 +40,7 @@ from costmodel.scheduler.sorting import as_lists, members_of
 __all__ = ["BinState", "first_min_per_pair", "local_search", "pair_ranks", "swap_partners"]
 
 _NONE = np.iinfo(np.int64).max
+_TABLE_MAX = 1 << 17  # fills `BinState.tabulate_tokens` looks up (1 MiB of int64)
 
 
 class BinState:
@@ -69,6 +70,8 @@ class BinState:
         self.additive = cost.additive
         self.separable = not cost.additive and cost.separable
         self.members: list[list[int]] | None = None
+        self.token_table: np.ndarray | None = None  # see tabulate_tokens
+        self.starved = False  # a sweep left a pair short of its gap (see _sweep)
         if self.separable:
             # Quantised parts, so that a move's effect is an exact integer difference.
             self.seq_q = self.quantise(cost.sequence_costs(lengths))
@@ -114,7 +117,23 @@ class BinState:
 
     def token_q(self, tokens: np.ndarray) -> np.ndarray:
         """Quantised token part of a separable cost for micro-batches of `tokens` tokens."""
-        return self.quantise(self.cost.token_costs(np.asarray(tokens, dtype=np.float64)))
+        table = self.token_table
+        if table is None:
+            return self.quantise(self.cost.token_costs(np.asarray(tokens, dtype=np.float64)))
+        tokens = np.asarray(tokens, dtype=np.int64)
+        past = tokens >= table.size  # fills over the cap: priced, rarely taken
+        out = table[np.where(past, 0, tokens)]
+        if past.any():
+            out[past] = self.quantise(self.cost.token_costs(tokens[past].astype(np.float64)))
+        return out
+
+    def tabulate_tokens(self) -> None:
+        """Look the token part up in a table of every fill up to the cap from now on (a
+        search that prices many candidates), and recount with it, so that every cost
+        compared comes from the same numbers. Caps past 2**17 are left to the curve."""
+        if self.separable and self.token_table is None and self.cap <= _TABLE_MAX:
+            self.token_table = self.quantise(self.cost.token_costs(np.arange(self.cap + 1.0)))
+            self.refresh()
 
     def evaluate_bins(self) -> np.ndarray:
         """Quantised cost of every micro-batch as placed now."""
@@ -159,8 +178,10 @@ def pair_ranks(
     return a_ranks, b_ranks, gap, pair_a, pair_b
 
 
-def _sweep(st: BinState, tol: float, fold: bool = True) -> int:
-    """One sweep over all rank pairs. Returns how many changes were applied.
+def _sweep(st: BinState, tol: float, fold: bool = True, batches: bool = False) -> int:
+    """One sweep over all rank pairs. Returns how many changes were applied. With
+    ``batches``, pairs whose best single change covers under a quarter of their gap move a
+    batch of samples instead (`_apply_batches`); without, such a pair sets ``st.starved``.
 
     ``fold`` pairs the i-th most loaded rank with the i-th least loaded; otherwise with the
     (i + dp/2)-th most loaded. Folding alone stalls once the loads are symmetric about the
@@ -225,7 +246,12 @@ def _sweep(st: BinState, tol: float, fold: bool = True) -> int:
     # Where a pair's best single change covers under a quarter of its gap (A's excess is
     # many small samples), a batch of them moves at once: one sweep instead of hundreds.
     covered = np.bincount(pa[valid & (2 * best_err <= g_a)], minlength=gap.size) > 0
-    if (st.additive or st.separable) and not covered.all():
+    # A batch needs two samples that may leave one micro-batch (which keeps a third). Only
+    # the most loaded rank's pair decides whether batches are worth a second search.
+    short = ~covered & (np.bincount(pa[count[ba] >= 3], minlength=gap.size) > 0)
+    top_short = bool(short[0]) and load[a_ranks[0]] == load.max()
+    st.starved |= (st.additive or st.separable) and top_short
+    if batches and short.any() and (st.additive or st.separable):
         pair_err = np.full(gap.size, _NONE, dtype=np.int64)
         np.minimum.at(pair_err, pa[valid], best_err[valid])
         batched = _apply_batches(st, ia, pa, gap, pair_err, roomiest[b_ranks], a_ranks, b_ranks)
@@ -240,7 +266,7 @@ def _sweep(st: BinState, tol: float, fold: bool = True) -> int:
         )
     sel = sel[first_min_per_pair(pa[sel], best_err[sel])]
     if st.additive:
-        return _apply_additive(st, best_kind[sel], ia[sel], best_j[sel])
+        return applied + _apply_additive(st, best_kind[sel], ia[sel], best_j[sel])
     return _apply_evaluated(st, pa[sel], best_kind[sel], ia[sel], best_j[sel], a_ranks, b_ranks)
 
 
@@ -503,9 +529,18 @@ MAX_SWEEPS = 64  # per local search (and per group placement)
 _REL_TOL = 2.5e-4  # see local_search
 
 
-def local_search(st: BinState, sweep_fn: Callable[[BinState, float, bool], int] | None = None) -> int:
-    """Run sweeps on ``st`` in place (at most ``MAX_SWEEPS``). Returns the number of changes
+def local_search(
+    st: BinState,
+    sweep_fn: Callable[[BinState, float, bool], int] | None = None,
+    max_sweeps: int = MAX_SWEEPS,
+) -> int:
+    """Run sweeps on ``st`` in place (at most ``max_sweeps``). Returns the number of changes
     applied. ``sweep_fn(st, tol, fold)``: one sweep (default: of samples, `_sweep`).
+
+    Samples move one per pair per sweep first. Where that left some pair short of its gap
+    (A's excess is many small samples), a second search moves batches of them too: after
+    the first, so that it starts from the single changes' result and cannot end above it
+    (batches first reached a worse placement in 93 of 2,770 fuzz cases, up to 2.7% worse).
 
     Stops once the most loaded rank is within ``_REL_TOL`` of the mean: 2.5e-4 is 20 times
     under the 0.5% balance target and below the run-to-run noise of a GPU step, and the
@@ -514,11 +549,20 @@ def local_search(st: BinState, sweep_fn: Callable[[BinState, float, bool], int] 
     all: the makespan is pinned (one micro-batch per rank whose samples cannot be traded
     down further), and more sweeps only shuffle the other ranks.
     """
+    if sweep_fn is not None:
+        return _sweeps(st, sweep_fn, max_sweeps)
+    applied = _sweeps(st, _sweep, max_sweeps)
+    if st.starved:
+        applied += _sweeps(st, lambda st_, tol, fold: _sweep(st_, tol, fold, True), max_sweeps)
+    return applied
+
+
+def _sweeps(st: BinState, sweep_fn: Callable[[BinState, float, bool], int], max_sweeps: int) -> int:
     if st.dp < 2:
         return 0
     applied = 0
     best, stale = None, 0
-    for sweep in range(MAX_SWEEPS):
+    for sweep in range(max_sweeps):
         load = st.load
         mean = int(load.sum()) / st.dp
         tol = _REL_TOL * mean
@@ -531,7 +575,7 @@ def local_search(st: BinState, sweep_fn: Callable[[BinState, float, bool], int] 
             stale += 1
             if stale >= _PATIENCE:
                 break
-        changed = (sweep_fn or _sweep)(st, tol, sweep % 2 == 0)
+        changed = sweep_fn(st, tol, sweep % 2 == 0)
         if changed == 0:
             break
         applied += changed
