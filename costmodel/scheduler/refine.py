@@ -245,7 +245,7 @@ def _sweep(st: BinState, tol: float, fold: bool = True, batches: bool = False) -
     batched = np.zeros(gap.size, dtype=bool)
     # Where a pair's best single change covers under a quarter of its gap (A's excess is
     # many small samples), a batch of them moves at once: one sweep instead of hundreds.
-    covered = np.bincount(pa[valid & (2 * best_err <= g_a)], minlength=gap.size) > 0
+    covered = np.bincount(pa[valid & (best_err <= g_a // 2)], minlength=gap.size) > 0
     # A batch needs two samples that may leave one micro-batch (which keeps a third). Only
     # the most loaded rank's pair decides whether batches are worth a second search.
     short = ~covered & (np.bincount(pa[count[ba] >= 3], minlength=gap.size) > 0)
@@ -291,7 +291,7 @@ def _apply_batches(
     the pair takes its lowest new maximum if that beats its single change.
     """
     moved = np.zeros(gap.size, dtype=bool)
-    starved = 2 * pair_err > gap
+    starved = pair_err > gap // 2  # 2 · pair_err would overflow the _NONE of a pair without
     mine = np.flatnonzero(starved[pa])
     if mine.size == 0:
         return moved
@@ -316,13 +316,8 @@ def _apply_batches(
 
     tokens = within_runs(st.lengths[samples])
     fits = tokens <= st.cap - st.fill[to]
-    if st.separable:
-        seq = within_runs(st.seq_q[samples])
-        new_src = st.bin_q[src] - seq - st.tok_q[src] + st.token_q(st.fill[src] - tokens)
-        new_to = st.bin_q[to] + seq - st.tok_q[to] + st.token_q(st.fill[to] + tokens)
-    else:
-        moved_q = within_runs(st.q[samples])
-        new_src, new_to = st.bin_q[src] - moved_q, st.bin_q[to] + moved_q
+    part = within_runs(st.part[samples])
+    new_src, new_to = st.priced(src, -tokens, -part), st.priced(to, tokens, part)
     a, b = a_ranks[pair], b_ranks[pair]
     value = np.maximum(st.load[a] - st.bin_q[src] + new_src, st.load[b] - st.bin_q[to] + new_to)
     # A batch of one is a single move: `_sweep` has weighed those.
