@@ -352,7 +352,7 @@ def test_local_search_moves_many_small_samples_in_batches(cost_name):
     """One rank's excess is ~350 samples of 1-8 tokens: one move per sweep would take
     hundreds of sweeps (the search stops at 64); batches of them move in a few."""
     from costmodel.scheduler.costs import ModelCost, as_cost
-    from costmodel.scheduler.refine import BinState, local_search
+    from costmodel.scheduler.refine import BinState, batch_search, local_search
 
     cost = ModelCost(_shipped_profile()) if cost_name == "profile" else as_cost("tokens")
     rng = np.random.default_rng(3)
@@ -367,6 +367,9 @@ def test_local_search_moves_many_small_samples_in_batches(cost_name):
     q = np.rint(cost.marginal_costs(lengths, 4096) * scale).astype(np.int64)
     st_ = BinState(lengths, q, bin_of, dp, m, cap, cost, scale)
     local_search(st_)
+    single = st_.load.max()
+    assert st_.starved and batch_search(st_) > 0
+    assert st_.load.max() < single
     _assert_exact_books(st_, cost)
     mean = st_.load.sum() / dp
     assert st_.load.max() <= 1.002 * mean, st_.load / mean

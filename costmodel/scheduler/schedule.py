@@ -57,7 +57,7 @@ from costmodel.scheduler.counts import (
 from costmodel.scheduler.group_search import group_local_search
 from costmodel.scheduler.groups import first_appearance_ids
 from costmodel.scheduler.order import ORDERS, run_order
-from costmodel.scheduler.refine import BinState, local_search
+from costmodel.scheduler.refine import BinState, batch_search, local_search
 from costmodel.scheduler.sorting import as_lists, longest_first, members_of
 
 logger = logging.getLogger(__name__)
@@ -381,6 +381,8 @@ def build_schedule(
             state, greedy_imbalance, steps = tried, tried_imbalance, tried_steps
         if state.load.max() <= lb * scale * (1 + _AT_THE_BOUND):
             break  # at a true bound no start does better (for a callable's reference: close)
+    if groups is None:
+        steps += batch_search(state)  # on the chosen start only: it cannot end above it
 
     return _finish(
         state,
