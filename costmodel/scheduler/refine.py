@@ -16,8 +16,8 @@ best option is priced exactly, in bulk, and each pair applies the one that lower
 maximum the most. Otherwise each pair's best is evaluated with the true cost of the two
 micro-batches it changes, and applied if it lowers the pair's maximum. Sweeps repeat
 until the most loaded rank is within a tolerance of the mean, or a sweep changes nothing.
-Where the most loaded rank's excess was many small samples (its best single change
-covered under a quarter of the gap), a second round of sweeps moves batches of them at
+Where the most loaded rank's excess was many small samples (no single change came near
+half its pair's gap), a second round of sweeps (`batch_search`) moves batches of them at
 once (`_apply_batches`; additive and separable costs).
 
 A sweep is a handful of numpy calls over all samples: the samples of every B rank, keyed
@@ -246,12 +246,11 @@ def _sweep(st: BinState, tol: float, fold: bool = True, batches: bool = False) -
 
     valid = best_err < _NONE
     batched = np.zeros(gap.size, dtype=bool)
-    # Where a pair's best single change covers under a quarter of its gap (A's excess is
-    # many small samples), a batch of them moves at once: one sweep instead of hundreds.
+    # A pair is short when no single change moves between a quarter and three quarters of
+    # its gap (A's excess is many small samples: one per sweep would take hundreds of
+    # sweeps) and a batch is possible (two samples may leave a micro-batch that keeps a
+    # third). The most loaded rank's pair decides whether a second round is worth it.
     covered = np.bincount(pa[valid & (best_err <= g_a // 2)], minlength=gap.size) > 0
-    # Short: no single change moves between a quarter and three quarters of the gap, and a
-    # batch is possible (two samples may leave one micro-batch, which keeps a third). Only
-    # the most loaded rank's pair decides whether batches are worth a second search.
     short = ~covered & (np.bincount(pa[count[ba] >= 3], minlength=gap.size) > 0)
     top_short = bool(short[0]) and load[a_ranks[0]] == load.max()
     st.starved |= (st.additive or st.separable) and top_short
@@ -287,8 +286,8 @@ def _apply_batches(
     """Move a batch of samples from one micro-batch of each pair's heavy rank A into B's
     roomiest micro-batch ``dst[pair]``. Returns which pairs moved one.
 
-    A pair whose best single change covers under a quarter of its gap (error ``pair_err``,
-    as in `_sweep`) tries every batch that is a prefix, costliest first, of one A
+    A pair whose best single change is short of its gap (error ``pair_err`` over half the
+    gap, as in `_sweep`) tries every batch that is a prefix, costliest first, of one A
     micro-batch's samples that may leave (each micro-batch keeps its costliest one) and fit
     ``dst``. Each is priced exactly (a separable cost's token part is the curve at the new
     fills: a sample's marginal cost at one fill misses the curve's steps by up to 10x), and

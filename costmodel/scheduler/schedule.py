@@ -18,8 +18,8 @@ How (each step justified by ``benchmarks/bench_scheduler.py``):
    single samples (or batches of small ones) between paired ranks, judged by the true cost
    of the micro-batches they change. With groups (`groups`): balance whole groups over
    ranks (marginal costs, within a token budget per rank), pack each rank, then
-   (`group_search`) move and swap whole groups between paired ranks on true costs, where a
-   group fits one micro-batch. Here ``m`` can also be too large (a rank
+   (`group_search`) move and swap whole groups between paired ranks on true costs, each
+   piece of a group into a micro-batch with room. Here ``m`` can also be too large (a rank
    with few samples cannot fill ``m`` micro-batches), so failures move it either way.
    Feasibility with groups is bin packing under a sample-count constraint (NP-hard): on
    tiny, tight inputs the search may report failure where a placement exists.
