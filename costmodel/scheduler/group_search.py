@@ -174,9 +174,10 @@ def _sweep(st: BinState, groups: np.ndarray, by_group: np.ndarray, tol: float, f
     seg, i = _expand(size[a])
     move = _side(st, roomy[b_ranks[pa[seg]], i], np.full(seg.size, -1), a_start,
                  np.arange(seg.size), a_pieces, pc)
-    value = np.where(leave.ok & move.ok,
-                     np.maximum(load_a + leave.delta, load_b + move.delta), _NONE)
-    choices: list[tuple[np.ndarray, np.ndarray]] = [(value, np.full(a.size, -1))]
+    # Per kind of change (the move, then each swap partner), each group's new pair maximum.
+    values = [np.where(leave.ok & move.ok,
+                       np.maximum(load_a + leave.delta, load_b + move.delta), _NONE)]
+    partners = []
 
     # Swaps: a with a group h of B, each piece into the other's pieces' micro-batches.
     pair_b_of = np.where(on_a, -1, pair_of)
@@ -188,12 +189,11 @@ def _sweep(st: BinState, groups: np.ndarray, by_group: np.ndarray, tol: float, f
         into_b = _side(st, pc.bin[h_pieces], h_pieces, h_start,
                        h_start[seg] + i % size[h][seg], a_pieces, pc)
         ok = (pair_b_of[h] == pa) & into_a.ok & into_b.ok
-        value = np.where(ok, np.maximum(load_a + into_a.delta, load_b + into_b.delta), _NONE)
-        choices.append((value, h))
+        values.append(np.where(ok, np.maximum(load_a + into_a.delta, load_b + into_b.delta), _NONE))
+        partners.append(h)
 
-    values = np.stack([c[0] for c in choices])
     kind = np.argmin(values, axis=0)  # ties: the move, then the first partner
-    best = values[kind, np.arange(a.size)]
+    best = np.min(values, axis=0)
     cand = np.flatnonzero(best < load_a)  # strictly lowers the pair's maximum
     if cand.size == 0:
         return 0
@@ -204,7 +204,7 @@ def _sweep(st: BinState, groups: np.ndarray, by_group: np.ndarray, tol: float, f
         if kind[c] == 0:
             _send(st, pc, own, roomy[b_ranks[pa[c]], : own.size])
         else:
-            h = int(choices[kind[c]][1][c])
+            h = int(partners[kind[c] - 1][c])
             theirs = pc.by_size[pc.first[h] : pc.first[h + 1]]
             _send(st, pc, theirs, pc.bin[own][np.arange(theirs.size) % own.size])
             _send(st, pc, own, pc.bin[theirs][np.arange(own.size) % theirs.size])

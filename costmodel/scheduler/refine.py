@@ -66,26 +66,18 @@ class BinState:
         self.dp, self.m, self.cap = dp, m, cap
         self.cost = cost
         self.scale = scale
-        k = dp * m
-        self.fill = np.bincount(bin_of, weights=lengths, minlength=k).astype(np.int64)
-        self.count = np.bincount(bin_of, minlength=k).astype(np.int64)
         self.additive = cost.additive
         self.separable = not cost.additive and cost.separable
-        self.members: list[list[int]] | None = None
+        # A generic cost is evaluated on each micro-batch's member list (kept by `refresh`).
+        self.members: list[list[int]] | None = [] if not (self.additive or self.separable) else None
         self.token_table: np.ndarray | None = None  # see tabulate_tokens
         self.starved = False  # a sweep left a pair short of its gap (see _sweep)
         if self.separable:
             # Quantised parts, so that a move's effect is an exact integer difference.
             self.seq_q = self.quantise(cost.sequence_costs(lengths))
             self.fixed_q = int(np.rint(cost.fixed_cost() * scale))
-            self.tok_q = np.where(self.count > 0, self.token_q(self.fill), 0)
             bin_q = None  # the packer's whole-micro-batch values round differently
-        elif not self.additive:
-            self.members = as_lists(*members_of(bin_of, k))
-        if bin_q is None:
-            bin_q = self.evaluate_bins()
-        self.bin_q = bin_q.astype(np.int64)
-        self.load = self.bin_q.reshape(dp, m).sum(axis=1)  # int64: exact
+        self.refresh(bin_q)
 
     def quantise(self, values: np.ndarray) -> np.ndarray:
         return quantise(values, self.scale, self.cost.name)
@@ -105,8 +97,9 @@ class BinState:
         additive and separable costs)."""
         return self.seq_q if self.separable else self.q
 
-    def refresh(self) -> None:
-        """Recount fills, counts, costs and loads after ``bin_of`` changed."""
+    def refresh(self, bin_q: np.ndarray | None = None) -> None:
+        """Count fills, counts, costs and loads from ``bin_of`` (at the start, or after it
+        changed); ``bin_q``: the micro-batches' costs when the caller has them already."""
         k = self.dp * self.m
         self.fill = np.bincount(self.bin_of, weights=self.lengths, minlength=k).astype(np.int64)
         self.count = np.bincount(self.bin_of, minlength=k).astype(np.int64)
@@ -114,8 +107,8 @@ class BinState:
             self.tok_q = np.where(self.count > 0, self.token_q(self.fill), 0)
         elif self.members is not None:
             self.members = as_lists(*members_of(self.bin_of, k))
-        self.bin_q = self.evaluate_bins().astype(np.int64)
-        self.load = self.bin_q.reshape(self.dp, self.m).sum(axis=1)
+        self.bin_q = (self.evaluate_bins() if bin_q is None else bin_q).astype(np.int64)
+        self.load = self.bin_q.reshape(self.dp, self.m).sum(axis=1)  # int64: exact
 
     def token_q(self, tokens: np.ndarray) -> np.ndarray:
         """Quantised token part of a separable cost for micro-batches of `tokens` tokens."""
