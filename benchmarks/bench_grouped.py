@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import functools
 import json
 import logging
 import platform
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -26,6 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from benchmarks.bench_scheduler import best_time, cpu_name  # noqa: E402
 from costmodel.model import load_cost_model  # noqa: E402
 from costmodel.scheduler import build_schedule, generate_lengths  # noqa: E402
 
@@ -43,15 +44,6 @@ CASES = (
 )
 
 
-def _best_of(runs: int, fn, *args, **kwargs):
-    best, out = float("inf"), None
-    for _ in range(runs):
-        t = time.perf_counter()
-        out = fn(*args, **kwargs)
-        best = min(best, time.perf_counter() - t)
-    return out, best * 1000
-
-
 def _run(cases, runs: int, cost) -> list[dict]:
     print(f"{'dist':8} {'n':>5} {'dp':>3} {'group':>5} {'cap':>6} | grouped: mk/lb  max/mean   ms | "
           "ungrouped: mk/lb  max/mean | grouped makespan over ungrouped")
@@ -61,7 +53,7 @@ def _run(cases, runs: int, cost) -> list[dict]:
             lengths = generate_lengths(n, dist, seed=n + dp)
             ids = [i // size for i in range(n)]
             kw = dict(spec="qwen3-8b", dp_size=dp, max_tokens_per_microbatch=cap, cost=cost)
-            g, ms = _best_of(runs, build_schedule, lengths, group_ids=ids, **kw)
+            ms, g = best_time(functools.partial(build_schedule, lengths, group_ids=ids, **kw), runs)
             u = build_schedule(lengths, **kw)
             rows.append(dict(dist=dist, n=n, dp=dp, group_size=size, cap=cap,
                              grouped=dict(makespan_over_lower_bound=g.makespan_over_lower_bound,
@@ -91,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         logging.disable(logging.NOTSET)  # main() may run inside a test session
     if args.json:
-        meta = dict(date=dt.date.today().isoformat(), cpu=platform.processor() or platform.machine(),
+        meta = dict(date=dt.date.today().isoformat(), cpu=cpu_name(),
                     python=platform.python_version(), numpy=np.__version__, cost=args.cost_model)
         Path(args.json).write_text(json.dumps(dict(meta, cases=rows), indent=1) + "\n")
         print(f"wrote {args.json}")
