@@ -243,15 +243,17 @@ def _sweep(st: BinState, tol: float, fold: bool = True, batches: bool = False) -
     # its gap (A's excess is many small samples: one per sweep would take hundreds of
     # sweeps) and a batch is possible (two samples may leave a micro-batch that keeps a
     # third). The most loaded rank's pair decides whether a second round is worth it.
-    covered = np.bincount(pa[valid & (best_err <= g_a // 2)], minlength=gap.size) > 0
-    short = ~covered & (np.bincount(pa[count[ba] >= 3], minlength=gap.size) > 0)
-    top_short = bool(short[0]) and load[a_ranks[0]] == load.max()
-    st.starved |= (st.additive or st.separable) and top_short
-    if batches and short.any() and (st.additive or st.separable):
-        pair_err = np.full(gap.size, _NONE, dtype=np.int64)
-        np.minimum.at(pair_err, pa[valid], best_err[valid])
-        batched = _apply_batches(st, ia, pa, gap, pair_err, roomiest[b_ranks], a_ranks, b_ranks)
-        valid &= ~batched[pa]
+    # (Once the first round has found it starved, it need not look again.)
+    if (st.additive or st.separable) and (batches or not st.starved):
+        covered = np.bincount(pa[valid & (best_err <= g_a // 2)], minlength=gap.size) > 0
+        short = ~covered & (np.bincount(pa[count[ba] >= 3], minlength=gap.size) > 0)
+        st.starved |= bool(short[0]) and load[a_ranks[0]] == load.max()
+        if batches and short.any():
+            pair_err = np.full(gap.size, _NONE, dtype=np.int64)
+            np.minimum.at(pair_err, pa[valid], best_err[valid])
+            batched = _apply_batches(st, ia, pa, gap, pair_err, roomiest[b_ranks], a_ranks,
+                                     b_ranks)
+            valid &= ~batched[pa]
     applied = int(batched.sum())
     if not valid.any():
         return applied
