@@ -114,15 +114,23 @@ def _least_with_room(order, unit_tokens, dp, budget, key, add, else_roomiest) ->
 
     Two heaps of (value, rank), stale entries skipped as they surface: by key, and by
     tokens, which says at once when no rank has room (samples at the cap leave none) —
-    scanning every rank for every group took seconds at dp 1024.
+    scanning every rank for every group took seconds at dp 1024. With a roomiest fallback,
+    a rank met without room for a unit is parked (a third heap, most room first) until a
+    unit it has room for comes: pushed straight back, ranks near their budget were popped
+    again by every unit (~15 pops a unit, 0.1 s a placement at dp 1024). Without one, the
+    least-keyed of all ranks may be picked, so none is parked.
     """
     out = np.empty(len(unit_tokens), dtype=np.int64)
     tokens = [0] * dp
     by_key = [(key(r), r) for r in range(dp)]
     by_tokens = [(0, r) for r in range(dp)]
+    parked: list[tuple[int, int]] = []  # (-room when parked, rank); room only shrinks
     heapq.heapify(by_key)
     for u in order:
         t = unit_tokens[u]
+        while parked and -parked[0][0] >= t:
+            r = heapq.heappop(parked)[1]
+            heapq.heappush(by_key, (key(r), r))
         while by_tokens[0][0] != tokens[by_tokens[0][1]]:
             heapq.heappop(by_tokens)
         room = by_tokens[0][0] + t <= budget
@@ -136,7 +144,10 @@ def _least_with_room(order, unit_tokens, dp, budget, key, add, else_roomiest) ->
                     continue
                 if not room or tokens[r] + t <= budget:
                     break
-                skipped.append((k, r))
+                if else_roomiest:
+                    heapq.heappush(parked, (tokens[r] - budget, r))
+                else:
+                    skipped.append((k, r))
             for item in skipped:
                 heapq.heappush(by_key, item)
         out[u] = r
