@@ -57,6 +57,7 @@ from costmodel.scheduler.counts import (
 from costmodel.scheduler.group_search import group_local_search
 from costmodel.scheduler.groups import first_appearance_ids
 from costmodel.scheduler.order import ORDERS, run_order
+from costmodel.scheduler.pair_repack import pair_repack
 from costmodel.scheduler.refine import BinState, batch_search, local_search
 from costmodel.scheduler.sorting import as_lists, longest_first, members_of
 
@@ -383,6 +384,8 @@ def build_schedule(
             break  # at a true bound no start does better (for a callable's reference: close)
     if groups is None:
         steps += batch_search(state)  # on the chosen start only: it cannot end above it
+    else:
+        steps += pair_repack(state, groups)
 
     return _finish(
         state,
