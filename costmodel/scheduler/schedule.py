@@ -19,7 +19,9 @@ How (each step justified by ``benchmarks/bench_scheduler.py``):
    of the micro-batches they change. With groups (`groups`): balance whole groups over
    ranks (marginal costs, within a token budget per rank), pack each rank, then
    (`group_search`) move and swap whole groups between paired ranks on true costs, each
-   piece of a group into a micro-batch with room. Here ``m`` can also be too large (a rank
+   piece of a group into a micro-batch with room; where two ranks hold few groups,
+   (`pair_repack`) split the most loaded one's groups again with a light rank's and pack
+   both from scratch. Here ``m`` can also be too large (a rank
    with few samples cannot fill ``m`` micro-batches), so failures move it either way.
    Feasibility with groups is bin packing under a sample-count constraint (NP-hard): on
    tiny, tight inputs the search may report failure where a placement exists.
