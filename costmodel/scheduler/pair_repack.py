@@ -14,8 +14,8 @@ lowest pair maximum is applied if it lowers A's load (B stays below A's old load
 makespan never rises); then the most loaded rank again. Additive and separable costs only
 (`BinState.priced`, as `group_search`). All sums are of integers under 2**53: the same
 result on every process. Groups of 16 at 4 per rank (rl and bimodal, n 1-4k, dp 16-64,
-the H200 profile): max/mean 1.006-1.026 -> 1.003-1.014, for 10-42 ms more. At dp 256-1024
-the tries run out first: 1.012-1.047 -> 1.006-1.023.
+seed 0, the H200 profile): max/mean 1.006-1.026 -> 1.003-1.013, for 8-24 ms more. At dp
+256-1024 the tries run out first: 1.012-1.047 -> 1.006-1.021.
 """
 
 from __future__ import annotations
