@@ -94,10 +94,10 @@ def _repack(st: BinState, groups: np.ndarray, a: int, b: int) -> bool:
     # the splits this puts lowest are packed and priced.
     p_a, l_a = on_a[cand] @ part, on_a[cand] @ length
     est = np.maximum(_level_cost(st, p_a, l_a), _level_cost(st, part.sum() - p_a, length.sum() - l_a))
-    closest = cand[np.argsort(est, kind="stable")[:_SPLITS]]
+    cheapest = cand[np.argsort(est, kind="stable")[:_SPLITS]]
     bins = np.concatenate([a * m + np.arange(m), b * m + np.arange(m)])
     best_max, best = int(st.load[a]), None
-    for mask in closest.tolist():
+    for mask in cheapest.tolist():
         to_a = ((mask >> group_of) & 1).astype(bool)
         new_bin = _pack_sides(lengths, to_a, m, cap)
         if new_bin is None:
