@@ -685,9 +685,10 @@ def test_a_handful_of_grouped_samples_that_only_an_exact_fill_places(lengths, gr
 
 
 def test_ranks_packed_one_by_one_share_the_rounds(monkeypatch):
-    """Grouped placement packs each rank on its own: 64 ranks of 1,024 short samples in 9
+    """Grouped placement packed each rank on its own: 64 ranks of 1,024 short samples in 9
     micro-batches took rounds of 4 samples, 16,000 numpy rounds (130 ms). The ranks now
-    share one packing's round budget, in water-filled rounds."""
+    share one packing's round budget, in water-filled rounds (checked here where ranks are
+    packed one by one; `pack_ranks` takes the same rounds for all at once)."""
     from costmodel.scheduler import groups, pack
 
     rounds = {"level": 0, "all": 0}
@@ -703,6 +704,9 @@ def test_ranks_packed_one_by_one_share_the_rounds(monkeypatch):
 
     monkeypatch.setattr(pack, "_level_round", counted_level)
     monkeypatch.setattr(pack.np, "argpartition", counted_argpartition)
+    # Ranks one by one, as where `pack_ranks` leaves a rank to `pack_tokens`.
+    monkeypatch.setattr(groups, "pack_ranks", lambda lens, rank_of, dp, m, cap, rounds: (
+        np.zeros(lens.size, dtype=np.int64), np.zeros(dp, dtype=bool)))
     lengths = np.random.default_rng(0).integers(1, 257, 65536)
     s = build_schedule(lengths, dp_size=64, max_tokens_per_microbatch=16384,
                        group_ids=np.arange(65536) // 8, cost="h200/qwen3-8b")
@@ -899,3 +903,39 @@ def test_few_large_groups_per_rank_balance(dist, monkeypatch):
     assert imbalance() <= 1.005
     monkeypatch.setattr(schedule_module, "pair_repack", lambda st_, groups: 0)
     assert imbalance() > 1.01
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_pack_ranks_gives_each_rank_what_pack_tokens_gives_it(seed):
+    """All ranks packed at once: every rank it packs gets exactly `pack_tokens`' micro-batches
+    (the same rounds, the same tests, the same arithmetic), over tiny, long-tailed and
+    over-cap samples and every round count the callers use; the rest are left to it."""
+    from costmodel.scheduler.pack import pack_tokens
+    from costmodel.scheduler.pack_ranks import pack_ranks
+    from costmodel.scheduler.sorting import members_of
+
+    rng = np.random.default_rng(seed)
+    packed_ranks = 0
+    for case in range(60):
+        dp, m = int(rng.integers(1, 40)), int(rng.integers(1, 12))
+        cap = int(rng.choice([64, 2048, 8192, 32768]))
+        n = int(rng.integers(1, 3000))
+        lengths = [generate_lengths(n, "rl", seed=case), generate_lengths(n, "bimodal", seed=case),
+                   rng.integers(1, 64, n), rng.integers(1, cap + 50, n)][case % 4].astype(np.int64)
+        rank_of = rng.integers(0, dp, n)
+        rounds = int(rng.choice([0, 1, 4, 8, 64, 512]))
+        slots, packed = pack_ranks(lengths, rank_of, dp, m, cap, rounds)
+        by_rank, bounds = members_of(rank_of, dp)
+        for r in np.flatnonzero(packed).tolist():
+            idx = by_rank[bounds[r] : bounds[r + 1]]
+            bins, _ = pack_tokens(lengths[idx], m, cap, max_rounds=rounds)
+            assert bins is not None and np.array_equal(slots[idx], bins), (seed, case, r)
+        packed_ranks += int(packed.sum())
+    assert packed_ranks > 100  # 173-396 of ~1,200 (many cases give a rank fewer samples than m)
+    # A grouped placement's usual input (ranks of about equal tokens, room to spare): every
+    # rank packed at once.
+    lengths = generate_lengths(4096, "rl", seed=seed)
+    rank_of = np.empty(lengths.size, dtype=np.int64)
+    rank_of[np.argsort(-lengths, kind="stable")] = np.arange(lengths.size) % 64
+    _, packed = pack_ranks(lengths, rank_of, 64, 14, 16384, 8)
+    assert packed.all()
