@@ -60,11 +60,11 @@ def pack_ranks(
         # then the closed ones.
         key = np.where(closed[active], np.iinfo(np.int64).max, fill[active] * m + ids)
         by_key = np.argsort(key, axis=1, kind="stable")
-        for rounds, is_level in ((_half_round, False), (_level_round, True)):
-            sel = level == is_level
-            if sel.any():
-                ok = rounds(lo, fill, slot_sorted, active[sel], at[sel], c[sel], by_key[sel],
-                            o[sel], cap)
+        for is_level in (False, True):
+            sel = np.flatnonzero(level == is_level)
+            if sel.size:
+                chunks = (lo, fill, slot_sorted, active[sel], at[sel], c[sel], by_key[sel])
+                ok = _level_round(*chunks, o[sel], cap) if is_level else _half_round(*chunks, cap)
                 good[active[sel][~ok]] = False
         pos[active] += c
 
@@ -76,7 +76,7 @@ def _chunks(at: np.ndarray, c: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return row, place
 
 
-def _half_round(lo, fill, slot_sorted, ranks, at, c, by_key, open_bins, cap) -> np.ndarray:
+def _half_round(lo, fill, slot_sorted, ranks, at, c, by_key, cap) -> np.ndarray:
     """The i-th sample of each chunk into its rank's i-th emptiest micro-batch; per rank,
     whether every one fits."""
     row, place = _chunks(at, c)
