@@ -1,17 +1,16 @@
 """`pack.pack_tokens` for every rank at once: the same micro-batches, in numpy rounds over
 all ranks instead of a Python loop over ranks.
 
-Grouped placement packs each rank's samples into its ``m`` micro-batches on its own; at
-dp 1,024 that was 1,024 calls of ~0.1-0.27 ms each per placement try (0.1-0.27 s), up to
-five tries per schedule. Here round t of every rank runs in one pass (~15 ms for the
-1,024 ranks; `groups` uses it from 16 ranks, below which the loop is as fast): a rank's
-rounds are the
-same as `pack._pack_tokens` takes (its first round, then half rounds or water-filled level
-rounds at the same positions, decided by the same tests), with the same arithmetic (integer
-fills; the levels' float sums row by row, as the 1-D sums), so every rank gets exactly the
-micro-batches `pack_tokens` gives it. A rank off that path (fewer samples than ``m``, more
-samples over the cap than ``m``, a sample that does not fit where its round put it,
-``m`` = 1) is left to `pack_tokens` by the caller.
+Grouped placement packs each rank's samples into its ``m`` micro-batches on its own; at dp
+1,024 that was 1,024 calls of ~0.1-0.27 ms each per placement try (0.1-0.27 s), up to five
+tries per schedule. Here round t of every rank runs in one pass (~15 ms for the 1,024
+ranks; `groups` uses it from 16 ranks, below which the loop is as fast): a rank's rounds
+are the same as `pack._pack_tokens` takes (its first round, then half rounds or
+water-filled level rounds at the same positions, decided by the same tests), with the same
+arithmetic (integer fills; the levels' float sums row by row, as the 1-D sums), so every
+rank gets exactly the micro-batches `pack_tokens` gives it. A rank off that path (fewer
+samples than ``m``, more samples over the cap than ``m``, a sample that does not fit where
+its round put it, ``m`` = 1) is left to `pack_tokens` by the caller.
 """
 
 from __future__ import annotations
@@ -35,6 +34,8 @@ def pack_ranks(
     # Samples over the cap come first in a rank's order and close micro-batches 0, 1, ...
     n_over = np.bincount(rank_of, weights=lengths > cap, minlength=dp).astype(np.int64)
     open_bins = m - n_over
+    # Packed here: ranks of at least m samples, at most m of them over the cap (exactly m
+    # only if nothing else: no micro-batch left open), and m > 1 (pack_tokens' shortcut).
     good = (count >= m) & (n_over <= m) & ((open_bins > 0) | (count == n_over)) & (m > 1)
     csum = np.concatenate([[0], np.cumsum(lo)])  # chunk sums: exact int64 differences
     slot_sorted = np.full(n, -1, dtype=np.int64)
@@ -63,8 +64,8 @@ def pack_ranks(
         for is_level in (False, True):
             sel = np.flatnonzero(level == is_level)
             if sel.size:
-                chunks = (lo, fill, slot_sorted, active[sel], at[sel], c[sel], by_key[sel])
-                ok = _level_round(*chunks, o[sel], cap) if is_level else _half_round(*chunks, cap)
+                args = (lo, fill, slot_sorted, active[sel], at[sel], c[sel], by_key[sel])
+                ok = _level_rounds(*args, o[sel], cap) if is_level else _half_rounds(*args, cap)
                 good[active[sel][~ok]] = False
         pos[active] += c
 
@@ -76,7 +77,7 @@ def _chunks(at: np.ndarray, c: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return row, place
 
 
-def _half_round(lo, fill, slot_sorted, ranks, at, c, by_key, cap) -> np.ndarray:
+def _half_rounds(lo, fill, slot_sorted, ranks, at, c, by_key, cap) -> np.ndarray:
     """The i-th sample of each chunk into its rank's i-th emptiest micro-batch; per rank,
     whether every one fits."""
     row, place = _chunks(at, c)
@@ -90,19 +91,20 @@ def _half_round(lo, fill, slot_sorted, ranks, at, c, by_key, cap) -> np.ndarray:
     return ok
 
 
-def _level_round(lo, fill, slot_sorted, ranks, at, c, by_key, open_bins, cap) -> np.ndarray:
+def _level_rounds(lo, fill, slot_sorted, ranks, at, c, by_key, open_bins, cap) -> np.ndarray:
     """`pack._level_round` for one chunk per rank: water-fill the emptiest open micro-batches
     and give each sample the one where it starts; per rank, whether every one fits. Columns
     past a rank's open micro-batches (its closed ones) take no part."""
     row, place = _chunks(at, c)
     length = lo[at[row] + place]
+    first_of_chunk = np.cumsum(c) - c
     ends = np.cumsum(length)
-    ends -= np.repeat(ends[np.cumsum(c) - c] - length[np.cumsum(c) - c], c)  # per chunk
+    ends -= np.repeat(ends[first_of_chunk] - length[first_of_chunk], c)  # per chunk
     starts = ends - length
     m = by_key.shape[1]
     is_open = np.arange(m) < open_bins[:, None]
     f = np.take_along_axis(fill[ranks], by_key, axis=1).astype(np.float64)
-    total = ends[np.cumsum(c) - 1].astype(np.float64)
+    total = ends[first_of_chunk + c - 1].astype(np.float64)
     levels = (total[:, None] + np.cumsum(f, axis=1)) / np.arange(1, m + 1)
     j = m - 1 - np.argmax(((levels >= f) & is_open)[:, ::-1], axis=1)
     deficits = np.where(is_open, np.maximum(levels[np.arange(c.size), j][:, None] - f, 0.0), 0.0)
