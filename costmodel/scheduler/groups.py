@@ -8,7 +8,8 @@ Distribute, then pack:
 2. Sweeps of group moves and swaps between paired ranks (the same scheme as `refine`, on
    whole groups) balance the ranks' costs within the token budgets, keeping at least ``m``
    samples on every rank (no micro-batch may be empty).
-3. Each rank's samples are packed into exactly ``m`` micro-batches by `pack.pack_tokens`.
+3. Each rank's samples are packed into exactly ``m`` micro-batches by `pack.pack_tokens`
+   (from 16 ranks, all at once by `pack_ranks`: the same micro-batches).
 
 When a rank cannot get ``m`` samples, the caller retries with fewer micro-batches per rank;
 when a rank cannot be packed, with more. When neither way is left, the caller tries again
@@ -326,7 +327,7 @@ def _pack_ranks(
         slots, packed = np.zeros(lens.size, dtype=np.int64), np.zeros(dp, dtype=bool)
     bin_of = rank_of * m + slots
     by_rank, bounds = members_of(rank_of, dp)
-    for r in np.flatnonzero(~packed).tolist():  # the rest one by one, as pack_ranks would
+    for r in np.flatnonzero(~packed).tolist():  # the ranks pack_ranks leaves, one by one
         idx = by_rank[bounds[r] : bounds[r + 1]]
         bins = _pack_rank(lens[idx], m, cap, tight, rounds)
         if bins is None:
