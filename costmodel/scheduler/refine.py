@@ -110,6 +110,25 @@ class BinState:
         self.bin_q = (self.evaluate_bins() if bin_q is None else bin_q).astype(np.int64)
         self.load = self.bin_q.reshape(self.dp, self.m).sum(axis=1)  # int64: exact
 
+    def book(
+        self, src: np.ndarray, dst: np.ndarray, tokens: np.ndarray, count: np.ndarray,
+        src_q: np.ndarray, dst_q: np.ndarray,
+    ) -> None:
+        """Book changes that move ``tokens`` tokens and ``count`` samples (net) from
+        micro-batches ``src`` to ``dst``, which then cost ``src_q`` and ``dst_q`` (their
+        samples' ``bin_of`` is the caller's). No micro-batch or rank may repeat: each change
+        is one heavy rank's micro-batch and its light partner's."""
+        self.fill[src] -= tokens
+        self.fill[dst] += tokens
+        self.count[src] -= count
+        self.count[dst] += count
+        self.load[src // self.m] += src_q - self.bin_q[src]
+        self.load[dst // self.m] += dst_q - self.bin_q[dst]
+        self.bin_q[src], self.bin_q[dst] = src_q, dst_q
+        if self.separable:
+            self.tok_q[src] = self.token_q(self.fill[src])
+            self.tok_q[dst] = self.token_q(self.fill[dst])
+
     def token_q(self, tokens: np.ndarray) -> np.ndarray:
         """Quantised token part of a separable cost for micro-batches of `tokens` tokens."""
         table = self.token_table
@@ -330,18 +349,8 @@ def _apply_batches(
     last[run[best]] = best
     go = np.arange(order.size) <= last[run]
     st.bin_of[samples[go]] = to[go]
-    s0, d = src[best], to[best]
-    st.fill[s0] -= tokens[best]
-    st.fill[d] += tokens[best]
-    n = best + 1 - first[run[best]]
-    st.count[s0] -= n
-    st.count[d] += n
-    st.load[a_ranks[pair[best]]] += new_src[best] - st.bin_q[s0]
-    st.load[b_ranks[pair[best]]] += new_to[best] - st.bin_q[d]
-    st.bin_q[s0], st.bin_q[d] = new_src[best], new_to[best]
-    if st.separable:
-        st.tok_q[s0] = st.token_q(st.fill[s0])
-        st.tok_q[d] = st.token_q(st.fill[d])
+    st.book(src[best], to[best], tokens[best], best + 1 - first[run[best]], new_src[best],
+            new_to[best])
     moved[pair[best]] = True
     return moved
 
@@ -376,7 +385,7 @@ def first_min_per_pair(pair: np.ndarray, err: np.ndarray) -> np.ndarray:
 
 def _apply_additive(st: BinState, kind: np.ndarray, i: np.ndarray, j: np.ndarray) -> int:
     """Apply one change per pair (pairs touch disjoint ranks and micro-batches)."""
-    q, lengths, m = st.q, st.lengths, st.m
+    q, lengths = st.q, st.lengths
     bi = st.bin_of[i]
     swap = kind == 1
     bj = np.where(swap, st.bin_of[j], j)  # for a move, j is the destination micro-batch
@@ -385,15 +394,7 @@ def _apply_additive(st: BinState, kind: np.ndarray, i: np.ndarray, j: np.ndarray
     li = lengths[i]
     lj = np.where(swap, lengths[np.where(swap, j, 0)], 0)
     delta = qi - qj
-    st.fill[bi] += lj - li
-    st.fill[bj] += li - lj
-    moved = (~swap).astype(np.int64)
-    st.count[bi] -= moved
-    st.count[bj] += moved
-    st.bin_q[bi] -= delta
-    st.bin_q[bj] += delta
-    st.load[bi // m] -= delta
-    st.load[bj // m] += delta
+    st.book(bi, bj, li - lj, (~swap).astype(np.int64), st.bin_q[bi] - delta, st.bin_q[bj] + delta)
     st.bin_of[i] = bj
     st.bin_of[j[swap]] = bi[swap]
     return int(i.size)
@@ -413,7 +414,7 @@ def _apply_separable(
     A candidate moves sample i (of heavy rank A) to micro-batch j, or swaps it with sample
     j (of light rank B). Only the two micro-batches it touches change: their sequence parts
     by the samples' own costs, their token parts by the token curve at the new fills
-    (one vectorised call for all candidates).
+    (`BinState.priced`, vectorised over all candidates).
     """
     swap = kind == 1
     jj = np.where(swap, j, 0)
@@ -422,12 +423,7 @@ def _apply_separable(
     li = st.lengths[i]
     lj = np.where(swap, st.lengths[jj], 0)
     seq_delta = st.seq_q[i] - np.where(swap, st.seq_q[jj], 0)  # what moves from bi to bj
-    fill_i = st.fill[bi] - li + lj
-    fill_j = st.fill[bj] - lj + li
-    tok = st.token_q(np.concatenate([fill_i, fill_j]))
-    tok_i, tok_j = tok[: i.size], tok[i.size :]
-    new_qi = st.bin_q[bi] - seq_delta - st.tok_q[bi] + tok_i
-    new_qj = st.bin_q[bj] + seq_delta - st.tok_q[bj] + tok_j
+    new_qi, new_qj = st.priced(bi, lj - li, -seq_delta), st.priced(bj, li - lj, seq_delta)
     a, b = a_ranks[pair], b_ranks[pair]
     value = np.maximum(st.load[a] - st.bin_q[bi] + new_qi, st.load[b] - st.bin_q[bj] + new_qj)
     ok = np.flatnonzero(value < st.load[a])  # strictly lowers the pair's maximum
@@ -438,14 +434,7 @@ def _apply_separable(
     first = np.concatenate([[True], pair[order][1:] != pair[order][:-1]])
     c = order[first]
     bi, bj, ci, cj = bi[c], bj[c], i[c], j[c]
-    moved = (~swap[c]).astype(np.int64)
-    st.fill[bi], st.fill[bj] = fill_i[c], fill_j[c]
-    st.count[bi] -= moved
-    st.count[bj] += moved
-    st.load[bi // st.m] += new_qi[c] - st.bin_q[bi]
-    st.load[bj // st.m] += new_qj[c] - st.bin_q[bj]
-    st.bin_q[bi], st.bin_q[bj] = new_qi[c], new_qj[c]
-    st.tok_q[bi], st.tok_q[bj] = tok_i[c], tok_j[c]
+    st.book(bi, bj, (li - lj)[c], (~swap[c]).astype(np.int64), new_qi[c], new_qj[c])
     st.bin_of[ci] = bj
     sw = swap[c]
     st.bin_of[cj[sw]] = bi[sw]
