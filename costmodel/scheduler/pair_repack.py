@@ -53,11 +53,12 @@ def pair_repack(st: BinState, groups: np.ndarray) -> int:
     while tries < _MAX_TRIES and st.load.max() * st.dp > st.load.sum() * (1 + _BALANCED):
         by_load = np.lexsort((np.arange(st.dp), -st.load))
         heavy = int(by_load[0])
-        if np.unique(groups[st.bin_of // st.m == heavy]).size >= MAX_POOLED:
+        rank = st.bin_of // st.m  # changes only when a re-split is applied
+        if np.unique(groups[rank == heavy]).size >= MAX_POOLED:
             return changed  # with any partner's group, too many to list the splits of
         for light in by_load[::-1][: min(_PARTNERS, st.dp - 1)].tolist():
             tries += 1
-            if _repack(st, groups, heavy, light):
+            if _repack(st, groups, rank, heavy, light):
                 changed += 1
                 break
         else:
@@ -65,10 +66,10 @@ def pair_repack(st: BinState, groups: np.ndarray) -> int:
     return changed
 
 
-def _repack(st: BinState, groups: np.ndarray, a: int, b: int) -> bool:
-    """Apply the best re-split of ranks ``a`` and ``b`` if it lowers ``a``'s load."""
+def _repack(st: BinState, groups: np.ndarray, rank: np.ndarray, a: int, b: int) -> bool:
+    """Apply the best re-split of ranks ``a`` and ``b`` (``rank``: each sample's) if it
+    lowers ``a``'s load."""
     m, cap = st.m, st.cap
-    rank = st.bin_of // m
     samples = np.flatnonzero((rank == a) | (rank == b))
     local, group_of = np.unique(groups[samples], return_inverse=True)
     g = local.size
