@@ -34,7 +34,7 @@ from costmodel.scheduler.refine import (
     pair_ranks,
     swap_partners,
 )
-from costmodel.scheduler.sorting import stable_order
+from costmodel.scheduler.sorting import segments, stable_order
 
 __all__ = ["group_local_search"]
 
@@ -101,13 +101,6 @@ def _pieces(st: BinState, by_group: np.ndarray, groups: np.ndarray) -> _Pieces:
     )
 
 
-def _expand(counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """For segments of ``counts`` items: each item's segment and its place in it."""
-    seg = np.repeat(np.arange(counts.size), counts)
-    starts = np.cumsum(counts) - counts
-    return seg, np.arange(seg.size) - starts[seg]
-
-
 class _Side(NamedTuple):
     """What a change does to one rank: per candidate, its load change and whether legal."""
 
@@ -144,7 +137,7 @@ def _side(
 
 def _own_slots(pc: _Pieces, groups_: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Slots of each group in ``groups_``: its pieces, largest first. (pieces, slot starts)"""
-    seg, j = _expand(pc.size[groups_])
+    seg, j = segments(pc.size[groups_])
     return pc.by_size[pc.first[groups_][seg] + j], np.append(0, np.cumsum(pc.size[groups_]))
 
 
@@ -171,7 +164,7 @@ def _sweep(st: BinState, groups: np.ndarray, by_group: np.ndarray, tol: float, f
     # Moves: a's i-th piece into B's i-th roomiest micro-batch.
     m = st.m
     roomy = np.argsort(st.fill.reshape(st.dp, m), axis=1, kind="stable") + (np.arange(st.dp) * m)[:, None]
-    seg, i = _expand(size[a])
+    seg, i = segments(size[a])
     move = _side(st, roomy[b_ranks[pa[seg]], i], np.full(seg.size, -1), a_start,
                  np.arange(seg.size), a_pieces, pc)
     # Per kind of change (the move, then each swap partner), each group's new pair maximum.
@@ -183,7 +176,7 @@ def _sweep(st: BinState, groups: np.ndarray, by_group: np.ndarray, tol: float, f
     pair_b_of = np.where(on_a, -1, pair_of)
     for h in swap_partners(pa, pc.q[a], gap[pa], pair_b_of, pc.q, int(gap.max())):
         h_pieces, h_start = _own_slots(pc, h)
-        seg_h, j = _expand(size[h])  # h's pieces into a's slots, j mod a's piece count
+        seg_h, j = segments(size[h])  # h's pieces into a's slots, j mod a's piece count
         into_a = _side(st, pc.bin[a_pieces], a_pieces, a_start,
                        a_start[seg_h] + j % size[a][seg_h], h_pieces, pc)
         into_b = _side(st, pc.bin[h_pieces], h_pieces, h_start,

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from costmodel.scheduler.sorting import running_sums, segments
+
 __all__ = ["pack_ranks"]
 
 
@@ -70,17 +72,10 @@ def pack_ranks(
         pos[active] += c
 
 
-def _chunks(at: np.ndarray, c: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """For chunks of ``c`` samples at sorted positions ``at``: each sample's chunk and place."""
-    row = np.repeat(np.arange(c.size), c)
-    place = np.arange(row.size) - np.repeat(np.cumsum(c) - c, c)
-    return row, place
-
-
 def _half_rounds(lo, fill, slot_sorted, ranks, at, c, by_key, cap) -> np.ndarray:
     """The i-th sample of each chunk into its rank's i-th emptiest micro-batch; per rank,
     whether every one fits."""
-    row, place = _chunks(at, c)
+    row, place = segments(c)  # each sample's chunk and place in it
     b = by_key[row, place]
     length = lo[at[row] + place]
     fits = fill[ranks[row], b] + length <= cap
@@ -95,11 +90,10 @@ def _level_rounds(lo, fill, slot_sorted, ranks, at, c, by_key, open_bins, cap) -
     """`pack._level_round` for one chunk per rank: water-fill the emptiest open micro-batches
     and give each sample the one where it starts; per rank, whether every one fits. Columns
     past a rank's open micro-batches (its closed ones) take no part."""
-    row, place = _chunks(at, c)
+    row, place = segments(c)  # each sample's chunk and place in it
     length = lo[at[row] + place]
     first_of_chunk = np.cumsum(c) - c
-    ends = np.cumsum(length)
-    ends -= np.repeat(ends[first_of_chunk] - length[first_of_chunk], c)  # per chunk
+    ends = running_sums(length, row, first_of_chunk)
     starts = ends - length
     m = by_key.shape[1]
     is_open = np.arange(m) < open_bins[:, None]

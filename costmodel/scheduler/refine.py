@@ -35,7 +35,7 @@ from collections.abc import Callable
 import numpy as np
 
 from costmodel.scheduler.costs import Cost, additive_bin_costs, quantise
-from costmodel.scheduler.sorting import as_lists, members_of
+from costmodel.scheduler.sorting import as_lists, members_of, running_sums
 
 __all__ = [
     "BinState", "batch_search", "first_min_per_pair", "local_search", "pair_ranks", "swap_partners",
@@ -326,14 +326,9 @@ def _apply_batches(
     new_run = np.concatenate([[True], src[1:] != src[:-1]])
     run = np.cumsum(new_run) - 1
     first = np.flatnonzero(new_run)
-
-    def within_runs(values: np.ndarray) -> np.ndarray:
-        total = np.cumsum(values)
-        return total - (total - values)[first][run]
-
-    tokens = within_runs(st.lengths[samples])
+    tokens = running_sums(st.lengths[samples], run, first)
     fits = tokens <= st.cap - st.fill[to]
-    part = within_runs(st.part[samples])
+    part = running_sums(st.part[samples], run, first)
     new_src, new_to = st.priced(src, -tokens, -part), st.priced(to, tokens, part)
     a, b = a_ranks[pair], b_ranks[pair]
     value = np.maximum(st.load[a] - st.bin_q[src] + new_src, st.load[b] - st.bin_q[to] + new_to)

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["as_lists", "longest_first", "members_of", "stable_order"]
+__all__ = ["as_lists", "longest_first", "members_of", "running_sums", "segments",
+           "stable_order"]
 
 
 def stable_order(keys: np.ndarray) -> np.ndarray:
@@ -41,3 +42,17 @@ def longest_first(lengths: np.ndarray) -> np.ndarray:
     if lengths.dtype.kind != "i" or not lengths.size:  # the scheduler's lengths are int64
         return np.lexsort((np.arange(lengths.size), -lengths))
     return stable_order(int(lengths.max()) - lengths.astype(np.int64))
+
+
+def segments(counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """For consecutive segments of ``counts`` items: each item's segment and its place in it."""
+    seg = np.repeat(np.arange(counts.size), counts)
+    starts = np.cumsum(counts) - counts
+    return seg, np.arange(seg.size) - starts[seg]
+
+
+def running_sums(values: np.ndarray, seg: np.ndarray, first: np.ndarray) -> np.ndarray:
+    """Cumulative sums of ``values`` that restart with each segment (item i in segment
+    ``seg[i]``; segment s's items consecutive from ``first[s]``)."""
+    total = np.cumsum(values)
+    return total - (total - values)[first][seg]
