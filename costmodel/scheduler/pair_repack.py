@@ -119,7 +119,7 @@ def _level_cost(st: BinState, part: np.ndarray, tokens: np.ndarray) -> np.ndarra
     """A side's cost if its ``tokens`` filled its ``m`` micro-batches evenly: its samples'
     parts, the fixed costs, and (separable costs) the token curve at an even share. Exact
     for an additive cost."""
-    fixed = st.m * float(np.rint(st.cost.fixed_cost() * st.scale))
+    fixed = float(st.m * st.fixed_q)
     if not st.separable:
         return part + fixed
     return part + fixed + st.m * st.token_q(np.ceil(tokens / st.m).astype(np.int64)).astype(np.float64)

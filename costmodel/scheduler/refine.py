@@ -72,10 +72,11 @@ class BinState:
         self.members: list[list[int]] | None = [] if not (self.additive or self.separable) else None
         self.token_table: np.ndarray | None = None  # see tabulate_tokens
         self.starved = False  # a sweep left a pair short of its gap (see _sweep)
+        if self.additive or self.separable:  # what every non-empty micro-batch pays
+            self.fixed_q = int(np.rint(cost.fixed_cost() * scale))
         if self.separable:
             # Quantised parts, so that a move's effect is an exact integer difference.
             self.seq_q = self.quantise(cost.sequence_costs(lengths))
-            self.fixed_q = int(np.rint(cost.fixed_cost() * scale))
             bin_q = None  # the packer's whole-micro-batch values round differently
         self.refresh(bin_q)
 
