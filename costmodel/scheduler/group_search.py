@@ -135,10 +135,26 @@ def _side(
     return _Side(np.add.reduceat(delta, starts), np.logical_and.reduceat(legal, starts))
 
 
-def _own_slots(pc: _Pieces, groups_: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Slots of each group in ``groups_``: its pieces, largest first. (pieces, slot starts)"""
-    seg, j = segments(pc.size[groups_])
-    return pc.by_size[pc.first[groups_][seg] + j], np.append(0, np.cumsum(pc.size[groups_]))
+class _Slots(NamedTuple):
+    """The pieces of some groups, each group's largest first, group after group: the slots a
+    change of those groups fills (a piece leaves its micro-batch, another may come in)."""
+
+    pieces: np.ndarray
+    start: np.ndarray  # where each group's pieces start in ``pieces`` (and an end)
+    group: np.ndarray  # per piece: its group's place in the groups asked for
+    place: np.ndarray  # per piece: its place among its group's pieces
+
+    def swapped_in(self, other: _Slots, other_size: np.ndarray) -> np.ndarray:
+        """For a swap of each group with the other's (``other_size``: their piece counts):
+        the slot of the other group's piece (this one's j mod their piece count) that each
+        of these pieces goes into."""
+        return other.start[self.group] + self.place % other_size[self.group]
+
+
+def _slots(pc: _Pieces, groups_: np.ndarray) -> _Slots:
+    group, place = segments(pc.size[groups_])
+    return _Slots(pc.by_size[pc.first[groups_][group] + place],
+                  np.append(0, np.cumsum(pc.size[groups_])), group, place)
 
 
 def _sweep(st: BinState, groups: np.ndarray, by_group: np.ndarray, tol: float, fold: bool) -> int:
@@ -157,16 +173,15 @@ def _sweep(st: BinState, groups: np.ndarray, by_group: np.ndarray, tol: float, f
     size = pc.size
 
     # Group a leaves A (its pieces' micro-batches lose them): shared by moves and swaps.
-    a_pieces, a_start = _own_slots(pc, a)
+    sa = _slots(pc, a)
     none = np.zeros(0, dtype=np.int64)
-    leave = _side(st, pc.bin[a_pieces], a_pieces, a_start, none, none, pc)
+    leave = _side(st, pc.bin[sa.pieces], sa.pieces, sa.start, none, none, pc)
 
     # Moves: a's i-th piece into B's i-th roomiest micro-batch.
     m = st.m
     roomy = np.argsort(st.fill.reshape(st.dp, m), axis=1, kind="stable") + (np.arange(st.dp) * m)[:, None]
-    seg, i = segments(size[a])
-    move = _side(st, roomy[b_ranks[pa[seg]], i], np.full(seg.size, -1), a_start,
-                 np.arange(seg.size), a_pieces, pc)
+    move = _side(st, roomy[b_ranks[pa[sa.group]], sa.place], np.full(sa.pieces.size, -1),
+                 sa.start, np.arange(sa.pieces.size), sa.pieces, pc)
     # Per kind of change (the move, then each swap partner), each group's new pair maximum.
     values = [np.where(leave.ok & move.ok,
                        np.maximum(load_a + leave.delta, load_b + move.delta), _NONE)]
@@ -175,12 +190,11 @@ def _sweep(st: BinState, groups: np.ndarray, by_group: np.ndarray, tol: float, f
     # Swaps: a with a group h of B, each piece into the other's pieces' micro-batches.
     pair_b_of = np.where(on_a, -1, pair_of)
     for h in swap_partners(pa, pc.q[a], gap[pa], pair_b_of, pc.q, int(gap.max())):
-        h_pieces, h_start = _own_slots(pc, h)
-        seg_h, j = segments(size[h])  # h's pieces into a's slots, j mod a's piece count
-        into_a = _side(st, pc.bin[a_pieces], a_pieces, a_start,
-                       a_start[seg_h] + j % size[a][seg_h], h_pieces, pc)
-        into_b = _side(st, pc.bin[h_pieces], h_pieces, h_start,
-                       h_start[seg] + i % size[h][seg], a_pieces, pc)
+        sh = _slots(pc, h)
+        into_a = _side(st, pc.bin[sa.pieces], sa.pieces, sa.start, sh.swapped_in(sa, size[a]),
+                       sh.pieces, pc)
+        into_b = _side(st, pc.bin[sh.pieces], sh.pieces, sh.start, sa.swapped_in(sh, size[h]),
+                       sa.pieces, pc)
         ok = (pair_b_of[h] == pa) & into_a.ok & into_b.ok
         values.append(np.where(ok, np.maximum(load_a + into_a.delta, load_b + into_b.delta), _NONE))
         partners.append(h)
@@ -191,21 +205,23 @@ def _sweep(st: BinState, groups: np.ndarray, by_group: np.ndarray, tol: float, f
     if cand.size == 0:
         return 0
     win = cand[first_min_per_pair(pa[cand], best[cand])]  # ties: the lower group
-    for c in win.tolist():
-        g = int(a[c])
-        own = pc.by_size[pc.first[g] : pc.first[g + 1]]
-        if kind[c] == 0:
-            _send(st, pc, own, roomy[b_ranks[pa[c]], : own.size])
-        else:
-            h = int(partners[kind[c] - 1][c])
-            theirs = pc.by_size[pc.first[h] : pc.first[h + 1]]
-            _send(st, pc, theirs, pc.bin[own][np.arange(theirs.size) % own.size])
-            _send(st, pc, own, pc.bin[theirs][np.arange(own.size) % theirs.size])
+    # Applied as priced above, all at once: each pair changes its own ranks' groups, and
+    # every destination is read from the sweep's start (pc, roomy).
+    moved, swapped = win[kind[win] == 0], win[kind[win] > 0]
+    sm = _slots(pc, a[moved])
+    sent, to = [sm.pieces], [roomy[b_ranks[pa[moved]][sm.group], sm.place]]
+    if swapped.size:
+        g, h = a[swapped], np.stack(partners)[kind[swapped] - 1, swapped]
+        sg, sh = _slots(pc, g), _slots(pc, h)
+        sent += [sh.pieces, sg.pieces]
+        to += [pc.bin[sg.pieces[sh.swapped_in(sg, size[g])]],
+               pc.bin[sh.pieces[sg.swapped_in(sh, size[h])]]]
+    _send(st, pc, np.concatenate(sent), np.concatenate(to))
     st.refresh()
     return int(win.size)
 
 
 def _send(st: BinState, pc: _Pieces, pieces: np.ndarray, to: np.ndarray) -> None:
     """Put each piece's samples into micro-batch ``to`` (books: `BinState.refresh`)."""
-    for p, b in zip(pieces.tolist(), to.tolist()):
-        st.bin_of[pc.samples[pc.piece_start[p] : pc.piece_start[p + 1]]] = b
+    seg, j = segments(pc.count[pieces])
+    st.bin_of[pc.samples[pc.piece_start[pieces][seg] + j]] = to[seg]
