@@ -33,6 +33,8 @@ from numpy.typing import ArrayLike
 __all__ = ["MODES", "AttentionCurve", "ModeCurves", "TokenCurve"]
 
 MODES = ("train", "forward")
+# The times a knot may take: past them a file is broken, not measured (see _knots).
+_MIN_MS, _MAX_MS = 1e-9, 1e9
 
 
 def _knots(x: ArrayLike, y: ArrayLike, xname: str, what: str) -> tuple[np.ndarray, np.ndarray]:
@@ -54,6 +56,10 @@ def _knots(x: ArrayLike, y: ArrayLike, xname: str, what: str) -> tuple[np.ndarra
         raise ValueError(f"{what}: {xname} must be >= 1 and strictly increasing")
     if np.any(ys <= 0):
         raise ValueError(f"{what}: times must be positive, got min {ys.min():g} ms")
+    if ys.min() < _MIN_MS or ys.max() > _MAX_MS:  # 1e-320 ms evaluated to 0, 1e306 overflowed
+        raise ValueError(f"{what}: times must lie between {_MIN_MS:g} and {_MAX_MS:g} ms (a "
+                         f"picosecond to 11 days), got {ys.min():g}..{ys.max():g} ms: not a "
+                         "measurement; recalibrate or restore the file")
     if np.any(np.diff(ys) < 0):
         i = int(np.argmax(np.diff(ys) < 0))
         raise ValueError(

@@ -144,13 +144,19 @@ class CostModel:
         """One line of what `costmodel validate` measured for `mode` (None if never run):
         the mean absolute error on micro-batches of >= 1k tokens and on all of them."""
         validation = self.extra.get("validation") or {}
-        block = validation.get("modes", {}).get(mode)
-        if not block:
+        try:
+            block = validation.get("modes", {}).get(mode)
+            if not block:
+                return None
+            summary = block.get("summary", {})
+            parts = [f"{summary[split]['cost_model']['mape']:.1%} on {name}"
+                     for split, name in ((">=1024", ">= 1k tokens"), ("all", "all sizes"))
+                     if split in summary and "cost_model" in summary[split]]
+        except (AttributeError, KeyError, TypeError, ValueError) as err:
+            # Informational, as in `costmodel report`: named and skipped, never fatal.
+            logger.warning("%s: its validation block is malformed, not shown (%s: %s)",
+                           self.label, type(err).__name__, err)
             return None
-        summary = block.get("summary", {})
-        parts = [f"{summary[split]['cost_model']['mape']:.1%} on {name}"
-                 for split, name in ((">=1024", ">= 1k tokens"), ("all", "all sizes"))
-                 if split in summary and "cost_model" in summary[split]]
         if not parts:
             return None
         count = validation.get("count", "?")

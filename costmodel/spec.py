@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 _DTYPES = ("bf16", "fp16", "fp32")
 _ACTIVATIONS = ("swiglu",)
 
@@ -73,6 +75,10 @@ class ModelSpec:
     dtype: str = "bf16"
 
     def __post_init__(self) -> None:
+        if not isinstance(self.name, str):
+            raise ValueError(f"a ModelSpec's name must be a string, got {self.name!r:.60}")
+        for field in ("tie_word_embeddings", "qk_norm"):
+            _require_bool(self, field)
         for field in ("num_layers", "hidden_size", "num_heads", "num_kv_heads", "vocab_size"):
             _require_positive_int(self, field)
         for field in (
@@ -86,11 +92,11 @@ class ModelSpec:
         if self.moe_layers is not None:
             ids = self.moe_layers
             if not isinstance(ids, (list, tuple)) or any(
-                isinstance(i, bool) or not isinstance(i, int) for i in ids
+                isinstance(i, (bool, np.bool_)) or not isinstance(i, (int, np.integer)) for i in ids
             ):
                 raise ValueError(f"{self.name}: moe_layers must be a list of layer indices, got "
                                  f"{ids!r:.60}")
-            object.__setattr__(self, "moe_layers", tuple(ids))  # hashable, like every field
+            object.__setattr__(self, "moe_layers", tuple(int(i) for i in ids))  # hashable, like every field
         if self.num_heads % self.num_kv_heads:
             raise ValueError(
                 f"{self.name}: num_heads={self.num_heads} is not a multiple of "
@@ -262,17 +268,50 @@ def as_spec(spec: ModelSpec | str | Path) -> ModelSpec:
 
 
 # ---- validation helpers ----------------------------------------------------------------
-def _require_positive_int(spec: ModelSpec, field: str, why: str = "") -> None:
+# Upper bounds far past any published model (DeepSeek-V3: 61 layers, 7168 wide, 256 experts):
+# a typo such as 1e9 layers is refused here instead of hanging every loop over the layers or
+# giving FLOPs in the 1e30s.
+MAX_LAYERS = 4096
+_MAX_COUNT = 1 << 16  # heads, experts
+_MAX_WIDTH = 1 << 20  # hidden, MLP and head widths, ranks
+_MAX_VOCAB = 1 << 24
+_MAX_WINDOW = (1 << 31) - 1  # the longest sample the scheduler takes
+_LIMITS = {
+    "num_layers": MAX_LAYERS, "first_k_dense_layers": MAX_LAYERS,
+    "sliding_window_layers": MAX_LAYERS, "moe_layer_freq": MAX_LAYERS,
+    "num_heads": _MAX_COUNT, "num_kv_heads": _MAX_COUNT, "num_experts": _MAX_COUNT,
+    "num_experts_per_tok": _MAX_COUNT, "vocab_size": _MAX_VOCAB, "sliding_window": _MAX_WINDOW,
+}
+
+
+def _require_int(spec: ModelSpec, field: str, low: int, why: str = "") -> None:
+    """``field`` an integer in low.._LIMITS (a numpy integer too: stored as a Python int, so
+    that the spec hashes and serialises as one)."""
     value = getattr(spec, field)
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) or value < low:
+        kind = "a positive" if low else "a non-negative"
         reason = f" ({why})" if why else ""
-        raise ValueError(f"{spec.name}: {field} must be a positive integer{reason}, got {value!r}")
+        raise ValueError(f"{spec.name}: {field} must be {kind} integer{reason}, got {value!r}")
+    high = _LIMITS.get(field, _MAX_WIDTH)
+    if value > high:
+        raise ValueError(f"{spec.name}: {field}={value} is past the largest accepted "
+                         f"({high:,}); check the config for a typo")
+    object.__setattr__(spec, field, int(value))
+
+
+def _require_positive_int(spec: ModelSpec, field: str, why: str = "") -> None:
+    _require_int(spec, field, 1, why)
 
 
 def _require_non_negative_int(spec: ModelSpec, field: str) -> None:
+    _require_int(spec, field, 0)
+
+
+def _require_bool(spec: ModelSpec, field: str) -> None:
     value = getattr(spec, field)
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ValueError(f"{spec.name}: {field} must be a non-negative integer, got {value!r}")
+    if not isinstance(value, (bool, np.bool_)):  # "false" would read as True
+        raise ValueError(f"{spec.name}: {field} must be true or false, got {value!r:.60}")
+    object.__setattr__(spec, field, bool(value))
 
 
 # ---- presets: numbers from each model's published config.json on the Hugging Face Hub ---

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from costmodel.spec import ModelSpec
+from costmodel.spec import MAX_LAYERS, ModelSpec
 
 __all__ = ["HF_MODEL_TYPES", "read_hf_config", "read_megatron_args"]
 
@@ -55,6 +55,13 @@ def _config_name(path: str | Path) -> str:
     return p.name if p.is_dir() else p.parent.name or p.stem
 
 
+def _check_layer_count(layers: int | None, what: str) -> None:
+    """Before a reader lists the layers (ModelSpec refuses the count too, but only after)."""
+    if layers is not None and layers > MAX_LAYERS:
+        raise ValueError(f"{what} is {layers:,}, past the largest accepted ({MAX_LAYERS:,}); "
+                         "check it for a typo")
+
+
 def _need(cfg: Mapping[str, Any], key: str, model_type: str) -> Any:
     if cfg.get(key) is None:
         raise ValueError(f"{model_type} config is missing the field {key!r}")
@@ -71,7 +78,13 @@ _HF_INT_FIELDS = (
     "n_routed_experts", "n_shared_experts", "first_k_dense_replace", "moe_layer_freq",
     "sliding_window", "max_window_layers",
 )
-_HF_AT_LEAST_ONE = ("num_attention_heads", "decoder_sparse_step", "moe_layer_freq")
+_HF_AT_LEAST_ONE = (
+    "hidden_size", "num_attention_heads", "num_hidden_layers", "num_key_value_heads", "head_dim",
+    "vocab_size", "decoder_sparse_step", "moe_layer_freq", "kv_lora_rank",
+)
+_HF_BOOL_FIELDS = ("tie_word_embeddings", "use_sliding_window")
+# torch_dtype / dtype -> ModelSpec.dtype; absent (null) reads as bf16, what RL trains in.
+_HF_DTYPES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
 
 
 def _check_hf_types(cfg: Mapping[str, Any]) -> None:
@@ -83,11 +96,17 @@ def _check_hf_types(cfg: Mapping[str, Any]) -> None:
         if isinstance(value, bool) or not isinstance(value, int) or value < low:
             kind = "a positive" if low else "a non-negative"
             raise ValueError(f"config field {key!r} must be {kind} integer, got {value!r}")
+    _check_layer_count(cfg.get("num_hidden_layers"), "config field 'num_hidden_layers'")
+    for key in _HF_BOOL_FIELDS:  # a string "false" would read as true
+        if cfg.get(key) is not None and not isinstance(cfg[key], bool):
+            raise ValueError(f"config field {key!r} must be true or false, got {cfg[key]!r:.60}")
     only = cfg.get("mlp_only_layers")
+    layers = cfg.get("num_hidden_layers")
     if only is not None and (not isinstance(only, list)
-                             or not all(isinstance(i, int) and not isinstance(i, bool) for i in only)):
-        raise ValueError(f"config field 'mlp_only_layers' must be a list of layer indices, got "
-                         f"{only!r}")
+                             or not all(isinstance(i, int) and not isinstance(i, bool) for i in only)
+                             or (layers is not None and not all(0 <= i < layers for i in only))):
+        raise ValueError(f"config field 'mlp_only_layers' must be a list of layer indices "
+                         f"(0..num_hidden_layers - 1), got {only!r:.80}")
 
 
 def _from_hf(cfg: Mapping[str, Any], name: str) -> ModelSpec:
@@ -164,7 +183,12 @@ def _hf_sliding_window(cfg: Mapping[str, Any], model_type: str, layers: int) -> 
 
 
 def _hf_dtype(value: Any) -> str:
-    return {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}.get(str(value), "bf16")
+    if value is None:
+        return "bf16"
+    if not isinstance(value, str) or value not in _HF_DTYPES:
+        raise ValueError(f"config field 'torch_dtype' is {value!r:.40}; the model is timed in "
+                         f"one of {', '.join(_HF_DTYPES)}: set it to the dtype you train in")
+    return _HF_DTYPES[value]
 
 
 # ---- Megatron-style arguments ----------------------------------------------------------
@@ -180,6 +204,7 @@ def _from_megatron(ns: Any) -> ModelSpec:
     for key, value in (("hidden_size", hidden), ("num_attention_heads", heads), ("num_layers", layers)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"Megatron args: {key} must be a positive integer, got {value!r}")
+    _check_layer_count(layers, "Megatron args: num_layers")
     groups = get("num_query_groups") if get("group_query_attention", True) else None
     vocab = get("padded_vocab_size") or get("vocab_size")
     if vocab is None:

@@ -276,6 +276,26 @@ def test_non_monotone_curve(tmp_path, good_doc):
         load_cost_model(_write(tmp_path, json.dumps(good_doc)))
 
 
+@pytest.mark.parametrize("factor", [1e-320, 1e12])
+def test_times_no_measurement_could_give_are_refused(tmp_path, good_doc, factor):
+    # 1e-320 ms passed the > 0 check and evaluated to 0 (report divided by it); times
+    # near 1e306 ms loaded and overflowed when used.
+    curve = good_doc["curves"]["train"]["attention"]
+    curve["ms"] = [v * factor for v in curve["ms"]]
+    with pytest.raises(ValueError, match=r"curves\.train\.attention: times must lie between"):
+        load_cost_model(_write(tmp_path, json.dumps(good_doc)))
+
+
+@pytest.mark.parametrize("validation", [{"modes": []}, {"modes": {"train": "x"}},
+                                        {"modes": {"train": {"summary": {"all": {"cost_model": {"mape": "x"}}}}}}])
+def test_a_malformed_validation_block_is_skipped_with_a_warning(tmp_path, good_doc, validation, caplog):
+    """Regression: `simulate` printed an AttributeError traceback (report skipped it)."""
+    good_doc["validation"] = validation
+    m = load_cost_model(_write(tmp_path, json.dumps(good_doc)))
+    assert m.validation_summary("train") is None
+    assert "validation block is malformed" in caplog.text
+
+
 def test_other_model_shape(tmp_path, good_doc):
     p = _write(tmp_path, json.dumps(good_doc))
     other = ModelSpec.from_preset("llama-3.1-8b")

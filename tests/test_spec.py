@@ -235,6 +235,13 @@ def test_megatron_mla(qk_layernorm):
     assert spec.fingerprint() == PRESETS["deepseek-v3"].fingerprint()
 
 
+def test_megatron_huge_layer_count_is_refused_before_listing_layers():
+    args = _megatron()
+    args.num_layers, args.num_experts, args.moe_router_topk = 10**9, 8, 2
+    with pytest.raises(ValueError, match="num_layers is 1,000,000,000, past the largest"):
+        ModelSpec.from_megatron_args(args)
+
+
 def test_megatron_missing_field():
     args = _megatron()
     del args.hidden_size
@@ -244,7 +251,13 @@ def test_megatron_missing_field():
 
 @pytest.mark.parametrize("field, value, message", [
     ("num_attention_heads", 0, "'num_attention_heads' must be a positive integer, got 0"),
-    ("hidden_size", "big", "'hidden_size' must be a non-negative integer, got 'big'"),
+    ("hidden_size", "big", "'hidden_size' must be a positive integer, got 'big'"),
+    ("num_key_value_heads", 0, "'num_key_value_heads' must be a positive integer, got 0"),
+    ("use_sliding_window", "false", "'use_sliding_window' must be true or false, got 'false'"),
+    ("tie_word_embeddings", "false", "'tie_word_embeddings' must be true or false"),
+    ("mlp_only_layers", [-1, 999], "'mlp_only_layers' must be a list of layer indices"),
+    ("num_hidden_layers", 10**9, "'num_hidden_layers' is 1,000,000,000, past the largest"),
+    ("torch_dtype", "int8", "'torch_dtype' is 'int8'; the model is timed in one of bfloat16"),
     ("max_window_layers", "x", "'max_window_layers' must be a non-negative integer"),
     ("mlp_only_layers", 3, "'mlp_only_layers' must be a list of layer indices"),
     ("decoder_sparse_step", "2", "'decoder_sparse_step' must be a positive integer"),
@@ -257,3 +270,28 @@ def test_malformed_hf_config_fields_are_named(tmp_path, field, value, message):
     path.write_text(json.dumps(cfg))
     with pytest.raises(ValueError, match=f"config.json: config field {message}"):
         ModelSpec.from_hf_config(path)
+
+
+@pytest.mark.parametrize("change, message", [
+    # A typo of 1e9 layers: refused, not a loop over a billion layers (it hung).
+    (dict(num_layers=10**9, moe_layers=None), "num_layers=1000000000 is past the largest accepted"),
+    (dict(vocab_size=10**30), "vocab_size=.* is past the largest accepted"),
+    (dict(tie_word_embeddings="false"), "tie_word_embeddings must be true or false"),
+    (dict(qk_norm="no"), "qk_norm must be true or false"),
+    (dict(name=5), "name must be a string"),
+])
+def test_spec_refuses_nonsense_values(change, message):
+    base = PRESETS["qwen3-30b-a3b"].to_dict()
+    with pytest.raises(ValueError, match=message):
+        ModelSpec(**{**base, **change})
+
+
+def test_spec_takes_numpy_scalars_as_python_values():
+    import numpy as np
+
+    base = PRESETS["qwen3-30b-a3b"].to_dict()
+    spec = ModelSpec(**{**base, "num_layers": np.int64(48), "qk_norm": np.bool_(True),
+                        "moe_layers": [np.int32(i) for i in range(48)]})
+    assert type(spec.num_layers) is int and spec.qk_norm is True
+    assert spec.fingerprint() == PRESETS["qwen3-30b-a3b"].fingerprint()
+    json.dumps(spec.to_dict())  # serialisable as plain JSON

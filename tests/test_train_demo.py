@@ -92,6 +92,7 @@ def test_torchrun_two_ranks_balanced_by_the_cost_model(tmp_path, tiny_cost_model
     assert done.returncode == 0, done.stdout + done.stderr
     records = [json.loads(line) for line in log.read_text().splitlines()]
     assert [r["step"] for r in records] == list(range(5))
+    assert not list(log.parent.glob(".costmodel-*.tmp"))  # written beside it, then renamed
     for r in records:
         assert r["schedules_agree"] and r["cost"].startswith("cost-model")
         assert len(r["compute_ms"]) == 2 and min(r["compute_ms"]) > 0
@@ -277,10 +278,11 @@ def test_ranks_that_disagree_all_stop_before_training_with_the_reason(tmp_path, 
     assert "step 1/" not in done.stdout
 
 
-def test_log_json_in_a_missing_folder_stops_before_any_process_starts(tmp_path, capsys):
+def test_log_json_that_cannot_be_written_stops_before_any_process_starts(tmp_path, capsys):
     """Regression: rank 0 failed to open it after the process group started."""
-    err = _error(["--log-json", str(tmp_path / "no" / "such" / "steps.jsonl")], capsys)
-    assert "--log-json" in err and "existing folder" in err
+    (tmp_path / "a_file").write_text("")
+    err = _error(["--log-json", str(tmp_path / "a_file" / "steps.jsonl")], capsys)
+    assert "--log-json" in err and "is a file, not a folder" in err
 
 
 @pytest.mark.parametrize(
@@ -359,3 +361,35 @@ def test_bf16_gradients_are_summed_over_microbatches_in_fp32():
     for part in parts:
         in_bf16 += part.to(torch.bfloat16)
     assert (in_bf16.float() - exact).abs().max() > 0.1  # what summing in bf16 loses
+
+
+def test_interrupting_the_launcher_stops_its_workers_and_keeps_the_old_log(tmp_path):
+    """Regression: SIGINT to the launching process alone left it waiting on workers that
+    trained on as orphans; and the log was opened with "w", so an interrupted run truncated
+    the previous one."""
+    import signal
+    import time
+
+    log = tmp_path / "steps.jsonl"
+    log.write_text("previous run\n")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "costmodel", "train-demo", "--nproc", "2", "--device", "cpu",
+         *FAST, "--steps", "3000", "--use-dynamic-batch-size", "--max-tokens-per-gpu", "4096",
+         "--log-json", str(log)],
+        cwd=tmp_path, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while not list(tmp_path.glob(".costmodel-*.tmp")):  # rank 0 is writing its log
+            assert proc.poll() is None and time.monotonic() < deadline
+            time.sleep(0.2)
+        time.sleep(1)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, err
+    assert err.strip().endswith("interrupted")
+    assert log.read_text() == "previous run\n"
+    assert not list(tmp_path.glob(".costmodel-*.tmp"))

@@ -11,14 +11,15 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from costmodel.integrations.args import add_arguments, scheduler_from_args, validate_args
 from costmodel.kernels import check_attention
+from costmodel.model_file import check_output_path
 from costmodel.scheduler.lengths import read_lengths
 from costmodel.spec import ModelSpec
 from costmodel.training.data import LengthSource
@@ -64,7 +65,8 @@ def add_trainer_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentP
         "--attention", default=None,
         help="varlen attention backend (default: sdpa on CPU, torch-varlen on CUDA)",
     )
-    g.add_argument("--log-json", default=None, metavar="PATH", help="write per-step records (JSON lines)")
+    g.add_argument("--log-json", default=None, metavar="PATH",
+                   help="write per-step records (JSON lines) here when the run ends")
     m = parser.add_argument_group("tiny GPT shape")
     for flag, default, what in (
         ("--layers", 2, "transformer layers"), ("--hidden", 64, "hidden size"),
@@ -131,8 +133,8 @@ def _check_run_flags(args: argparse.Namespace, dp_size: int) -> None:
         raise ValueError(f"--steps must be at least 1, got {args.steps}")
     if args.samples_per_step < 1:
         raise ValueError(f"--samples-per-step must be at least 1, got {args.samples_per_step}")
-    if not args.lr > 0:
-        raise ValueError(f"--lr must be positive, got {args.lr}")
+    if not 0 < args.lr < math.inf:  # inf made the loss NaN from the second step
+        raise ValueError(f"--lr must be a positive finite number, got {args.lr}")
     if not 0 <= args.seed < 2**63:  # numpy wants >= 0; past 2^64 torch overflowed in the workers
         raise ValueError(f"--seed must be in 0..2^63-1, got {args.seed}")
     if args.attention is not None:
@@ -152,14 +154,10 @@ def _check_run_flags(args: argparse.Namespace, dp_size: int) -> None:
     if not args.use_dynamic_batch_size:
         raise ValueError("the reference trainer packs by tokens: add --use-dynamic-batch-size")
     if args.log_json is not None:
-        # Rank 0 opens it after the process group exists: a bad path must fail every rank
-        # here, not rank 0 alone while the others wait in a collective.
-        log = Path(args.log_json)
-        if log.is_dir() or not log.parent.is_dir():
-            raise ValueError(
-                f"--log-json {args.log_json}: not a file in an existing folder; create the "
-                "folder or pick another path"
-            )
+        # Rank 0 writes it after the process group exists: a bad path must fail every rank
+        # here (a folder that takes no files, /proc, included), not rank 0 alone while the
+        # others wait in a collective.
+        check_output_path(args.log_json, "--log-json")
 
 
 def prepare(args: argparse.Namespace, dp_size: int, *, dtype: str = "fp32") -> Plan:

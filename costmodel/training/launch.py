@@ -12,6 +12,7 @@ import argparse
 import json
 import logging
 import os
+import signal
 import socket
 import sys
 import tempfile
@@ -45,6 +46,9 @@ def _worker(local_rank: int, args: argparse.Namespace, nproc: int, port: int, ou
     # Sandboxes and containers often have no routable interface: keep gloo on loopback.
     if "GLOO_SOCKET_IFNAME" not in os.environ and Path("/sys/class/net/lo").exists():
         os.environ["GLOO_SOCKET_IFNAME"] = "lo"
+    # Interruptible even where the launching shell ignored SIGINT (a background job): the
+    # parent interrupts its workers when it is interrupted itself (`_join`).
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     import torch
 
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // nproc))
@@ -101,14 +105,15 @@ def launch(args: argparse.Namespace, nproc: int) -> list[dict[str, Any]]:
     clean.func = None
     with tempfile.TemporaryDirectory(prefix="costmodel-train-") as tmp:
         out = str(Path(tmp) / "records.json")
+        context = mp.start_processes(
+            _worker,
+            args=(clean, nproc, free_port(), out),
+            nprocs=nproc,
+            join=False,
+            start_method="spawn",
+        )
         try:
-            mp.start_processes(
-                _worker,
-                args=(clean, nproc, free_port(), out),
-                nprocs=nproc,
-                join=True,
-                start_method="spawn",
-            )
+            _join(context)
         except mp.ProcessRaisedException as err:
             lines = [ln for ln in str(err).strip().splitlines() if ln.strip()]
             raise RuntimeError(f"rank {err.error_index} failed: {lines[-1]}") from None
@@ -118,3 +123,21 @@ def launch(args: argparse.Namespace, nproc: int) -> list[dict[str, Any]]:
                 f"{err.signal_name}) before finishing"
             ) from None
         return json.loads(Path(out).read_text())
+
+
+def _join(context) -> None:
+    """Wait for every worker. Interrupted (Ctrl-C, or SIGINT to this process alone), stop
+    them first: exiting would otherwise wait for workers that train on as orphans."""
+    try:
+        while not context.join():
+            pass
+    except BaseException:
+        # An interrupt first, so that each worker cleans up (rank 0's half-written log);
+        # whoever is still running after that is terminated.
+        for signum, wait_s in ((signal.SIGINT, 10), (signal.SIGTERM, 30)):
+            for process in context.processes:
+                if process.is_alive():
+                    os.kill(process.pid, signum)
+            for process in context.processes:
+                process.join(timeout=wait_s)
+        raise

@@ -20,6 +20,7 @@ One process per rank (launched by `torchrun` or by `costmodel train-demo`). Each
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 import logging
@@ -31,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from costmodel.flops import sequence_fwd_flops
+from costmodel.model_file import atomic_output
 from costmodel.training.config import Plan, prepare
 from costmodel.training.data import sample_tokens
 
@@ -276,8 +278,13 @@ def _train_loop(args, plan: Plan, *, device, dtype, attention: str) -> TrainResu
     _warm_up(model, plan, args, device, rank)
     cuda = device.type == "cuda"
     result = TrainResult(rank=rank, world_size=world, model=model)
-    log_file = open(args.log_json, "w") if (args.log_json and rank == 0) else None  # noqa: SIM115
-    try:
+    with contextlib.ExitStack() as stack:
+        log_file = None
+        if args.log_json and rank == 0:
+            # Written to a temp file beside it and renamed when the run ends: an interrupted
+            # run leaves the previous log whole, not a truncated one (each step is logged).
+            tmp = stack.enter_context(atomic_output(args.log_json))
+            log_file = stack.enter_context(open(tmp, "w"))
         for step, (lengths, schedule) in enumerate(zip(plan.lengths, plan.schedules)):
             digest = str(schedule.digest())
             check_schedule_agreement(_all_gather_int(digest_to_int(digest), world, device), step)
@@ -356,10 +363,6 @@ def _train_loop(args, plan: Plan, *, device, dtype, attention: str) -> TrainResu
                 )
                 if log_file is not None:
                     log_file.write(json.dumps(record.to_dict()) + "\n")
-                    log_file.flush()
-    finally:
-        if log_file is not None:
-            log_file.close()
     if rank == 0 and result.records:
         logger.info(
             "done: loss %.4f -> %.4f over %d steps; schedules agreed on every step; "
