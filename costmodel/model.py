@@ -92,6 +92,7 @@ class CostModel:
         reference_tokens: int = DEFAULT_REFERENCE_TOKENS,
         extra: Mapping[str, Any] | None = None,
     ):
+        spec = as_spec(spec)  # a preset name or config.json path as well
         if not curves:
             raise ValueError("a CostModel needs curves for at least one mode")
         bad = sorted(set(curves) - set(MODES))
@@ -105,8 +106,7 @@ class CostModel:
                     f"{mode} curves lack the linear curve(s) {missing} that {spec.name} needs "
                     f"({spec.num_dense_layers} dense, {spec.num_moe_layers} MoE layers)"
                 )
-        if reference_tokens < 1:
-            raise ValueError(f"reference_tokens must be >= 1, got {reference_tokens}")
+        reference_tokens = positive_int(reference_tokens, "reference_tokens")
         self.spec = spec
         self.gpu = gpu
         self.gpu_key = gpu_key

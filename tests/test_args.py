@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import decimal
 import logging
 
 import pytest
@@ -320,3 +321,28 @@ def test_slime_style_namespace():
     assert scheduler_from_args(args)["cost"] is model
     with pytest.raises(ValueError, match="allow-other-shape"):
         validate_args(megatron_args(balance_by_flops=True, cost_model="h200/qwen3-8b"))
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    # Each was accepted: "False" read as on, "" balanced FLOPs, 0 read as 1, 8192.7 as 8192.
+    (dict(use_dynamic_batch_size="False"), "--use-dynamic-batch-size must be true or false"),
+    (dict(balance_by_flops="yes"), "--balance-by-flops must be true or false"),
+    (dict(cost_model=""), "--cost-model is empty"),
+    (dict(context_parallel_size=0), "--context-parallel-size"),
+    (dict(max_tokens_per_gpu=decimal.Decimal("8192.7")), "must be a number of tokens"),
+])
+def test_flag_values_a_config_system_could_pass_are_checked(change, message):
+    args = argparse.Namespace(use_dynamic_batch_size=True, max_tokens_per_gpu=8192,
+                              balance_by_flops=True, cost_model=None)
+    vars(args).update(change)
+    with pytest.raises(ValueError, match=message):
+        validate_args(args, spec=SPEC)
+
+
+def test_whole_numbers_of_tokens_in_any_form_are_taken():
+    import numpy as np
+
+    for cap in (8192, np.int64(8192), 8192.0, " 8192 "):
+        args = argparse.Namespace(use_dynamic_batch_size=np.bool_(True), max_tokens_per_gpu=cap,
+                                  balance_by_flops=False, cost_model=None)
+        assert scheduler_from_args(args, SPEC)["max_tokens_per_microbatch"] == 8192

@@ -470,6 +470,7 @@ def test_sigterm_during_calibrate_saves_a_partial_file_that_refits(tmp_path, mon
     ({"n": 0}, "n must be a whole number"), ({"moe": "false"}, "moe must be true or false"),
     ({"n": 10**9}, "n must be a whole number in 1..1,048,576"),
     ({"kind": "attn"}, "unknown kind 'attn'"),
+    ({"ms": "1.0"}, "ms must be a number, got '1.0'"), ({"spread": True}, "spread must be a number"),
 ])
 def test_refit_refuses_impossible_measurements(tmp_path, capsys, change, message):
     """`calibrate --refit` on a file with an impossible point names it instead of fitting it
@@ -484,6 +485,21 @@ def test_refit_refuses_impossible_measurements(tmp_path, capsys, change, message
     err = capsys.readouterr().err
     assert f"measurement {first} is invalid" in err and message in err, err
     assert not out.exists()
+
+
+def test_refit_names_a_missing_gpu_key_and_warns_of_one_outside_the_registry(tmp_path, capsys, caplog):
+    """Regression: a null key was written back as "None"; an unknown one skipped the FLOPs
+    check without a word."""
+    doc = json.loads(Path("costmodel/profiles/h200/qwen3-8b.json").read_text())
+    bad, out = tmp_path / "bad.json", tmp_path / "out.json"
+    doc["gpu"]["key"] = None
+    bad.write_text(json.dumps(doc))
+    assert main(["calibrate", "--refit", str(bad), "-o", str(out)]) == 2
+    assert "gpu.key must be a registry key such as 'h200', got None" in capsys.readouterr().err
+    doc["gpu"]["key"] = "tpu"
+    bad.write_text(json.dumps(doc))
+    assert main(["calibrate", "--refit", str(bad), "-o", str(out)]) == 0
+    assert "GPU key 'tpu' is not in the registry: no peak FLOP/s" in caplog.text
 
 
 def test_refit_with_a_model_says_refit_keeps_the_measured_model(tmp_path, capsys):

@@ -275,11 +275,12 @@ def test_errors_name_the_step_and_bad_lengths():
 
 def test_packing_safety_margin_and_unsupported_flags():
     lengths = [400] * 16
-    args = make_args(max_tokens_per_gpu=1000, packing_safety_margin=0.5, balance_data=True)
-    res = build_dp_schedule(
-        args, config(dp=2), lengths, global_batch_size=16, rollout_indices=list(range(16))
-    )
-    check(res, lengths, list(range(16)), 16, config(dp=2), cap=500)
+    for margin in (0.5, np.float32(0.5)):  # a numpy float from a config is a margin too
+        args = make_args(max_tokens_per_gpu=1000, packing_safety_margin=margin, balance_data=True)
+        res = build_dp_schedule(
+            args, config(dp=2), lengths, global_batch_size=16, rollout_indices=list(range(16))
+        )
+        check(res, lengths, list(range(16)), 16, config(dp=2), cap=500)
     for flag, value in (("global_batch_tokens", 4096), ("multimodal_aware_packing", "separate")):
         with pytest.raises(ValueError, match=f"{flag}=.* is not supported"):
             build_dp_schedule(

@@ -37,6 +37,16 @@ def _toy(spec=SPEC, *, per_layer=0.01, per_mb=0.5):
     return CostModel(spec=spec, gpu="NVIDIA H200", gpu_key="h200", curves=curves)
 
 
+def test_constructor_takes_a_preset_name_and_refuses_a_bad_reference_count():
+    """Regression: spec="qwen3-8b" was an AttributeError, reference_tokens "8192" a
+    TypeError and 1.5 silently 1."""
+    m = _toy(spec="qwen3-8b")
+    assert m.spec == ModelSpec.from_preset("qwen3-8b")
+    for bad in ("8192", 1.5, float("nan"), 0):
+        with pytest.raises(ValueError, match="reference_tokens must be an integer >= 1"):
+            CostModel(spec=SPEC, gpu="NVIDIA H200", curves=m.curves, reference_tokens=bad)
+
+
 def test_formula_by_hand():
     m = _toy()
     lengths = [1000, 3000]

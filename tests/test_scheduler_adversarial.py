@@ -398,3 +398,18 @@ def test_a_sample_over_the_cap_under_a_share_gets_the_rest_of_one(fraction):
         logging.disable(logging.NOTSET)
     check_schedule(s, np.r_[short, [huge]], dp=16, cap=1024)
     assert s.makespan_over_lower_bound <= 1.001
+
+
+def test_a_cost_model_path_object_and_a_strict_flag_that_is_not_a_bool():
+    """Regression: a pathlib.Path was refused (the docstring takes a file path), and
+    strict="no" read as on."""
+    from costmodel.profiles import profile_path
+
+    lengths = [100, 2000, 300, 40]
+    by_path = build_schedule(lengths, dp_size=2, max_tokens_per_microbatch=4096,
+                             cost=profile_path("h200", "qwen3-8b"), spec="qwen3-8b")
+    by_name = build_schedule(lengths, dp_size=2, max_tokens_per_microbatch=4096,
+                             cost="h200/qwen3-8b", spec="qwen3-8b")
+    assert by_path.digest() == by_name.digest()
+    with pytest.raises(ValueError, match="strict must be True or False, got 'no'"):
+        build_schedule(lengths, dp_size=2, max_tokens_per_microbatch=4096, strict="no")

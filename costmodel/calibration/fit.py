@@ -86,7 +86,7 @@ class Record:
         moe = d.get("moe", False)
         if not isinstance(moe, bool):  # "false" would read as True
             raise ValueError(f"moe must be true or false, got {moe!r}")
-        ms, spread = float(d["ms"]), float(d.get("spread", 0.0))
+        ms, spread = _number(d["ms"], "ms"), _number(d.get("spread", 0.0), "spread")
         check_time(ms, spread)
         return cls(d["kind"], d["mode"], lengths, ms, spread, moe)
 
@@ -100,6 +100,13 @@ def _whole(value: Any, what: str, most: int = MAX_LENGTH) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= most:
         raise ValueError(f"{what} must be a whole number in 1..{most:,}, got {value!r:.40}")
     return value
+
+
+def _number(value: Any, what: str) -> float:
+    """A stored number as a float ("1.0" and true are not times)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"{what} must be a number, got {value!r:.40}")
+    return float(value)
 
 
 def check_time(ms: float, spread: float) -> None:

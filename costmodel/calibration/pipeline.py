@@ -216,7 +216,9 @@ def refit(doc: Mapping[str, Any], *, source: str, command: str | None = None) ->
     try:
         spec = ModelSpec.from_dict(doc["spec"])
         measurements = list(doc["measurements"])
-        gpu_key, gpu_name = str(doc["gpu"]["key"]), doc["gpu"].get("name")
+        gpu_key, gpu_name = doc["gpu"]["key"], doc["gpu"].get("name")
+        if not isinstance(gpu_key, str) or not gpu_key.strip():  # null was written as "None"
+            raise ValueError(f"gpu.key must be a registry key such as 'h200', got {gpu_key!r:.40}")
         device = dict(doc["device"])
     except (AttributeError, KeyError, TypeError, ValueError) as err:
         raise ValueError(
@@ -248,7 +250,9 @@ def refit(doc: Mapping[str, Any], *, source: str, command: str | None = None) ->
     try:
         info = lookup_gpu(gpu_key)
     except ValueError:
-        info = None
+        info = None  # as a calibration on a GPU outside the registry: the check is noted
+        logger.warning("%s: GPU key %r is not in the registry: no peak FLOP/s to check the "
+                       "measurements against", source, gpu_key)
     device.setdefault("name", gpu_name)
     model = fit_measurements(
         spec, records, device=device, sweep=sweep, gpu_key=gpu_key, gpu_info=info,

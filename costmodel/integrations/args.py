@@ -21,8 +21,12 @@ Numpy only: torch is imported lazily and only to read the name of the GPU in use
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
+import numbers
 from typing import Any
+
+import numpy as np
 
 from costmodel.calibration.device import current_gpu_name
 from costmodel.checks import positive_int
@@ -147,22 +151,37 @@ def _flag(args: argparse.Namespace, name: str, default: Any = None) -> Any:
     return getattr(args, name, default)
 
 
+def _switch(args: argparse.Namespace, name: str) -> bool:
+    """An on/off flag's value: true or false (argparse's store_true), else ValueError; the
+    string "False" from a config system would otherwise read as on."""
+    value = _flag(args, name, False)
+    if value is None:
+        return False
+    if not isinstance(value, (bool, np.bool_)):
+        raise ValueError(f"--{name.replace('_', '-')} must be true or false, got {value!r:.60}")
+    return bool(value)
+
+
 def _tokens(value: Any, flag: str) -> int:
-    """A token count from a flag's value, or ValueError (a switch, text, a float...)."""
-    if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
-        raise ValueError(f"{flag} must be a number of tokens, got {value!r}")
-    try:
+    """A token count from a flag's value (an integer, a whole float, or its digits), or
+    ValueError: a switch, other text, a fraction (Decimal("8192.7") became 8192)."""
+    whole = isinstance(value, numbers.Integral) or (
+        isinstance(value, (float, np.floating)) and float(value).is_integer())
+    if whole and not isinstance(value, (bool, np.bool_)):
         return int(value)
-    except (TypeError, ValueError):
-        raise ValueError(f"{flag} must be a number of tokens, got {value!r}") from None
+    if isinstance(value, str):
+        with contextlib.suppress(ValueError):
+            return int(value.strip())
+    raise ValueError(f"{flag} must be a number of tokens, got {value!r:.60}")
 
 
 def _cap(args: argparse.Namespace) -> int | None:
     cap = _flag(args, "max_tokens_per_gpu")
     if cap is None:
         return None
-    # -2 made a cap of -200 tokens
-    cp = positive_int(_flag(args, "context_parallel_size", 1) or 1, "--context-parallel-size")
+    # -2 made a cap of -200 tokens, and 0 read as 1
+    cp = _flag(args, "context_parallel_size", 1)
+    cp = 1 if cp is None else positive_int(cp, "--context-parallel-size")
     return _tokens(cap, "--max-tokens-per-gpu") * cp
 
 
@@ -184,7 +203,9 @@ def validate_args(args: argparse.Namespace, spec=None):
     - ``--cost-model`` is set without ``--balance-by-flops`` (it would be ignored);
     - ``--balance-by-flops`` is set and the model shape is neither given nor on ``args``;
     - the cost model does not load, or was calibrated for another model shape than ``spec``
-      (allowed only with ``--cost-model-allow-other-shape``).
+      (allowed only with ``--cost-model-allow-other-shape``);
+    - an on/off flag is not true or false, or ``--cost-model`` is empty.
+    FileNotFoundError (naming the flag) when the ``--cost-model`` file does not exist.
     Logs a warning when the cost model was measured on another GPU than the one in use
     (naming both), and an info line when no GPU is visible or the model is an estimate.
 
@@ -194,9 +215,12 @@ def validate_args(args: argparse.Namespace, spec=None):
     """
     if spec is not None:
         spec = as_spec(spec)  # a preset name or config.json path as well
-    dynamic = bool(_flag(args, "use_dynamic_batch_size", False))
-    by_flops = bool(_flag(args, "balance_by_flops", False))
+    dynamic = _switch(args, "use_dynamic_batch_size")
+    by_flops = _switch(args, "balance_by_flops")
     cost_model_arg = _flag(args, "cost_model")
+    if cost_model_arg is not None and not str(cost_model_arg).strip():  # "" balanced FLOPs
+        raise ValueError("--cost-model is empty: give a cost model file or a shipped name such "
+                         "as h200/qwen3-8b, or drop the flag to balance analytic FLOPs")
     raw_cap = _flag(args, "max_tokens_per_gpu")
     if raw_cap is not None and _tokens(raw_cap, "--max-tokens-per-gpu") < 1:
         raise ValueError(
@@ -237,7 +261,7 @@ def validate_args(args: argparse.Namespace, spec=None):
 
     from costmodel.model import load_cost_model
 
-    allow_other = bool(_flag(args, "cost_model_allow_other_shape", False))
+    allow_other = _switch(args, "cost_model_allow_other_shape")
     try:
         model = load_cost_model(cost_model_arg, spec=spec, allow_other_shape=allow_other)
     except ValueError as err:
@@ -312,23 +336,23 @@ def scheduler_from_args(
     (× context-parallel size); ``spec`` is passed through. ``dp_size`` is included when
     given. Call `validate_args` first (this calls it when it has not run yet).
     """
-    if spec is None and _flag(args, "balance_by_flops", False):
+    if spec is None and _switch(args, "balance_by_flops"):
         spec = _spec_from_args(args)  # Megatron-style shape fields, as validate_args does
     if not hasattr(args, _LOADED_ATTR):
         validate_args(args, spec=spec)
     cap = _cap(args)
-    if cap is None or not _flag(args, "use_dynamic_batch_size", False):
+    if cap is None or not _switch(args, "use_dynamic_batch_size"):
         # Without dynamic batch size, frameworks split by a fixed micro-batch size and ignore
         # the cap: a token-capped schedule would not be what runs.
         raise ValueError(
             "the scheduler packs micro-batches under a token cap: add --use-dynamic-batch-size "
             "--max-tokens-per-gpu TOKENS"
         )
-    if _flag(args, "balance_by_flops", False):
+    if _switch(args, "balance_by_flops"):
         model = getattr(args, _LOADED_ATTR)
         if (model is not None and spec is not None
                 and as_spec(spec).fingerprint() != model.spec.fingerprint()
-                and not _flag(args, "cost_model_allow_other_shape", False)):
+                and not _switch(args, "cost_model_allow_other_shape")):
             validate_args(args, spec=spec)  # validated for another spec: raises naming both
             model = getattr(args, _LOADED_ATTR)
         if model is not None:

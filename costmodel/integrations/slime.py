@@ -253,7 +253,8 @@ def build_dp_schedule(
         per_gpu = positive_int(per_gpu, "max_tokens_per_gpu")
         margin = getattr(args, "packing_safety_margin", None)
         margin = 1.0 if margin is None else margin
-        if isinstance(margin, bool) or not isinstance(margin, (int, float)) or not 0 < margin <= 1:
+        if (isinstance(margin, (bool, np.bool_)) or not isinstance(margin, (int, float, np.number))
+                or not 0 < margin <= 1):  # np.float32(0.9) from a config is a margin too
             raise ValueError(f"packing_safety_margin must be in (0, 1], got {margin!r}")
         cap = max(1, int(per_gpu * cp * margin))
     else:

@@ -99,9 +99,15 @@ def get_seqlen_balanced_partitions(
 
 
 def get_reverse_idx(idx_map: Sequence[int]) -> list[int]:
-    """The inverse permutation: ``out[idx_map[i]] = i``."""
-    out = [0] * len(idx_map)
+    """The inverse permutation: ``out[idx_map[i]] = i``; ValueError unless ``idx_map`` is a
+    permutation of 0..n-1 (a repeated index gave a wrong inverse, silently)."""
+    n = len(idx_map)
+    out = [-1] * n
     for i, idx in enumerate(idx_map):
+        if (isinstance(idx, (bool, np.bool_)) or not isinstance(idx, (int, np.integer))
+                or not 0 <= idx < n or out[idx] >= 0):
+            raise ValueError(f"idx_map must be a permutation of 0..{n - 1}; entry {i} is "
+                             f"{idx!r:.40}")
         out[idx] = i
     return out
 
@@ -265,6 +271,9 @@ def _effective_lengths(batch: Any) -> np.ndarray:
                 f"attention_mask (batch × sequence) or a nested input_ids; got "
                 f"{type(batch).__name__} with {found}"
             )
+        if bool(((mask != 0) & (mask != 1)).any()):  # 0.5 or -1 summed to a wrong length
+            raise ValueError("attention_mask must hold 0 and 1 only (1: a token of the "
+                             "sequence); got other values")
         lengths = mask.sum(dim=1) if hasattr(mask, "cpu") else np.asarray(mask).sum(axis=1)
     lengths = np.asarray(lengths.tolist(), dtype=np.int64)
     empty = np.flatnonzero(lengths < 1)

@@ -27,6 +27,7 @@ from __future__ import annotations
 import functools
 import inspect
 import logging
+import os
 import types
 from collections.abc import Callable
 from typing import Any
@@ -381,6 +382,8 @@ def as_cost(cost: Any = "tokens", spec: Any = None, mode: str = "train") -> Cost
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
     if isinstance(cost, Cost):
         return cost
+    if isinstance(cost, os.PathLike):  # a cost model file given as a Path
+        cost = os.fspath(cost)
     if isinstance(cost, str):
         if cost == "tokens":
             return tokens_cost()

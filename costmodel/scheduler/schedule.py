@@ -307,6 +307,8 @@ def build_schedule(
     )
     n = lens.size
     over = lens > cap
+    if not isinstance(strict, (bool, np.bool_)):  # "no" would read as on
+        raise ValueError(f"strict must be True or False, got {strict!r:.40}")
     if strict and over.any():
         i = int(np.flatnonzero(over)[0])
         raise ValueError(
