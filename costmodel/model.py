@@ -401,10 +401,17 @@ def load_cost_model(
                          f"{path_or_name!r:.60}")
     text = os.fspath(path_or_name)
     p = Path(text)
-    if p.is_file():
+    try:
+        is_dir = p.is_dir()
+        readable = p.exists() and not is_dir  # a file, or a pipe such as <(cat file.json)
+    except OSError as err:  # a name longer than the filesystem takes, say
+        shown = repr(text[:60]) + ("..." if len(text) > 60 else "")
+        raise ValueError(f"{shown}: no cost model file can be there ({err.strerror}); give "
+                         "a file path or a name like 'h200/qwen3-8b'") from None
+    if readable:
         doc = read_document(p)
         return CostModel.from_dict(doc, source=str(p), spec=spec, allow_other_shape=allow_other_shape)
-    if p.suffix == ".json" or p.is_dir():
+    if p.suffix == ".json" or is_dir:
         raise FileNotFoundError(f"no cost model file at {text}")
     m = _NAME_RE.match(text.strip())
     if m:

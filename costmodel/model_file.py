@@ -190,8 +190,11 @@ def atomic_output(path: str | os.PathLike) -> Iterator[Path]:
     the umask allows), not mkstemp's 0600."""
     target = _checked_output_path(path, "output", probe=False)  # the temp file below probes
     folder = target.parent if str(target.parent) else Path(".")
-    folder.mkdir(parents=True, exist_ok=True)
-    fd, tmp = _create_temp(folder)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        fd, tmp = _create_temp(folder)
+    except OSError as err:  # a folder that takes no files (/proc): name the target, not a temp
+        raise ValueError(f"{target}: cannot write there ({err.strerror or err})") from None
     os.close(fd)
     try:
         yield tmp

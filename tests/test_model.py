@@ -306,6 +306,28 @@ def test_a_malformed_validation_block_is_skipped_with_a_warning(tmp_path, good_d
     assert "validation block is malformed" in caplog.text
 
 
+def test_paths_no_file_can_have_and_pipes(tmp_path, good_doc):
+    """Regression: a 5,000-character name was a raw OSError, a pipe "no cost model file",
+    and a save into /proc a FileNotFoundError naming the temp file."""
+    import os
+    import threading
+
+    with pytest.raises(ValueError, match=r"'aaaa.*\.\.\.: no cost model file can be there"):
+        load_cost_model("a" * 5000)
+    if hasattr(os, "mkfifo"):
+        fifo = tmp_path / "model.json"
+        os.mkfifo(fifo)
+        writer = threading.Thread(target=lambda: fifo.write_text(json.dumps(good_doc)))
+        writer.start()
+        try:
+            assert load_cost_model(fifo).spec == SPEC
+        finally:
+            writer.join(timeout=10)
+    if os.path.isdir("/proc/self"):
+        with pytest.raises(ValueError, match=r"^/proc/x\.json: cannot write there"):
+            load_cost_model("h200/qwen3-0.6b").save("/proc/x.json")
+
+
 def test_other_model_shape(tmp_path, good_doc):
     p = _write(tmp_path, json.dumps(good_doc))
     other = ModelSpec.from_preset("llama-3.1-8b")

@@ -109,3 +109,20 @@ def test_a_text_file_named_npy_is_not_sent_to_pickle(tmp_path):
     with pytest.raises(ValueError, match=r"lengths\.npy: not a \.npy array of lengths \(not a "
                        r"\.npy file\); save an integer array with numpy\.save, or give the lengths as a text"):
         read_lengths(tmp_path / "lengths.npy")
+
+
+def test_lengths_from_a_pipe(tmp_path):
+    """Regression: `--lengths <(...)` and /dev/stdin were "lengths file not found"."""
+    import os
+    import threading
+
+    if not hasattr(os, "mkfifo"):
+        pytest.skip("no named pipes here")
+    fifo = tmp_path / "lengths"
+    os.mkfifo(fifo)
+    writer = threading.Thread(target=lambda: fifo.write_text("100\n200\n"))
+    writer.start()
+    try:
+        assert read_lengths(fifo).tolist() == [100, 200]
+    finally:
+        writer.join(timeout=10)

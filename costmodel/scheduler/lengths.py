@@ -110,7 +110,7 @@ def read_lengths(path: str | Path) -> np.ndarray:
     p = Path(path)
     if p.is_dir():
         raise ValueError(f"{p} is a folder; give a lengths file (one length per line)")
-    if not p.is_file():
+    if not p.exists():  # a pipe or /dev/stdin is read as text, as `<(...)` in a shell gives
         raise FileNotFoundError(f"lengths file not found: {p}")
     if p.suffix == ".npy":
         return _read_npy(p)
