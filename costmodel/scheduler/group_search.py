@@ -144,11 +144,11 @@ class _Slots(NamedTuple):
     group: np.ndarray  # per piece: its group's place in the groups asked for
     place: np.ndarray  # per piece: its place among its group's pieces
 
-    def swapped_in(self, other: _Slots, other_size: np.ndarray) -> np.ndarray:
-        """For a swap of each group with the other's (``other_size``: their piece counts):
-        the slot of the other group's piece (this one's j mod their piece count) that each
-        of these pieces goes into."""
-        return other.start[self.group] + self.place % other_size[self.group]
+    def swapped_in(self, other: _Slots) -> np.ndarray:
+        """For a swap of each group with the other's (the same places in their lists): the
+        slot of the other group's piece that each of these pieces goes into, its j-th into
+        the (j mod their piece count)-th, so the largest take the room the largest left."""
+        return other.start[self.group] + self.place % np.diff(other.start)[self.group]
 
 
 def _slots(pc: _Pieces, groups_: np.ndarray) -> _Slots:
@@ -170,7 +170,6 @@ def _sweep(st: BinState, groups: np.ndarray, by_group: np.ndarray, tol: float, f
     a = np.flatnonzero(on_a)
     pa = pair_of[a]
     load_a, load_b = st.load[a_ranks[pa]], st.load[b_ranks[pa]]
-    size = pc.size
 
     # Group a leaves A (its pieces' micro-batches lose them): shared by moves and swaps.
     sa = _slots(pc, a)
@@ -191,9 +190,9 @@ def _sweep(st: BinState, groups: np.ndarray, by_group: np.ndarray, tol: float, f
     pair_b_of = np.where(on_a, -1, pair_of)
     for h in swap_partners(pa, pc.q[a], gap[pa], pair_b_of, pc.q, int(gap.max())):
         sh = _slots(pc, h)
-        into_a = _side(st, pc.bin[sa.pieces], sa.pieces, sa.start, sh.swapped_in(sa, size[a]),
+        into_a = _side(st, pc.bin[sa.pieces], sa.pieces, sa.start, sh.swapped_in(sa),
                        sh.pieces, pc)
-        into_b = _side(st, pc.bin[sh.pieces], sh.pieces, sh.start, sa.swapped_in(sh, size[h]),
+        into_b = _side(st, pc.bin[sh.pieces], sh.pieces, sh.start, sa.swapped_in(sh),
                        sa.pieces, pc)
         ok = (pair_b_of[h] == pa) & into_a.ok & into_b.ok
         values.append(np.where(ok, np.maximum(load_a + into_a.delta, load_b + into_b.delta), _NONE))
@@ -214,8 +213,8 @@ def _sweep(st: BinState, groups: np.ndarray, by_group: np.ndarray, tol: float, f
         g, h = a[swapped], np.stack(partners)[kind[swapped] - 1, swapped]
         sg, sh = _slots(pc, g), _slots(pc, h)
         sent += [sh.pieces, sg.pieces]
-        to += [pc.bin[sg.pieces[sh.swapped_in(sg, size[g])]],
-               pc.bin[sh.pieces[sg.swapped_in(sh, size[h])]]]
+        to += [pc.bin[sg.pieces[sh.swapped_in(sg)]],
+               pc.bin[sh.pieces[sg.swapped_in(sh)]]]
     _send(st, pc, np.concatenate(sent), np.concatenate(to))
     st.refresh()
     return int(win.size)
