@@ -377,6 +377,9 @@ def test_interrupting_the_launcher_stops_its_workers_and_keeps_the_old_log(tmp_p
          *FAST, "--steps", "3000", "--use-dynamic-batch-size", "--max-tokens-per-gpu", "4096",
          "--log-json", str(log)],
         cwd=tmp_path, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        # Its own process group, to clean up after a failure; and SIGINT handled even where
+        # this test runs in a process that ignores it (a pytest-xdist worker does).
+        start_new_session=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     try:
         deadline = time.monotonic() + 120
@@ -388,7 +391,8 @@ def test_interrupting_the_launcher_stops_its_workers_and_keeps_the_old_log(tmp_p
         _, err = proc.communicate(timeout=60)
     finally:
         if proc.poll() is None:
-            proc.kill()
+            os.killpg(proc.pid, signal.SIGKILL)  # the launcher and its workers
+            proc.communicate()
     assert proc.returncode == 130, err
     assert err.strip().endswith("interrupted")
     assert log.read_text() == "previous run\n"
