@@ -350,6 +350,8 @@ def from_document(
         )
     gpu = _require(doc, "gpu", Mapping, source, "")
     gpu_name = _require(gpu, "name", str, source, "gpu.")
+    if not gpu_name.strip():  # it labels every table and is checked against the device
+        raise _fail(source, "gpu.name is empty; it names the GPU the file was measured on")
     is_estimate = _require(doc, "is_estimate", bool, source, "")
     curves_doc = _require(doc, "curves", Mapping, source, "")
     if not curves_doc:

@@ -328,6 +328,12 @@ def test_paths_no_file_can_have_and_pipes(tmp_path, good_doc):
             load_cost_model("h200/qwen3-0.6b").save("/proc/x.json")
 
 
+def test_an_empty_gpu_name_is_refused(tmp_path, good_doc):
+    good_doc["gpu"]["name"] = " "
+    with pytest.raises(ValueError, match="gpu.name is empty"):
+        load_cost_model(_write(tmp_path, json.dumps(good_doc)))
+
+
 def test_other_model_shape(tmp_path, good_doc):
     p = _write(tmp_path, json.dumps(good_doc))
     other = ModelSpec.from_preset("llama-3.1-8b")
