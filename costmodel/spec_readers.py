@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ast
 import json
+import logging
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,8 @@ from typing import Any
 from costmodel.spec import MAX_LAYERS, ModelSpec
 
 __all__ = ["HF_MODEL_TYPES", "read_hf_config", "read_megatron_args"]
+
+logger = logging.getLogger(__name__)
 
 
 def read_hf_config(path: str | Path) -> ModelSpec:
@@ -131,7 +134,7 @@ def _from_hf(cfg: Mapping[str, Any], name: str) -> ModelSpec:
         vocab_size=need("vocab_size"),
         tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
         qk_norm=model_type in ("qwen3", "qwen3_moe"),
-        dtype=_hf_dtype(cfg.get("torch_dtype") or cfg.get("dtype")),
+        dtype=_hf_dtype(cfg),
     )
     if model_type in ("qwen2_moe", "qwen3_moe"):
         num_experts = need("num_experts")
@@ -182,13 +185,19 @@ def _hf_sliding_window(cfg: Mapping[str, Any], model_type: str, layers: int) -> 
     return {}
 
 
-def _hf_dtype(value: Any) -> str:
+def _hf_dtype(cfg: Mapping[str, Any]) -> str:
+    """The dtype the model trains in. A value this project does not time ("auto",
+    "float8_e4m3fn") reads as bf16 with a warning rather than an error: the shape is still
+    good for FLOPs, and calibrate times in its own --dtype anyway."""
+    key = "torch_dtype" if cfg.get("torch_dtype") is not None else "dtype"
+    value = cfg.get(key)
     if value is None:
         return "bf16"
-    if not isinstance(value, str) or value not in _HF_DTYPES:
-        raise ValueError(f"config field 'torch_dtype' is {value!r:.40}; the model is timed in "
-                         f"one of {', '.join(_HF_DTYPES)}: set it to the dtype you train in")
-    return _HF_DTYPES[value]
+    if isinstance(value, str) and value in _HF_DTYPES:
+        return _HF_DTYPES[value]
+    logger.warning("config field %r is %.40r, not one of %s; reading the model as bf16 "
+                   "(calibrate --dtype chooses what is timed)", key, value, ", ".join(_HF_DTYPES))
+    return "bf16"
 
 
 # ---- Megatron-style arguments ----------------------------------------------------------

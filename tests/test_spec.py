@@ -257,7 +257,6 @@ def test_megatron_missing_field():
     ("tie_word_embeddings", "false", "'tie_word_embeddings' must be true or false"),
     ("mlp_only_layers", [-1, 999], "'mlp_only_layers' must be a list of layer indices"),
     ("num_hidden_layers", 10**9, "'num_hidden_layers' is 1,000,000,000, past the largest"),
-    ("torch_dtype", "int8", "'torch_dtype' is 'int8'; the model is timed in one of bfloat16"),
     ("max_window_layers", "x", "'max_window_layers' must be a non-negative integer"),
     ("mlp_only_layers", 3, "'mlp_only_layers' must be a list of layer indices"),
     ("decoder_sparse_step", "2", "'decoder_sparse_step' must be a positive integer"),
@@ -270,6 +269,25 @@ def test_malformed_hf_config_fields_are_named(tmp_path, field, value, message):
     path.write_text(json.dumps(cfg))
     with pytest.raises(ValueError, match=f"config.json: config field {message}"):
         ModelSpec.from_hf_config(path)
+
+
+@pytest.mark.parametrize("key, value, expected", [
+    ("torch_dtype", "float16", "fp16"), ("dtype", "float32", "fp32"), ("torch_dtype", None, "bf16"),
+    ("torch_dtype", "auto", "bf16"), ("dtype", "float8_e4m3fn", "bf16"), ("torch_dtype", 8, "bf16"),
+])
+def test_hf_dtype_reads_known_names_and_warns_on_others(tmp_path, caplog, key, value, expected):
+    # "auto" or fp8 still describes a shape FLOPs can be counted for; refusing it stopped even
+    # `costmodel flops`, and calibrate times in its own --dtype.
+    cfg = {"model_type": "qwen3", "hidden_size": 64, "num_attention_heads": 4,
+           "num_hidden_layers": 2, "vocab_size": 128, "intermediate_size": 96, key: value}
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(cfg))
+    assert ModelSpec.from_hf_config(path).dtype == expected
+    warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    if expected == "bf16" and value is not None:
+        assert warned and f"config field {key!r} is {value!r}" in warned[0]
+    else:
+        assert not warned
 
 
 @pytest.mark.parametrize("change, message", [
