@@ -41,6 +41,7 @@ reaches it through seqlen_balancing's own prepare_dynamic_batch).
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Sequence
 from itertools import chain
 from typing import Any
@@ -103,13 +104,23 @@ def get_reverse_idx(idx_map: Sequence[int]) -> list[int]:
     permutation of 0..n-1 (a repeated index gave a wrong inverse, silently)."""
     n = len(idx_map)
     out = [-1] * n
-    for i, idx in enumerate(idx_map):
-        if (isinstance(idx, (bool, np.bool_)) or not isinstance(idx, (int, np.integer))
-                or not 0 <= idx < n or out[idx] >= 0):
+    for i, entry in enumerate(idx_map):
+        idx = _index(entry)  # an int, a numpy integer, or an entry of a torch index tensor
+        if idx is None or not 0 <= idx < n or out[idx] >= 0:
             raise ValueError(f"idx_map must be a permutation of 0..{n - 1}; entry {i} is "
-                             f"{idx!r:.40}")
+                             f"{entry!r:.40}")
         out[idx] = i
     return out
+
+
+def _index(entry: Any) -> int | None:
+    """``entry`` as a Python int, or None for a float or a bool (a mask is no index map)."""
+    if isinstance(entry, (bool, np.bool_)) or "bool" in str(getattr(entry, "dtype", "")):
+        return None
+    try:
+        return operator.index(entry)
+    except TypeError:
+        return None
 
 
 def rearrange_micro_batches(
