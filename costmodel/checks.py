@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
+import numbers
+from decimal import Decimal
 from typing import Any
 
 import numpy as np
 
-__all__ = ["positive_int"]
+__all__ = ["on_off", "positive_int", "whole_number"]
 
 
 def positive_int(value: Any, name: str) -> int:
@@ -15,3 +18,34 @@ def positive_int(value: Any, name: str) -> int:
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) or value < 1:
         raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
     return int(value)
+
+
+def on_off(value: Any, name: str) -> bool:
+    """A switch from a flag or a config: None, a bool (numpy's too) or the integers 0 and 1
+    (YAML and int-typed configs). ValueError naming ``name`` otherwise: the string "False"
+    would read as on."""
+    if value is None:
+        return False
+    if isinstance(value, (bool, np.bool_)) or (isinstance(value, (int, np.integer)) and value in (0, 1)):
+        return bool(value)
+    raise ValueError(f"{name} must be true or false, got {value!r:.60}")
+
+
+def whole_number(value: Any, name: str) -> int:
+    """A count from a flag or a config: an integer, a whole float, Decimal or Fraction, a 0-d
+    array, or its digits as text. ValueError naming ``name`` for a switch, other text or a
+    fraction (Decimal("8192.7") became 8192)."""
+    if getattr(value, "ndim", None) == 0 and hasattr(value, "item"):
+        value = value.item()  # a 0-d numpy array or torch tensor
+    if isinstance(value, (bool, np.bool_)):
+        raise ValueError(f"{name} must be a whole number, got {value!r:.60}")
+    if isinstance(value, numbers.Integral):
+        return int(value)
+    if isinstance(value, (numbers.Rational, Decimal, float, np.floating)):
+        with contextlib.suppress(ValueError, OverflowError):  # nan, inf
+            if value == int(value):
+                return int(value)
+    if isinstance(value, str):
+        with contextlib.suppress(ValueError):
+            return int(value.strip())
+    raise ValueError(f"{name} must be a whole number, got {value!r:.60}")

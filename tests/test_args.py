@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import decimal
+import fractions
 import logging
 
 import pytest
@@ -275,7 +276,7 @@ def test_their_cap_that_is_not_a_number_of_tokens(definition, argv):
     parser = argparse.ArgumentParser()
     parser.add_argument("--max-tokens-per-gpu", **definition)
     args = parse(["--use-dynamic-batch-size", *argv], parser)
-    with pytest.raises(ValueError, match="must be a number of tokens"):
+    with pytest.raises(ValueError, match="--max-tokens-per-gpu must be a whole number"):
         validate_args(args, spec=SPEC)
 
 
@@ -327,9 +328,10 @@ def test_slime_style_namespace():
     # Each was accepted: "False" read as on, "" balanced FLOPs, 0 read as 1, 8192.7 as 8192.
     (dict(use_dynamic_batch_size="False"), "--use-dynamic-batch-size must be true or false"),
     (dict(balance_by_flops="yes"), "--balance-by-flops must be true or false"),
+    (dict(balance_by_flops=2), "--balance-by-flops must be true or false"),
     (dict(cost_model=""), "--cost-model is empty"),
     (dict(context_parallel_size=0), "--context-parallel-size"),
-    (dict(max_tokens_per_gpu=decimal.Decimal("8192.7")), "must be a number of tokens"),
+    (dict(max_tokens_per_gpu=decimal.Decimal("8192.7")), "--max-tokens-per-gpu must be a whole number"),
 ])
 def test_flag_values_a_config_system_could_pass_are_checked(change, message):
     args = argparse.Namespace(use_dynamic_batch_size=True, max_tokens_per_gpu=8192,
@@ -342,7 +344,11 @@ def test_flag_values_a_config_system_could_pass_are_checked(change, message):
 def test_whole_numbers_of_tokens_in_any_form_are_taken():
     import numpy as np
 
-    for cap in (8192, np.int64(8192), 8192.0, " 8192 "):
-        args = argparse.Namespace(use_dynamic_batch_size=np.bool_(True), max_tokens_per_gpu=cap,
-                                  balance_by_flops=False, cost_model=None)
-        assert scheduler_from_args(args, SPEC)["max_tokens_per_microbatch"] == 8192
+    # A YAML or int-typed config gives its switches as 1 and 0, and its numbers as Decimals,
+    # Fractions or 0-d arrays: each was refused once.
+    for cap in (8192, np.int64(8192), 8192.0, " 8192 ", decimal.Decimal("8192"),
+                fractions.Fraction(8192), np.array(8192), np.array(8192.0)):
+        for on in (True, np.bool_(True), 1, np.int8(1)):
+            args = argparse.Namespace(use_dynamic_batch_size=on, max_tokens_per_gpu=cap,
+                                      balance_by_flops=0, cost_model=None)
+            assert scheduler_from_args(args, SPEC)["max_tokens_per_microbatch"] == 8192

@@ -242,11 +242,31 @@ def test_balance_data_without_a_model_shape_balances_tokens(caplog):
     ({}, {}, None, "train_parallel_config must be a dict with 'dp_size'"),
     ({"dp_size": 2}, {}, [float("nan")] * 8, r"rollout_indices\[0\] is NaN"),
     ({"dp_size": 2}, {}, 7, "rollout_indices must be a sequence"),
+    # Read as on (bool("False")), as no cost model (""), and as 8192 (int(8192.7)) once:
+    ({"dp_size": 2}, {"use_dynamic_batch_size": "False"}, None, "use_dynamic_batch_size must be true or false"),
+    ({"dp_size": 2}, {"balance_by_flops": 2}, None, "balance_by_flops must be true or false"),
+    ({"dp_size": 2}, {"cost_model": " "}, None, "cost_model is empty"),
+    ({"dp_size": 2}, {"max_tokens_per_gpu": 8192.7}, None, "max_tokens_per_gpu must be a whole number"),
+    ({"dp_size": 2}, {"max_tokens_per_gpu": 0}, None, "max_tokens_per_gpu must be >= 1"),
 ])
 def test_bad_parallel_config_and_flags_are_refused(cfg, flags, ids, says):
     with pytest.raises(ValueError, match=says):
         build_dp_schedule(make_args(**flags), cfg, [10] * 8, global_batch_size=2,
                           rollout_indices=[0, 0, 0, 0, 1, 1, 1, 1] if ids is None else ids)
+
+
+def test_switches_and_caps_from_a_yaml_config_read_as_the_training_flags_do():
+    """1/0 switches and a Decimal cap (YAML, int-typed configs) mean what True/False and an
+    int do, as they do for the training flags in costmodel.integrations.args."""
+    import decimal
+
+    lengths, ids = [10, 30, 20, 40] * 2, [0, 0, 0, 0, 1, 1, 1, 1]
+    plain = build_dp_schedule(make_args(balance_by_flops=True), config(dp=2), lengths,
+                              global_batch_size=1, rollout_indices=ids)
+    yaml = build_dp_schedule(make_args(use_dynamic_batch_size=1, balance_by_flops=1, balance_data=0,
+                                       max_tokens_per_gpu=decimal.Decimal("16384")),
+                             config(dp=2), lengths, global_batch_size=1, rollout_indices=ids)
+    assert yaml == plain
 
 
 def test_errors_name_the_step_and_bad_lengths():

@@ -21,15 +21,11 @@ Numpy only: torch is imported lazily and only to read the name of the GPU in use
 from __future__ import annotations
 
 import argparse
-import contextlib
 import logging
-import numbers
 from typing import Any
 
-import numpy as np
-
 from costmodel.calibration.device import current_gpu_name
-from costmodel.checks import positive_int
+from costmodel.checks import on_off, positive_int, whole_number
 from costmodel.flops import MAX_LENGTH
 from costmodel.spec import as_spec
 
@@ -152,27 +148,7 @@ def _flag(args: argparse.Namespace, name: str, default: Any = None) -> Any:
 
 
 def _switch(args: argparse.Namespace, name: str) -> bool:
-    """An on/off flag's value: true or false (argparse's store_true), else ValueError; the
-    string "False" from a config system would otherwise read as on."""
-    value = _flag(args, name, False)
-    if value is None:
-        return False
-    if not isinstance(value, (bool, np.bool_)):
-        raise ValueError(f"--{name.replace('_', '-')} must be true or false, got {value!r:.60}")
-    return bool(value)
-
-
-def _tokens(value: Any, flag: str) -> int:
-    """A token count from a flag's value (an integer, a whole float, or its digits), or
-    ValueError: a switch, other text, a fraction (Decimal("8192.7") became 8192)."""
-    whole = isinstance(value, numbers.Integral) or (
-        isinstance(value, (float, np.floating)) and float(value).is_integer())
-    if whole and not isinstance(value, (bool, np.bool_)):
-        return int(value)
-    if isinstance(value, str):
-        with contextlib.suppress(ValueError):
-            return int(value.strip())
-    raise ValueError(f"{flag} must be a number of tokens, got {value!r:.60}")
+    return on_off(_flag(args, name, False), f"--{name.replace('_', '-')}")
 
 
 def _cap(args: argparse.Namespace) -> int | None:
@@ -182,7 +158,7 @@ def _cap(args: argparse.Namespace) -> int | None:
     # -2 made a cap of -200 tokens, and 0 read as 1
     cp = _flag(args, "context_parallel_size", 1)
     cp = 1 if cp is None else positive_int(cp, "--context-parallel-size")
-    return _tokens(cap, "--max-tokens-per-gpu") * cp
+    return whole_number(cap, "--max-tokens-per-gpu") * cp
 
 
 def _spec_from_args(args: argparse.Namespace):
@@ -222,7 +198,7 @@ def validate_args(args: argparse.Namespace, spec=None):
         raise ValueError("--cost-model is empty: give a cost model file or a shipped name such "
                          "as h200/qwen3-8b, or drop the flag to balance analytic FLOPs")
     raw_cap = _flag(args, "max_tokens_per_gpu")
-    if raw_cap is not None and _tokens(raw_cap, "--max-tokens-per-gpu") < 1:
+    if raw_cap is not None and whole_number(raw_cap, "--max-tokens-per-gpu") < 1:
         raise ValueError(
             f"--max-tokens-per-gpu must be a positive number of tokens, got {raw_cap}"
         )

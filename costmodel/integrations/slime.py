@@ -60,7 +60,7 @@ from typing import Any
 
 import numpy as np
 
-from costmodel.checks import positive_int
+from costmodel.checks import on_off, positive_int, whole_number
 from costmodel.flops import as_lengths
 from costmodel.scheduler import build_schedule, karmarkar_karp
 from costmodel.scheduler.baselines import align_bins, first_fit_pack
@@ -81,11 +81,11 @@ def _spec_from_args(args: Any):
 def _resolve_cost(args: Any) -> tuple[Any, Any, bool]:
     """(cost, spec, balance) from the flags."""
     cost_model = getattr(args, "cost_model", None)
-    balance = bool(
-        getattr(args, "balance_data", False)
-        or getattr(args, "balance_by_flops", False)
-        or cost_model
-    )
+    if cost_model is not None and not str(cost_model).strip():  # as the training flags say
+        raise ValueError("cost_model is empty: give a cost model file or a shipped name such as "
+                         "h200/qwen3-8b, or unset it to balance analytic FLOPs")
+    by_flops = _on(args, "balance_by_flops")
+    balance = _on(args, "balance_data") or by_flops or cost_model is not None
     if cost_model:
         from costmodel.model import cached_cost_model  # called once per step
 
@@ -94,12 +94,12 @@ def _resolve_cost(args: Any) -> tuple[Any, Any, bool]:
         except ValueError as err:
             logger.warning("model shape not on args (%s); cost model shape not checked", err)
             spec = None
-        allow = bool(getattr(args, "cost_model_allow_other_shape", False))
+        allow = _on(args, "cost_model_allow_other_shape")
         model = cached_cost_model(cost_model, spec=spec, allow_other_shape=allow)
         return model, spec, balance
     if balance:
         no_shape = all(getattr(args, key, None) is None for key in _SHAPE_FIELDS)
-        if no_shape and not getattr(args, "balance_by_flops", False):
+        if no_shape and not by_flops:
             # balance_data alone: slime balanced it by tokens in some releases, by FLOPs in
             # others; with no model shape on args at all, tokens it is (a shape that is
             # there but wrong is still an error).
@@ -109,7 +109,7 @@ def _resolve_cost(args: Any) -> tuple[Any, Any, bool]:
         try:
             return "flops", _spec_from_args(args), balance
         except ValueError as err:
-            flag = "balance_by_flops" if getattr(args, "balance_by_flops", False) else "balance_data"
+            flag = "balance_by_flops" if by_flops else "balance_data"
             raise ValueError(f"{flag} balances analytic FLOPs, which need the model shape: {err}") from None
     return "tokens", None, balance
 
@@ -117,6 +117,11 @@ def _resolve_cost(args: Any) -> tuple[Any, Any, bool]:
 # Megatron's model-shape fields: with none of them on args, balance_data balances tokens.
 _SHAPE_FIELDS = ("hidden_size", "num_attention_heads", "num_layers")
 _warned: set[str] = set()
+
+
+def _on(args: Any, name: str) -> bool:
+    """A switch on slime's args; the string "False" from a config is refused, not on."""
+    return on_off(getattr(args, name, None), name)
 
 
 def _warn_once(message: str) -> None:
@@ -243,14 +248,16 @@ def build_dp_schedule(
                 f"{unsupported}={getattr(args, unsupported)!r} is not supported by the costmodel "
                 f"drop-in; unset it or use slime's own build_dp_schedule"
             )
-    dynamic = bool(getattr(args, "use_dynamic_batch_size", False))
+    dynamic = _on(args, "use_dynamic_batch_size")
     cost, spec, balance = _resolve_cost(args)
     cap = None
     if dynamic:
         per_gpu = getattr(args, "max_tokens_per_gpu", None)
         if per_gpu is None:
             raise ValueError("use_dynamic_batch_size needs max_tokens_per_gpu >= 1")
-        per_gpu = positive_int(per_gpu, "max_tokens_per_gpu")
+        per_gpu = whole_number(per_gpu, "max_tokens_per_gpu")
+        if per_gpu < 1:
+            raise ValueError(f"max_tokens_per_gpu must be >= 1, got {per_gpu}")
         margin = getattr(args, "packing_safety_margin", None)
         margin = 1.0 if margin is None else margin
         if (isinstance(margin, (bool, np.bool_)) or not isinstance(margin, (int, float, np.number))
