@@ -42,7 +42,7 @@ __all__ = [
 ]
 
 _NONE = np.iinfo(np.int64).max
-_TABLE_MAX = 1 << 17  # caps `BinState.tabulate_tokens` tabulates (up to 2 MiB of int64)
+_TABLE_MAX = 1 << 17  # caps `BinState.tabulate_tokens` tabulates (up to 1 MiB of int64)
 
 
 class BinState:
@@ -143,14 +143,11 @@ class BinState:
         return out
 
     def tabulate_tokens(self) -> None:
-        """Look the token part up in a table of every fill up to twice the cap from now on
-        (a search that prices many candidates), and recount with it, so that every cost
-        compared comes from the same numbers. Twice: a group search prices every candidate
-        before it drops those over the cap, and off the table each costs a curve
-        evaluation (~7% of a grouped schedule at dp 1024). Caps past 2**17 are left to
-        the curve."""
+        """Look the token part up in a table of every fill up to the cap from now on (a
+        search that prices many candidates), and recount with it, so that every cost
+        compared comes from the same numbers. Caps past 2**17 are left to the curve."""
         if self.separable and self.token_table is None and self.cap <= _TABLE_MAX:
-            self.token_table = self.quantise(self.cost.token_costs(np.arange(2 * self.cap + 1.0)))
+            self.token_table = self.quantise(self.cost.token_costs(np.arange(self.cap + 1.0)))
             self.refresh()
 
     def evaluate_bins(self) -> np.ndarray:
