@@ -274,9 +274,11 @@ def _mode_from_dict(d: Any, mode: str, source: str) -> ModeCurves:
             raise _fail(source, f"{where}{name}.interpolation is {kind!r}, but this costmodel "
                         f"reads {cls.interpolation!r} curves only")
         try:
-            return cls(xs, ys, what=f"{where}{name}")
+            built = cls(xs, ys, what=f"{where}{name}")
         except (ValueError, TypeError) as err:
             raise _fail(source, str(err)) from None
+        _note_derived_fields(built, block, source, f"{where}{name}.")
+        return built
 
     if not linear:
         raise _fail(source, f"{where}linear has no curves (need 'dense' and/or 'moe')")
@@ -290,6 +292,20 @@ def _mode_from_dict(d: Any, mode: str, source: str) -> ModeCurves:
         layer_overhead_ms=float(per_layer),
         microbatch_overhead_ms=float(per_mb),
     )
+
+
+def _note_derived_fields(curve: Any, block: Mapping, source: str, where: str) -> None:
+    """Warn when a stored field that the curve derives from its knots (the attention
+    extrapolation exponents) says something else: a hand edit there would do nothing."""
+    for key in ("low_exponent", "tail_exponent"):
+        stored, derived = block.get(key), getattr(curve, key, None)
+        if stored is None or derived is None:
+            continue
+        same = isinstance(stored, (int, float)) and not isinstance(stored, bool) and abs(stored - derived) <= 1e-6
+        if not same:
+            logger.warning("%s: %s%s is %.40r, but it follows from the knots (%.4g) and is not "
+                           "read; change the knots (or recalibrate) to change the curve",
+                           source, where, key, stored, derived)
 
 
 def from_document(

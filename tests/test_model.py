@@ -306,6 +306,17 @@ def test_a_malformed_validation_block_is_skipped_with_a_warning(tmp_path, good_d
     assert "validation block is malformed" in caplog.text
 
 
+@pytest.mark.parametrize("value", [3.0, "2"])
+def test_a_hand_edited_extrapolation_exponent_is_named_as_not_read(tmp_path, good_doc, value, caplog):
+    """The attention exponents are derived from the knots; editing one did nothing, silently."""
+    attention = good_doc["curves"]["train"]["attention"]
+    load_cost_model(_write(tmp_path, json.dumps(good_doc)))  # as saved: no word
+    assert "follows from the knots" not in caplog.text
+    attention["tail_exponent"] = value
+    load_cost_model(_write(tmp_path, json.dumps(good_doc)))
+    assert f"curves.train.attention.tail_exponent is {value!r}, but it follows from the knots" in caplog.text
+
+
 def test_paths_no_file_can_have_and_pipes(tmp_path, good_doc):
     """Regression: a 5,000-character name was a raw OSError, a pipe "no cost model file",
     and a save into /proc a FileNotFoundError naming the temp file."""
