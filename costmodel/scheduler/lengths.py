@@ -60,7 +60,8 @@ def generate_lengths(
 
 # A sign is read, then checked ("-5" is below 1); "4096.0", as pandas writes whole lengths
 # from a float column, is a whole number too ("4096.5" is not).
-_TOKEN = re.compile(r"^[+-]?\d+(\.0*)?$")
+# ASCII digits only: "\d" took Arabic-Indic and other Unicode digits as numbers.
+_TOKEN = re.compile(r"^[+-]?[0-9]+(\.0*)?$")
 
 
 def parse_lengths(text: str, source: str = "lengths") -> np.ndarray:
@@ -92,7 +93,12 @@ def parse_lengths(text: str, source: str = "lengths") -> np.ndarray:
 def _length(token: str, source: str, lineno: int) -> int:
     if not _TOKEN.match(token):
         raise ValueError(f"{source}: line {lineno}: {token!r} is not a whole number of tokens")
-    value = int(token.split(".")[0])
+    whole = token.split(".")[0]
+    if len(whole.lstrip("+-").lstrip("0")) > 100:  # int() past 4,300 digits names its own limit
+        beyond = "below 1" if whole.startswith("-") else "too large: beyond any context window"
+        raise ValueError(f"{source}: line {lineno}: length {whole[:12]}... ({len(whole)} "
+                         f"characters) is {beyond} (lengths are 1..{MAX_LENGTH:,} tokens)")
+    value = int(whole)
     if value < 1:
         raise ValueError(f"{source}: line {lineno}: length {value} must be >= 1")
     if value > MAX_LENGTH:
