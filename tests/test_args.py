@@ -256,6 +256,9 @@ def test_into_an_argument_group_or_a_subcommand():
     assert parser.parse_args(["--balance-by-flops"]).balance_by_flops
     with pytest.raises(TypeError, match="mutually exclusive"):
         add_arguments(parser.add_mutually_exclusive_group())
+    for not_a_parser in (None, argparse.Namespace()):
+        with pytest.raises(TypeError, match="needs an argparse parser or argument group, got"):
+            add_arguments(not_a_parser)
 
     sub = argparse.ArgumentParser().add_subparsers(dest="cmd")
     train = add_arguments(sub.add_parser("train"))

@@ -118,6 +118,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
             "add_arguments needs a parser or an argument group, not a mutually exclusive "
             "group (the balancing flags are used together)"
         )
+    if not isinstance(parser, argparse._ActionsContainer):  # None was an AttributeError
+        raise TypeError(f"add_arguments needs an argparse parser or argument group, got "
+                        f"{type(parser).__name__}")
     existing = parser._option_string_actions  # argparse keeps no public view
     existing_dests = {action.dest for action in parser._actions}
     aliases: dict[str, str] = {}
