@@ -363,10 +363,12 @@ def test_bf16_gradients_are_summed_over_microbatches_in_fp32():
     assert (in_bf16.float() - exact).abs().max() > 0.1  # what summing in bf16 loses
 
 
-def test_interrupting_the_launcher_stops_its_workers_and_keeps_the_old_log(tmp_path):
+@pytest.mark.parametrize("signame", ["SIGINT", "SIGTERM"])
+def test_interrupting_the_launcher_stops_its_workers_and_keeps_the_old_log(tmp_path, signame):
     """Regression: SIGINT to the launching process alone left it waiting on workers that
     trained on as orphans; and the log was opened with "w", so an interrupted run truncated
-    the previous one."""
+    the previous one. SIGTERM (a job scheduler's) killed the launcher at once, leaving the
+    log's temp file and the workers behind."""
     import signal
     import time
 
@@ -387,7 +389,7 @@ def test_interrupting_the_launcher_stops_its_workers_and_keeps_the_old_log(tmp_p
             assert proc.poll() is None and time.monotonic() < deadline
             time.sleep(0.2)
         time.sleep(1)
-        proc.send_signal(signal.SIGINT)
+        proc.send_signal(getattr(signal, signame))
         _, err = proc.communicate(timeout=60)
     finally:
         if proc.poll() is None:

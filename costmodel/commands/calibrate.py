@@ -4,17 +4,14 @@ GPU, fit cost curves, check them against analytic FLOPs, and write a cost model 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import shlex
-import signal
 import sys
-import threading
-from collections.abc import Iterator
 from pathlib import Path
 
 from costmodel.commands.common import add_settle_argument, seconds
 from costmodel.curves import MODES
+from costmodel.interrupts import signals_interrupt
 from costmodel.kernels import check_attention
 
 
@@ -141,7 +138,7 @@ def run(args: argparse.Namespace) -> int:
               f"fit them later with: costmodel calibrate --refit {partial} -o {output}",
               file=sys.stderr)
 
-    with _signals_interrupt():
+    with signals_interrupt():
         model = calibrate(
             spec, timer=timer, plan=plan, gpu_key=gpu_key, gpu_info=info, attention=args.attention,
             dtype=args.dtype, command=command, save_partial=save_partial,
@@ -157,26 +154,6 @@ def run(args: argparse.Namespace) -> int:
     _print_summary(model)
     print(f"next: costmodel validate {output}   and   costmodel report {output} --png plot.png")
     return 0
-
-
-@contextlib.contextmanager
-def _signals_interrupt() -> Iterator[None]:
-    """SIGINT and SIGTERM raise KeyboardInterrupt while measuring, so that `timeout` or a
-    scheduler stopping the run still gets the partial measurements saved. Needed because a
-    shell starts background jobs with SIGINT ignored, which Python would inherit."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def interrupt(signum, frame):
-        raise KeyboardInterrupt(f"signal {signal.Signals(signum).name}")
-
-    previous = {sig: signal.signal(sig, interrupt) for sig in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
 
 
 def _sweep_flags_given(args: argparse.Namespace) -> list[str]:

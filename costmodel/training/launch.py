@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from costmodel.integrations.args import _LOADED_ATTR as LOADED_ATTR
+from costmodel.interrupts import signals_interrupt
 from costmodel.training.config import prepare
 
 __all__ = ["free_port", "launch"]
@@ -46,9 +47,6 @@ def _worker(local_rank: int, args: argparse.Namespace, nproc: int, port: int, ou
     # Sandboxes and containers often have no routable interface: keep gloo on loopback.
     if "GLOO_SOCKET_IFNAME" not in os.environ and Path("/sys/class/net/lo").exists():
         os.environ["GLOO_SOCKET_IFNAME"] = "lo"
-    # Interruptible even where the launching shell ignored SIGINT (a background job): the
-    # parent interrupts its workers when it is interrupted itself (`_join`).
-    signal.signal(signal.SIGINT, signal.default_int_handler)
     import torch
 
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // nproc))
@@ -60,7 +58,11 @@ def _worker(local_rank: int, args: argparse.Namespace, nproc: int, port: int, ou
     )
     from costmodel.training.trainer import train
 
-    result = train(args)
+    # Interruptible by SIGINT even where the launching shell ignored it (a background job),
+    # and by SIGTERM (the parent's to stragglers, a scheduler's), so that rank 0 removes its
+    # half-written log: the parent interrupts its workers when it is stopped itself (`_join`).
+    with signals_interrupt():
+        result = train(args)
     if local_rank == 0:
         Path(out).write_text(json.dumps([r.to_dict() for r in result.records]))
 
@@ -113,7 +115,8 @@ def launch(args: argparse.Namespace, nproc: int) -> list[dict[str, Any]]:
             start_method="spawn",
         )
         try:
-            _join(context)
+            with signals_interrupt():  # SIGTERM too stops the workers first, not orphans them
+                _join(context)
         except mp.ProcessRaisedException as err:
             lines = [ln for ln in str(err).strip().splitlines() if ln.strip()]
             raise RuntimeError(f"rank {err.error_index} failed: {lines[-1]}") from None
