@@ -76,7 +76,10 @@ def test_schedule_user_errors_are_one_line(tmp_path, capsys):
     assert "at most 10,000,000" in capsys.readouterr().err
 
 
-def test_simulate_compares_policies(tmp_path, capsys):
+def test_simulate_compares_policies(tmp_path, capsys, monkeypatch):
+    from costmodel.commands import simulate
+
+    monkeypatch.setattr(simulate, "_VARIANT_QUICK_N", 1000)  # the slow-variant note's bar
     out = tmp_path / "sim.json"
     rc = main(
         [
@@ -97,7 +100,8 @@ def test_simulate_compares_policies(tmp_path, capsys):
         ]
     )
     assert rc == 0
-    text = capsys.readouterr().out
+    text, err = capsys.readouterr()
+    assert "kk-samples baseline takes time quadratic in the samples" in err
     for policy in ("tokens", "flops", "baseline", "baseline kk-samples", "cost-model"):
         assert policy in text
     rows = {r["policy"]: r for r in json.loads(out.read_text())["policies"]}
