@@ -399,3 +399,56 @@ def test_interrupting_the_launcher_stops_its_workers_and_keeps_the_old_log(tmp_p
     assert err.strip().endswith("interrupted")
     assert log.read_text() == "previous run\n"
     assert not list(tmp_path.glob(".costmodel-*.tmp"))
+
+
+def _stubborn(ready) -> None:
+    """A worker blocked where no Python handler runs (as in a collective a dead peer never
+    joins): SIGINT and SIGTERM do nothing."""
+    import signal
+    import time
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    ready.set()
+    time.sleep(600)
+
+
+def _polite(ready) -> None:
+    import signal
+    import time
+
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # a pytest-xdist worker ignores it
+    try:
+        ready.set()
+        time.sleep(600)
+    except KeyboardInterrupt:
+        raise SystemExit(7) from None  # cleaned up on the interrupt, the first step
+
+
+def test_stopping_workers_ends_with_sigkill_for_one_that_ignores_signals(monkeypatch):
+    """Regression: the launcher's last step was SIGTERM, which a worker blocked in C (or
+    handling it as an interrupt) outlives; the launcher then hung waiting for it."""
+    import multiprocessing
+    import signal
+    import time
+
+    from costmodel.training import launch
+
+    monkeypatch.setattr(launch, "_ESCALATION", ((signal.SIGINT, 2.0), (signal.SIGTERM, 1.0),
+                                                (signal.SIGKILL, 5.0)))
+    ctx = multiprocessing.get_context("fork")
+    events = [ctx.Event(), ctx.Event()]
+    processes = [ctx.Process(target=_stubborn, args=(events[0],)),
+                 ctx.Process(target=_polite, args=(events[1],))]
+    for process in processes:
+        process.start()
+    try:
+        assert all(event.wait(30) for event in events)
+        start = time.monotonic()
+        launch._stop(processes)
+        assert time.monotonic() - start < 6  # one deadline per step, not one per worker
+        assert [p.exitcode for p in processes] == [-signal.SIGKILL, 7]
+    finally:
+        for process in processes:
+            if process.is_alive():
+                process.kill()

@@ -9,6 +9,7 @@ port) and waits; rank 0 writes its step records to a JSON file the parent reads 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
@@ -16,6 +17,8 @@ import signal
 import socket
 import sys
 import tempfile
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +39,14 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 def _worker(local_rank: int, args: argparse.Namespace, nproc: int, port: int, out: str) -> None:
+    # Interruptible by SIGINT even where the launching shell ignored it (a background job),
+    # and by SIGTERM (the parent's, a scheduler's), so that rank 0 removes its half-written
+    # log: the parent interrupts its workers when it is stopped itself (`_stop`).
+    with signals_interrupt():
+        _train_one_rank(local_rank, args, nproc, port, out)
+
+
+def _train_one_rank(local_rank: int, args: argparse.Namespace, nproc: int, port: int, out: str) -> None:
     os.environ.update(
         RANK=str(local_rank),
         LOCAL_RANK=str(local_rank),
@@ -58,11 +69,7 @@ def _worker(local_rank: int, args: argparse.Namespace, nproc: int, port: int, ou
     )
     from costmodel.training.trainer import train
 
-    # Interruptible by SIGINT even where the launching shell ignored it (a background job),
-    # and by SIGTERM (the parent's to stragglers, a scheduler's), so that rank 0 removes its
-    # half-written log: the parent interrupts its workers when it is stopped itself (`_join`).
-    with signals_interrupt():
-        result = train(args)
+    result = train(args)
     if local_rank == 0:
         Path(out).write_text(json.dumps([r.to_dict() for r in result.records]))
 
@@ -129,18 +136,44 @@ def launch(args: argparse.Namespace, nproc: int) -> list[dict[str, Any]]:
 
 
 def _join(context) -> None:
-    """Wait for every worker. Interrupted (Ctrl-C, or SIGINT to this process alone), stop
-    them first: exiting would otherwise wait for workers that train on as orphans."""
+    """Wait for every worker. Interrupted (Ctrl-C, SIGTERM, or a signal to this process
+    alone) or failed, stop them first: exiting would otherwise wait for workers that train
+    on as orphans."""
     try:
         while not context.join():
             pass
     except BaseException:
-        # An interrupt first, so that each worker cleans up (rank 0's half-written log);
-        # whoever is still running after that is terminated.
-        for signum, wait_s in ((signal.SIGINT, 10), (signal.SIGTERM, 30)):
-            for process in context.processes:
-                if process.is_alive():
-                    os.kill(process.pid, signum)
-            for process in context.processes:
-                process.join(timeout=wait_s)
+        _stop(context.processes)
         raise
+
+
+# How `_stop` escalates: each signal to every live worker, then up to this many seconds
+# (one deadline for all) for them to exit.
+_ESCALATION = ((signal.SIGINT, 10.0), (signal.SIGTERM, 10.0), (signal.SIGKILL, 10.0))
+
+
+def _stop(processes: list) -> None:
+    """Stop ``processes``: an interrupt first, so that each cleans up (rank 0's half-written
+    log), then SIGTERM, then SIGKILL for one blocked in C (a collective a dead peer never
+    joins ignores both). A repeated Ctrl-C or SIGTERM meanwhile kills them at once."""
+    def kill_now(signum, frame):
+        for process in processes:
+            if process.is_alive():
+                os.kill(process.pid, signal.SIGKILL)
+
+    main = threading.current_thread() is threading.main_thread()  # handlers: main thread only
+    previous = {sig: signal.signal(sig, kill_now) for sig in (signal.SIGINT, signal.SIGTERM)} if main else {}
+    try:
+        for signum, wait_s in _ESCALATION:
+            alive = [process for process in processes if process.is_alive()]
+            if not alive:
+                return
+            for process in alive:
+                with contextlib.suppress(ProcessLookupError):  # exited just now
+                    os.kill(process.pid, signum)
+            deadline = time.monotonic() + wait_s
+            for process in alive:
+                process.join(timeout=max(0.0, deadline - time.monotonic()))
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
