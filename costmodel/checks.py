@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import numbers
+import re
 from decimal import Decimal
 from typing import Any
 
@@ -24,6 +25,7 @@ def on_off(value: Any, name: str) -> bool:
     """A switch from a flag or a config: None, a bool (numpy's too) or the integers 0 and 1
     (YAML and int-typed configs). ValueError naming ``name`` otherwise: the string "False"
     would read as on."""
+    value = _scalar(value)
     if value is None:
         return False
     if isinstance(value, (bool, np.bool_)) or (isinstance(value, (int, np.integer)) and value in (0, 1)):
@@ -35,8 +37,7 @@ def whole_number(value: Any, name: str) -> int:
     """A count from a flag or a config: an integer, a whole float, Decimal or Fraction, a 0-d
     array, or its digits as text. ValueError naming ``name`` for a switch, other text or a
     fraction (Decimal("8192.7") became 8192)."""
-    if getattr(value, "ndim", None) == 0 and hasattr(value, "item"):
-        value = value.item()  # a 0-d numpy array or torch tensor
+    value = _scalar(value)
     if isinstance(value, (bool, np.bool_)):
         raise ValueError(f"{name} must be a whole number, got {value!r:.60}")
     if isinstance(value, numbers.Integral):
@@ -45,7 +46,16 @@ def whole_number(value: Any, name: str) -> int:
         with contextlib.suppress(ValueError, OverflowError):  # nan, inf
             if value == int(value):
                 return int(value)
-    if isinstance(value, str):
-        with contextlib.suppress(ValueError):
-            return int(value.strip())
+    if isinstance(value, str) and _DIGITS.fullmatch(value.strip()):  # int() takes "8_192", "٨١٩٢"
+        return int(value.strip())
     raise ValueError(f"{name} must be a whole number, got {value!r:.60}")
+
+
+_DIGITS = re.compile(r"[+-]?[0-9]{1,100}")
+
+
+def _scalar(value: Any) -> Any:
+    """A 0-d numpy array or torch tensor as its Python value; anything else as it is."""
+    if getattr(value, "ndim", None) == 0 and hasattr(value, "item"):
+        return value.item()
+    return value

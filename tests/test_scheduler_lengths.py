@@ -59,6 +59,7 @@ def test_parse_spaces_and_whole_floats():
         ("100\n\u0661\u0662\n", "line 2: '\u0661\u0662' is not a whole number"),
         ("1\n" + "9" * 5000, r"line 2: length 999999999999\.\.\. \(5000 characters\) is too large"),
         ("-" + "9" * 5000, r"line 1: length -99999999999\.\.\. \(5001 characters\) is below 1"),
+        ("0" * 5000, "line 1: length 0 must be >= 1"),
     ],
 )
 def test_parse_rejects_junk_naming_the_line(text, match):
@@ -81,6 +82,10 @@ def test_read_lengths_file(tmp_path):
 def test_huge_length_is_a_clear_error():
     with pytest.raises(ValueError, match="line 2: length .* too large: beyond any context window"):
         parse_lengths("12\n99999999999999999999999\n")
+
+
+def test_leading_zeros_are_no_reason_to_refuse():
+    assert parse_lengths("0" * 5000 + "7\n+0012\n").tolist() == [7, 12]
 
 
 def test_parse_skips_a_byte_order_mark():

@@ -61,7 +61,7 @@ from typing import Any
 import numpy as np
 
 from costmodel.checks import on_off, positive_int, whole_number
-from costmodel.flops import as_lengths
+from costmodel.flops import MAX_LENGTH, as_lengths
 from costmodel.scheduler import build_schedule, karmarkar_karp
 from costmodel.scheduler.baselines import align_bins, first_fit_pack
 from costmodel.scheduler.costs import as_cost
@@ -85,7 +85,7 @@ def _resolve_cost(args: Any) -> tuple[Any, Any, bool]:
         raise ValueError("cost_model is empty: give a cost model file or a shipped name such as "
                          "h200/qwen3-8b, or unset it to balance analytic FLOPs")
     by_flops = _on(args, "balance_by_flops")
-    balance = _on(args, "balance_data") or by_flops or cost_model is not None
+    balance = _on(args, "balance_data") or by_flops or bool(cost_model)  # False: unset, as in args
     if cost_model:
         from costmodel.model import cached_cost_model  # called once per step
 
@@ -256,8 +256,10 @@ def build_dp_schedule(
         if per_gpu is None:
             raise ValueError("use_dynamic_batch_size needs max_tokens_per_gpu >= 1")
         per_gpu = whole_number(per_gpu, "max_tokens_per_gpu")
-        if per_gpu < 1:
-            raise ValueError(f"max_tokens_per_gpu must be >= 1, got {per_gpu}")
+        if not 1 <= per_gpu * cp <= MAX_LENGTH:  # 10**400 overflowed times the margin
+            shown = f"{per_gpu:,}" if abs(per_gpu) < 10**15 else f"a {len(str(per_gpu))}-digit number"
+            raise ValueError(f"max_tokens_per_gpu × cp_size must be 1..{MAX_LENGTH:,} tokens, "
+                             f"got {shown} × {cp}")
         margin = getattr(args, "packing_safety_margin", None)
         margin = 1.0 if margin is None else margin
         if (isinstance(margin, (bool, np.bool_)) or not isinstance(margin, (int, float, np.number))
