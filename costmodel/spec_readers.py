@@ -87,7 +87,12 @@ _HF_AT_LEAST_ONE = (
 )
 _HF_BOOL_FIELDS = ("tie_word_embeddings", "use_sliding_window")
 # torch_dtype / dtype -> ModelSpec.dtype; absent (null) reads as bf16, what RL trains in.
-_HF_DTYPES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
+# Aliases too: torch's own ("half", "float"), "torch.float16", and ModelSpec's names.
+_HF_DTYPES = {
+    "bfloat16": "bf16", "bf16": "bf16",
+    "float16": "fp16", "half": "fp16", "fp16": "fp16",
+    "float32": "fp32", "float": "fp32", "fp32": "fp32",
+}
 
 
 def _check_hf_types(cfg: Mapping[str, Any]) -> None:
@@ -186,17 +191,20 @@ def _hf_sliding_window(cfg: Mapping[str, Any], model_type: str, layers: int) -> 
 
 
 def _hf_dtype(cfg: Mapping[str, Any]) -> str:
-    """The dtype the model trains in. A value this project does not time ("auto",
-    "float8_e4m3fn") reads as bf16 with a warning rather than an error: the shape is still
-    good for FLOPs, and calibrate times in its own --dtype anyway."""
-    key = "torch_dtype" if cfg.get("torch_dtype") is not None else "dtype"
-    value = cfg.get(key)
-    if value is None:
-        return "bf16"
-    if isinstance(value, str) and value in _HF_DTYPES:
-        return _HF_DTYPES[value]
-    logger.warning("config field %r is %.40r, not one of %s; reading the model as bf16 "
-                   "(calibrate --dtype chooses what is timed)", key, value, ", ".join(_HF_DTYPES))
+    """The dtype the model trains in: the first of ``torch_dtype`` and ``dtype`` (newer
+    transformers) that names one. A value this project does not time ("auto", fp8) reads as
+    bf16 with a warning rather than an error: the shape still serves for FLOPs, and
+    calibrate times in its own --dtype anyway."""
+    given = {key: cfg[key] for key in ("torch_dtype", "dtype") if cfg.get(key) not in (None, "")}
+    for value in given.values():
+        name = value.removeprefix("torch.") if isinstance(value, str) else None
+        if name in _HF_DTYPES:
+            return _HF_DTYPES[name]
+    if given:
+        key, value = next(iter(given.items()))
+        logger.warning("config field %r is %.40r, not one of %s; reading the model as bf16 "
+                       "(calibrate --dtype chooses what is timed)", key, value,
+                       ", ".join(sorted(set(_HF_DTYPES) - set(_HF_DTYPES.values()))))
     return "bf16"
 
 

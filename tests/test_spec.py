@@ -271,23 +271,32 @@ def test_malformed_hf_config_fields_are_named(tmp_path, field, value, message):
         ModelSpec.from_hf_config(path)
 
 
-@pytest.mark.parametrize("key, value, expected", [
-    ("torch_dtype", "float16", "fp16"), ("dtype", "float32", "fp32"), ("torch_dtype", None, "bf16"),
-    ("torch_dtype", "auto", "bf16"), ("dtype", "float8_e4m3fn", "bf16"), ("torch_dtype", 8, "bf16"),
+@pytest.mark.parametrize("fields, expected, warned", [
+    ({"torch_dtype": "float16"}, "fp16", None), ({"dtype": "float32"}, "fp32", None),
+    ({"torch_dtype": None}, "bf16", None), ({}, "bf16", None),
+    ({"torch_dtype": "half"}, "fp16", None), ({"torch_dtype": "torch.float32"}, "fp32", None),
+    ({"torch_dtype": "float"}, "fp32", None),  # torch's name: fp32, not bf16's half the bytes
+    # the first key that names a dtype: "" or "auto" in torch_dtype defers to dtype
+    ({"torch_dtype": "", "dtype": "float16"}, "fp16", None),
+    ({"torch_dtype": "auto", "dtype": "float16"}, "fp16", None),
+    ({"torch_dtype": "bfloat16", "dtype": "float32"}, "bf16", None),
+    ({"torch_dtype": "auto"}, "bf16", "'torch_dtype' is 'auto'"),
+    ({"dtype": "float8_e4m3fn"}, "bf16", "'dtype' is 'float8_e4m3fn'"),
+    ({"torch_dtype": 8}, "bf16", "'torch_dtype' is 8"),
 ])
-def test_hf_dtype_reads_known_names_and_warns_on_others(tmp_path, caplog, key, value, expected):
+def test_hf_dtype_reads_known_names_and_warns_on_others(tmp_path, caplog, fields, expected, warned):
     # "auto" or fp8 still describes a shape FLOPs can be counted for; refusing it stopped even
     # `costmodel flops`, and calibrate times in its own --dtype.
     cfg = {"model_type": "qwen3", "hidden_size": 64, "num_attention_heads": 4,
-           "num_hidden_layers": 2, "vocab_size": 128, "intermediate_size": 96, key: value}
+           "num_hidden_layers": 2, "vocab_size": 128, "intermediate_size": 96, **fields}
     path = tmp_path / "config.json"
     path.write_text(json.dumps(cfg))
     assert ModelSpec.from_hf_config(path).dtype == expected
-    warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
-    if expected == "bf16" and value is not None:
-        assert warned and f"config field {key!r} is {value!r}" in warned[0]
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    if warned is None:
+        assert not warnings
     else:
-        assert not warned
+        assert len(warnings) == 1 and f"config field {warned}, not one of" in warnings[0]
 
 
 @pytest.mark.parametrize("change, message", [
