@@ -235,14 +235,19 @@ def test_a_mask_of_other_values_and_an_index_map_that_is_no_permutation_are_refu
     batch = FakeTensorDict(attention_mask=mask, input_ids=batch["input_ids"])
     with pytest.raises(ValueError, match="attention_mask must hold 0 and 1 only"):
         rearrange_micro_batches(batch, 8, same_micro_num_in_dp=False)
-    for bad in ([0, 0], [-1, 0], [5], [0.0], [True, False], torch.tensor([True, False]),
-                torch.tensor([1.0, 0.0])):
+    for bad in ([0, 0], [-1, 0], [5], [0.0], [True, False], [torch.tensor([1]), torch.tensor([0])]):
         with pytest.raises(ValueError, match="idx_map must be a permutation of 0"):
+            get_reverse_idx(bad)
+    for bad in (torch.tensor([True, False]), torch.tensor([1.0, 0.0]), np.array([[1], [0]]),
+                torch.tensor([[1], [0]])):
+        with pytest.raises(ValueError, match="idx_map must be a 1-D integer permutation, got"):
             get_reverse_idx(bad)
     assert get_reverse_idx([2, np.int64(0), 1]) == [1, 2, 0]
     # verl hands it a torch index tensor: each entry is a 0-d tensor (refused once by mistake)
     assert get_reverse_idx(torch.tensor([2, 0, 1])) == [1, 2, 0]
     assert get_reverse_idx(np.array([1, 0])) == [1, 0]
+    assert get_reverse_idx(torch.tensor([1, 0], dtype=torch.int32)) == [1, 0]
+    assert get_reverse_idx([torch.tensor(1), torch.tensor(0)]) == [1, 0]
 
 
 def test_rearrange_refuses_force_group_size():

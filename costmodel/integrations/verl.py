@@ -102,10 +102,11 @@ def get_seqlen_balanced_partitions(
 def get_reverse_idx(idx_map: Sequence[int]) -> list[int]:
     """The inverse permutation: ``out[idx_map[i]] = i``; ValueError unless ``idx_map`` is a
     permutation of 0..n-1 (a repeated index gave a wrong inverse, silently)."""
-    n = len(idx_map)
+    entries = _entries(idx_map)
+    n = len(entries)
     out = [-1] * n
-    for i, entry in enumerate(idx_map):
-        idx = _index(entry)  # an int, a numpy integer, or an entry of a torch index tensor
+    for i, entry in enumerate(entries):
+        idx = _index(entry)
         if idx is None or not 0 <= idx < n or out[idx] >= 0:
             raise ValueError(f"idx_map must be a permutation of 0..{n - 1}; entry {i} is "
                              f"{entry!r:.40}")
@@ -113,9 +114,27 @@ def get_reverse_idx(idx_map: Sequence[int]) -> list[int]:
     return out
 
 
+def _entries(idx_map: Any) -> list:
+    """A numpy array's or torch tensor's entries as Python ints, its dtype checked once (per
+    entry, numpy took 8x as long); a list or tuple as it is."""
+    dtype = getattr(idx_map, "dtype", None)
+    if dtype is None:
+        return list(idx_map)
+    kind = str(dtype)
+    if getattr(idx_map, "ndim", 1) != 1 or "int" not in kind:  # bool, float, 2-D
+        raise ValueError(f"idx_map must be a 1-D integer permutation, got {kind} of shape "
+                         f"{tuple(idx_map.shape)}")
+    return idx_map.tolist()
+
+
 def _index(entry: Any) -> int | None:
-    """``entry`` as a Python int, or None for a float or a bool (a mask is no index map)."""
+    """``entry`` as a Python int (also a numpy integer or a 0-d torch tensor), or None for a
+    float or a bool (a mask is no index map)."""
+    if type(entry) is int:  # the common case, first: a list, or an array's tolist()
+        return entry
     if isinstance(entry, (bool, np.bool_)) or "bool" in str(getattr(entry, "dtype", "")):
+        return None
+    if getattr(entry, "ndim", 0) != 0:  # a one-element tensor passes operator.index
         return None
     try:
         return operator.index(entry)
