@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -363,12 +364,25 @@ def test_bf16_gradients_are_summed_over_microbatches_in_fp32():
     assert (in_bf16.float() - exact).abs().max() > 0.1  # what summing in bf16 loses
 
 
-@pytest.mark.parametrize("signame", ["SIGINT", "SIGTERM"])
+def _writer_of(folder, pids) -> int | None:
+    """Which of ``pids`` has a costmodel temp file in ``folder`` open (rank 0, logging)."""
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            for fd in os.listdir(f"/proc/{pid}/fd"):
+                with contextlib.suppress(OSError):
+                    target = os.readlink(f"/proc/{pid}/fd/{fd}")
+                    if target.startswith(str(folder)) and ".costmodel-" in target:
+                        return int(pid)
+    return None
+
+
+@pytest.mark.parametrize("signame", ["SIGINT", "SIGTERM", "kill rank 0"])
 def test_interrupting_the_launcher_stops_its_workers_and_keeps_the_old_log(tmp_path, signame):
     """Regression: SIGINT to the launching process alone left it waiting on workers that
     trained on as orphans; and the log was opened with "w", so an interrupted run truncated
     the previous one. SIGTERM (a job scheduler's) killed the launcher at once, leaving the
-    log's temp file and the workers behind."""
+    log's temp file and the workers behind; and a rank 0 killed (by SIGKILL, or by the
+    launcher when it is blocked) left its temp file."""
     import signal
     import time
 
@@ -389,14 +403,21 @@ def test_interrupting_the_launcher_stops_its_workers_and_keeps_the_old_log(tmp_p
             assert proc.poll() is None and time.monotonic() < deadline
             time.sleep(0.2)
         time.sleep(1)
-        proc.send_signal(getattr(signal, signame))
+        if signame == "kill rank 0":
+            children = Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()
+            os.kill(_writer_of(tmp_path, children), signal.SIGKILL)
+        else:
+            proc.send_signal(getattr(signal, signame))
         _, err = proc.communicate(timeout=60)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)  # the launcher and its workers
             proc.communicate()
-    assert proc.returncode == 130, err
-    assert err.strip().endswith("interrupted")
+    if signame == "kill rank 0":
+        assert proc.returncode != 0 and "rank 0 exited with code -9 (signal SIGKILL)" in err, err
+    else:
+        assert proc.returncode == 130, err
+        assert err.strip().endswith("interrupted")
     assert log.read_text() == "previous run\n"
     assert not list(tmp_path.glob(".costmodel-*.tmp"))
 

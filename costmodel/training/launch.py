@@ -25,6 +25,7 @@ from typing import Any
 from costmodel.integrations.args import _LOADED_ATTR as LOADED_ATTR
 from costmodel.interrupts import signals_interrupt
 from costmodel.training.config import prepare
+from costmodel.training.trainer import LOG_TEMP_NOTE_ATTR
 
 __all__ = ["free_port", "launch"]
 
@@ -114,6 +115,8 @@ def launch(args: argparse.Namespace, nproc: int) -> list[dict[str, Any]]:
     clean.func = None
     with tempfile.TemporaryDirectory(prefix="costmodel-train-") as tmp:
         out = str(Path(tmp) / "records.json")
+        note = Path(tmp) / "log-temp-path"
+        setattr(clean, LOG_TEMP_NOTE_ATTR, str(note))
         context = mp.start_processes(
             _worker,
             args=(clean, nproc, free_port(), out),
@@ -122,8 +125,11 @@ def launch(args: argparse.Namespace, nproc: int) -> list[dict[str, Any]]:
             start_method="spawn",
         )
         try:
-            with signals_interrupt():  # SIGTERM too stops the workers first, not orphans them
-                _join(context)
+            try:
+                with signals_interrupt():  # SIGTERM too stops the workers first, not orphans them
+                    _join(context)
+            finally:  # rank 0's half-written log, should it have been killed (else renamed)
+                _remove_noted_file(note)
         except mp.ProcessRaisedException as err:
             lines = [ln for ln in str(err).strip().splitlines() if ln.strip()]
             raise RuntimeError(f"rank {err.error_index} failed: {lines[-1]}") from None
@@ -133,6 +139,12 @@ def launch(args: argparse.Namespace, nproc: int) -> list[dict[str, Any]]:
                 f"{err.signal_name}) before finishing"
             ) from None
         return json.loads(Path(out).read_text())
+
+
+def _remove_noted_file(note: Path) -> None:
+    """Remove the file whose path ``note`` holds, if both are there."""
+    with contextlib.suppress(FileNotFoundError):
+        Path(note.read_text()).unlink()
 
 
 def _join(context) -> None:
@@ -159,7 +171,8 @@ def _stop(processes: list) -> None:
     def kill_now(signum, frame):
         for process in processes:
             if process.is_alive():
-                os.kill(process.pid, signal.SIGKILL)
+                with contextlib.suppress(ProcessLookupError):  # exited just now
+                    os.kill(process.pid, signal.SIGKILL)
 
     main = threading.current_thread() is threading.main_thread()  # handlers: main thread only
     previous = {sig: signal.signal(sig, kill_now) for sig in (signal.SIGINT, signal.SIGTERM)} if main else {}

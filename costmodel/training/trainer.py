@@ -27,6 +27,7 @@ import logging
 import os
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -42,6 +43,10 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
+
+# Set on args by the launcher: a file where rank 0 writes its --log-json temp file's path,
+# so that the launcher removes it if rank 0 has to be killed (no cleanup of its own runs).
+LOG_TEMP_NOTE_ATTR = "_costmodel_log_temp_note"
 
 
 @dataclass(kw_only=True)
@@ -284,6 +289,8 @@ def _train_loop(args, plan: Plan, *, device, dtype, attention: str) -> TrainResu
             # Written to a temp file beside it and renamed when the run ends: an interrupted
             # run leaves the previous log whole, not a truncated one (each step is logged).
             tmp = stack.enter_context(atomic_output(args.log_json))
+            if getattr(args, LOG_TEMP_NOTE_ATTR, None):  # for the launcher, should this rank be killed
+                Path(getattr(args, LOG_TEMP_NOTE_ATTR)).write_text(str(tmp))
             log_file = stack.enter_context(open(tmp, "w"))
         for step, (lengths, schedule) in enumerate(zip(plan.lengths, plan.schedules)):
             digest = str(schedule.digest())
