@@ -33,6 +33,10 @@ def on_off(value: Any, name: str) -> bool:
     raise ValueError(f"{name} must be true or false, got {value!r:.60}")
 
 
+# ASCII digits only: int() also takes "8_192" and other scripts' digits ("٨١٩٢").
+_DIGITS = re.compile(r"([+-]?)([0-9]+)")
+
+
 def whole_number(value: Any, name: str) -> int:
     """A count from a flag or a config: an integer, a whole float, Decimal or Fraction, a 0-d
     array, or its digits as text. ValueError naming ``name`` for a switch, other text or a
@@ -46,12 +50,13 @@ def whole_number(value: Any, name: str) -> int:
         with contextlib.suppress(ValueError, OverflowError):  # nan, inf
             if value == int(value):
                 return int(value)
-    if isinstance(value, str) and _DIGITS.fullmatch(value.strip()):  # int() takes "8_192", "٨١٩٢"
-        return int(value.strip())
+    text = _DIGITS.fullmatch(value.strip()) if isinstance(value, str) else None
+    if text:
+        sign, digits = text.group(1), text.group(2).lstrip("0") or "0"
+        if len(digits) > 100:  # int() refuses past 4,300 digits, naming its own limit
+            raise ValueError(f"{name} is a {len(digits)}-digit number, far above any count")
+        return -int(digits) if sign == "-" else int(digits)
     raise ValueError(f"{name} must be a whole number, got {value!r:.60}")
-
-
-_DIGITS = re.compile(r"[+-]?[0-9]{1,100}")
 
 
 def _scalar(value: Any) -> Any:

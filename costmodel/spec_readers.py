@@ -202,9 +202,9 @@ def _hf_dtype(cfg: Mapping[str, Any]) -> str:
             return _HF_DTYPES[name]
     if given:
         key, value = next(iter(given.items()))
-        logger.warning("config field %r is %.40r, not one of %s; reading the model as bf16 "
-                       "(calibrate --dtype chooses what is timed)", key, value,
-                       ", ".join(sorted(set(_HF_DTYPES) - set(_HF_DTYPES.values()))))
+        logger.warning("config field %r is %.40r, not one of bfloat16, float16, float32 (or "
+                       "their aliases); reading the model as bf16 (calibrate --dtype chooses "
+                       "what is timed)", key, value)
     return "bf16"
 
 

@@ -335,6 +335,7 @@ def test_slime_style_namespace():
     # int() reads "8_192" and Arabic-Indic digits; a lengths file does not, nor do these
     (dict(max_tokens_per_gpu="8_192"), "--max-tokens-per-gpu must be a whole number"),
     (dict(max_tokens_per_gpu="\u0668\u0661\u0669\u0662"), "--max-tokens-per-gpu must be a whole number"),
+    (dict(max_tokens_per_gpu="9" * 5000), "--max-tokens-per-gpu is a 5000-digit number, far above"),
     (dict(cost_model=""), "--cost-model is empty"),
     (dict(context_parallel_size=0), "--context-parallel-size"),
     (dict(max_tokens_per_gpu=decimal.Decimal("8192.7")), "--max-tokens-per-gpu must be a whole number"),
@@ -352,7 +353,7 @@ def test_whole_numbers_of_tokens_in_any_form_are_taken():
 
     # A YAML or int-typed config gives its switches as 1 and 0, and its numbers as Decimals,
     # Fractions or 0-d arrays: each was refused once.
-    for cap in (8192, np.int64(8192), 8192.0, " 8192 ", decimal.Decimal("8192"),
+    for cap in (8192, np.int64(8192), 8192.0, " 8192 ", "0" * 200 + "8192", decimal.Decimal("8192"),
                 fractions.Fraction(8192), np.array(8192), np.array(8192.0)):
         for on in (True, np.bool_(True), 1, np.int8(1), np.array(True)):
             args = argparse.Namespace(use_dynamic_batch_size=on, max_tokens_per_gpu=cap,

@@ -246,9 +246,10 @@ def test_balance_data_without_a_model_shape_balances_tokens(caplog):
     ({"dp_size": 2}, {"use_dynamic_batch_size": "False"}, None, "use_dynamic_batch_size must be true or false"),
     ({"dp_size": 2}, {"balance_by_flops": 2}, None, "balance_by_flops must be true or false"),
     ({"dp_size": 2}, {"cost_model": " "}, None, "cost_model is empty"),
+    ({"dp_size": 2}, {"cost_model": True}, None, "cost_model is True: give a cost model file"),
     ({"dp_size": 2}, {"max_tokens_per_gpu": 8192.7}, None, "max_tokens_per_gpu must be a whole number"),
-    ({"dp_size": 2}, {"max_tokens_per_gpu": 0}, None, r"max_tokens_per_gpu × cp_size must be 1\.\."),
-    ({"dp_size": 2}, {"max_tokens_per_gpu": 10**400}, None, r"must be 1\.\..* got a 401-digit number × 1"),
+    ({"dp_size": 2}, {"max_tokens_per_gpu": 0}, None, r"max_tokens_per_gpu × cp_size × packing_safety_margin must be 1\.\."),
+    ({"dp_size": 2}, {"max_tokens_per_gpu": 10**400}, None, r"must be 1\.\..* got a 401-digit number × 1 × 1\.0"),
 ])
 def test_bad_parallel_config_and_flags_are_refused(cfg, flags, ids, says):
     with pytest.raises(ValueError, match=says):
@@ -268,6 +269,9 @@ def test_switches_and_caps_from_a_yaml_config_read_as_the_training_flags_do():
                                        max_tokens_per_gpu=decimal.Decimal("16384")),
                              config(dp=2), lengths, global_batch_size=1, rollout_indices=ids)
     assert yaml == plain
+    # the bound is on the cap that packs, after the margin: 2**30 × 2 × 0.9 fits
+    build_dp_schedule(make_args(max_tokens_per_gpu=2**30, packing_safety_margin=0.9),
+                      config(dp=2, cp=2), lengths, global_batch_size=1, rollout_indices=ids)
     # cost_model: false in a YAML config is unset, as for the training flags (it balanced)
     unbalanced = build_dp_schedule(make_args(), config(dp=2), lengths, global_batch_size=1,
                                    rollout_indices=ids)

@@ -246,6 +246,7 @@ def test_a_mask_of_other_values_and_an_index_map_that_is_no_permutation_are_refu
     # verl hands it a torch index tensor: each entry is a 0-d tensor (refused once by mistake)
     assert get_reverse_idx(torch.tensor([2, 0, 1])) == [1, 2, 0]
     assert get_reverse_idx(np.array([1, 0])) == [1, 0]
+    assert get_reverse_idx(np.array([1, 0], dtype=object)) == [1, 0]
     assert get_reverse_idx(torch.tensor([1, 0], dtype=torch.int32)) == [1, 0]
     assert get_reverse_idx([torch.tensor(1), torch.tensor(0)]) == [1, 0]
 

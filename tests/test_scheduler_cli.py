@@ -101,7 +101,7 @@ def test_simulate_compares_policies(tmp_path, capsys, monkeypatch):
     )
     assert rc == 0
     text, err = capsys.readouterr()
-    assert "kk-samples baseline takes time quadratic in the samples" in err
+    assert "kk-samples baseline takes time quadratic in the number of samples" in err
     for policy in ("tokens", "flops", "baseline", "baseline kk-samples", "cost-model"):
         assert policy in text
     rows = {r["policy"]: r for r in json.loads(out.read_text())["policies"]}

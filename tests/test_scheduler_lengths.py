@@ -57,8 +57,8 @@ def test_parse_spaces_and_whole_floats():
         ("# nothing\n\n", "no lengths found"),
         # Unicode digits read as numbers, and 5,000 digits gave Python's int() limit message.
         ("100\n\u0661\u0662\n", "line 2: '\u0661\u0662' is not a whole number"),
-        ("1\n" + "9" * 5000, r"line 2: length 999999999999\.\.\. \(5000 characters\) is too large"),
-        ("-" + "9" * 5000, r"line 1: length -99999999999\.\.\. \(5001 characters\) is below 1"),
+        ("1\n" + "9" * 5000, r"line 2: length 999999999999\.\.\. \(5000 digits\) is too large"),
+        ("-" + "9" * 5000, r"line 1: length -999999999999\.\.\. \(5000 digits\) is below 1"),
         ("0" * 5000, "line 1: length 0 must be >= 1"),
     ],
 )

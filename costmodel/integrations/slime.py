@@ -84,6 +84,9 @@ def _resolve_cost(args: Any) -> tuple[Any, Any, bool]:
     if cost_model is not None and not str(cost_model).strip():  # as the training flags say
         raise ValueError("cost_model is empty: give a cost model file or a shipped name such as "
                          "h200/qwen3-8b, or unset it to balance analytic FLOPs")
+    if isinstance(cost_model, (bool, np.bool_, int, float)) and cost_model:  # a YAML `true`
+        raise ValueError(f"cost_model is {cost_model!r}: give a cost model file or a shipped name "
+                         "such as h200/qwen3-8b (false or unset: none)")
     by_flops = _on(args, "balance_by_flops")
     balance = _on(args, "balance_data") or by_flops or bool(cost_model)  # False: unset, as in args
     if cost_model:
@@ -256,15 +259,17 @@ def build_dp_schedule(
         if per_gpu is None:
             raise ValueError("use_dynamic_batch_size needs max_tokens_per_gpu >= 1")
         per_gpu = whole_number(per_gpu, "max_tokens_per_gpu")
-        if not 1 <= per_gpu * cp <= MAX_LENGTH:  # 10**400 overflowed times the margin
-            shown = f"{per_gpu:,}" if abs(per_gpu) < 10**15 else f"a {len(str(per_gpu))}-digit number"
-            raise ValueError(f"max_tokens_per_gpu × cp_size must be 1..{MAX_LENGTH:,} tokens, "
-                             f"got {shown} × {cp}")
         margin = getattr(args, "packing_safety_margin", None)
         margin = 1.0 if margin is None else margin
         if (isinstance(margin, (bool, np.bool_)) or not isinstance(margin, (int, float, np.number))
                 or not 0 < margin <= 1):  # np.float32(0.9) from a config is a margin too
             raise ValueError(f"packing_safety_margin must be in (0, 1], got {margin!r}")
+        # The cap is what packs: per GPU × cp × margin. Compared as an int with a float,
+        # exactly, before the product (10**400 × 0.9 overflowed).
+        if per_gpu * cp < 1 or per_gpu * cp > MAX_LENGTH / float(margin):
+            shown = f"{per_gpu:,}" if abs(per_gpu) < 10**15 else f"a {len(str(per_gpu))}-digit number"
+            raise ValueError(f"max_tokens_per_gpu × cp_size × packing_safety_margin must be "
+                             f"1..{MAX_LENGTH:,} tokens, got {shown} × {cp} × {margin}")
         cap = max(1, int(per_gpu * cp * margin))
     else:
         mbs = getattr(args, "micro_batch_size", None)

@@ -97,8 +97,9 @@ def _length(token: str, source: str, lineno: int) -> int:
     digits = whole.lstrip("+-").lstrip("0") or "0"  # int() counts leading zeros to its limit
     if len(digits) > 100:  # int() past 4,300 digits names its own limit
         beyond = "below 1" if whole.startswith("-") else "too large: beyond any context window"
-        raise ValueError(f"{source}: line {lineno}: length {whole[:12]}... ({len(whole)} "
-                         f"characters) is {beyond} (lengths are 1..{MAX_LENGTH:,} tokens)")
+        sign = "-" if whole.startswith("-") else ""
+        raise ValueError(f"{source}: line {lineno}: length {sign}{digits[:12]}... ({len(digits)} "
+                         f"digits) is {beyond} (lengths are 1..{MAX_LENGTH:,} tokens)")
     value = -int(digits) if whole.startswith("-") else int(digits)
     if value < 1:
         raise ValueError(f"{source}: line {lineno}: length {value} must be >= 1")
