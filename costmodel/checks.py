@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["on_off", "positive_int", "whole_number"]
+__all__ = ["cost_model_choice", "on_off", "positive_int", "whole_number"]
 
 
 def positive_int(value: Any, name: str) -> int:
@@ -63,4 +63,19 @@ def _scalar(value: Any) -> Any:
     """A 0-d numpy array or torch tensor as its Python value; anything else as it is."""
     if getattr(value, "ndim", None) == 0 and hasattr(value, "item"):
         return value.item()
+    return value
+
+
+def cost_model_choice(value: Any, name: str) -> Any:
+    """A cost model flag's value as given (a path, a shipped name, a CostModel), or None when
+    unset: None, or false / 0 from a config. ValueError naming ``name`` for an empty string
+    (it balanced FLOPs) or a config's ``true`` or other number."""
+    if isinstance(value, (bool, np.bool_, numbers.Number)):
+        if value:
+            raise ValueError(f"{name} is {value!r}: give a cost model file or a shipped name "
+                             "such as h200/qwen3-8b (false or unset: none)")
+        return None
+    if value is not None and not str(value).strip():
+        raise ValueError(f"{name} is empty: give a cost model file or a shipped name such as "
+                         "h200/qwen3-8b, or leave it out to balance analytic FLOPs")
     return value

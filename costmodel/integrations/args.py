@@ -25,7 +25,7 @@ import logging
 from typing import Any
 
 from costmodel.calibration.device import current_gpu_name
-from costmodel.checks import on_off, positive_int, whole_number
+from costmodel.checks import cost_model_choice, on_off, positive_int, whole_number
 from costmodel.flops import MAX_LENGTH
 from costmodel.spec import as_spec
 
@@ -196,10 +196,7 @@ def validate_args(args: argparse.Namespace, spec=None):
         spec = as_spec(spec)  # a preset name or config.json path as well
     dynamic = _switch(args, "use_dynamic_batch_size")
     by_flops = _switch(args, "balance_by_flops")
-    cost_model_arg = _flag(args, "cost_model")
-    if cost_model_arg is not None and not str(cost_model_arg).strip():  # "" balanced FLOPs
-        raise ValueError("--cost-model is empty: give a cost model file or a shipped name such "
-                         "as h200/qwen3-8b, or drop the flag to balance analytic FLOPs")
+    cost_model_arg = cost_model_choice(_flag(args, "cost_model"), "--cost-model")
     raw_cap = _flag(args, "max_tokens_per_gpu")
     if raw_cap is not None and whole_number(raw_cap, "--max-tokens-per-gpu") < 1:
         raise ValueError(

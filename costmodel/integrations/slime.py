@@ -60,7 +60,7 @@ from typing import Any
 
 import numpy as np
 
-from costmodel.checks import on_off, positive_int, whole_number
+from costmodel.checks import cost_model_choice, on_off, positive_int, whole_number
 from costmodel.flops import MAX_LENGTH, as_lengths
 from costmodel.scheduler import build_schedule, karmarkar_karp
 from costmodel.scheduler.baselines import align_bins, first_fit_pack
@@ -80,16 +80,10 @@ def _spec_from_args(args: Any):
 
 def _resolve_cost(args: Any) -> tuple[Any, Any, bool]:
     """(cost, spec, balance) from the flags."""
-    cost_model = getattr(args, "cost_model", None)
-    if cost_model is not None and not str(cost_model).strip():  # as the training flags say
-        raise ValueError("cost_model is empty: give a cost model file or a shipped name such as "
-                         "h200/qwen3-8b, or unset it to balance analytic FLOPs")
-    if isinstance(cost_model, (bool, np.bool_, int, float)) and cost_model:  # a YAML `true`
-        raise ValueError(f"cost_model is {cost_model!r}: give a cost model file or a shipped name "
-                         "such as h200/qwen3-8b (false or unset: none)")
+    cost_model = cost_model_choice(getattr(args, "cost_model", None), "cost_model")
     by_flops = _on(args, "balance_by_flops")
-    balance = _on(args, "balance_data") or by_flops or bool(cost_model)  # False: unset, as in args
-    if cost_model:
+    balance = _on(args, "balance_data") or by_flops or cost_model is not None
+    if cost_model is not None:
         from costmodel.model import cached_cost_model  # called once per step
 
         try:

@@ -117,10 +117,9 @@ def get_reverse_idx(idx_map: Sequence[int]) -> list[int]:
 def _entries(idx_map: Any) -> list:
     """A numpy array's or torch tensor's entries as Python ints, its dtype checked once (per
     entry, numpy took 8x as long); a list or tuple as it is."""
-    dtype = getattr(idx_map, "dtype", None)
-    if dtype is None or str(dtype) == "object":  # a list, or numpy holding Python objects: per entry
+    kind = str(getattr(idx_map, "dtype", "object"))
+    if kind == "object":  # a list, or numpy holding Python objects: per entry
         return list(idx_map)
-    kind = str(dtype)
     if getattr(idx_map, "ndim", 1) != 1 or "int" not in kind:  # bool, float, 2-D
         raise ValueError(f"idx_map must be a 1-D integer permutation, got {kind} of shape "
                          f"{tuple(idx_map.shape)}")

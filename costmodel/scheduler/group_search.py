@@ -129,10 +129,11 @@ def _side(
     d_part[out] -= pc.part[slot_out[out]]
     d_count[out] -= pc.count[slot_out[out]]
     count = st.count[slot_bin] + d_count
-    legal = (count >= 1) & ((st.fill[slot_bin] + d_tok <= st.cap) | (count == 1))
+    fill = st.fill[slot_bin]
+    legal = (count >= 1) & ((fill + d_tok <= st.cap) | (count == 1))
     # An illegal slot's price is never read (its candidate is dropped): price it at the cap,
     # on the token table, not on the curve.
-    d_tok = np.where(legal, d_tok, np.minimum(d_tok, st.cap - st.fill[slot_bin]))
+    d_tok = np.where(legal, d_tok, np.minimum(d_tok, st.cap - fill))
     delta = st.priced(slot_bin, d_tok, d_part) - st.bin_q[slot_bin]
     starts = slot_start[:-1]
     return _Side(np.add.reduceat(delta, starts), np.logical_and.reduceat(legal, starts))

@@ -94,13 +94,13 @@ def _length(token: str, source: str, lineno: int) -> int:
     if not _TOKEN.match(token):
         raise ValueError(f"{source}: line {lineno}: {token!r} is not a whole number of tokens")
     whole = token.split(".")[0]
+    sign = "-" if whole.startswith("-") else ""
     digits = whole.lstrip("+-").lstrip("0") or "0"  # int() counts leading zeros to its limit
     if len(digits) > 100:  # int() past 4,300 digits names its own limit
-        beyond = "below 1" if whole.startswith("-") else "too large: beyond any context window"
-        sign = "-" if whole.startswith("-") else ""
+        beyond = "below 1" if sign else "too large: beyond any context window"
         raise ValueError(f"{source}: line {lineno}: length {sign}{digits[:12]}... ({len(digits)} "
                          f"digits) is {beyond} (lengths are 1..{MAX_LENGTH:,} tokens)")
-    value = -int(digits) if whole.startswith("-") else int(digits)
+    value = int(sign + digits)
     if value < 1:
         raise ValueError(f"{source}: line {lineno}: length {value} must be >= 1")
     if value > MAX_LENGTH:

@@ -169,24 +169,27 @@ def _stop(processes: list) -> None:
     log), then SIGTERM, then SIGKILL for one blocked in C (a collective a dead peer never
     joins ignores both). A repeated Ctrl-C or SIGTERM meanwhile kills them at once."""
     def kill_now(signum, frame):
-        for process in processes:
-            if process.is_alive():
-                with contextlib.suppress(ProcessLookupError):  # exited just now
-                    os.kill(process.pid, signal.SIGKILL)
+        _signal_all(processes, signal.SIGKILL)
 
     main = threading.current_thread() is threading.main_thread()  # handlers: main thread only
     previous = {sig: signal.signal(sig, kill_now) for sig in (signal.SIGINT, signal.SIGTERM)} if main else {}
     try:
         for signum, wait_s in _ESCALATION:
-            alive = [process for process in processes if process.is_alive()]
+            alive = _signal_all(processes, signum)
             if not alive:
                 return
-            for process in alive:
-                with contextlib.suppress(ProcessLookupError):  # exited just now
-                    os.kill(process.pid, signum)
             deadline = time.monotonic() + wait_s
             for process in alive:
                 process.join(timeout=max(0.0, deadline - time.monotonic()))
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+def _signal_all(processes: list, signum: int) -> list:
+    """Send ``signum`` to each of ``processes`` still alive; return those."""
+    alive = [process for process in processes if process.is_alive()]
+    for process in alive:
+        with contextlib.suppress(ProcessLookupError):  # exited just now
+            os.kill(process.pid, signum)
+    return alive

@@ -289,8 +289,9 @@ def _train_loop(args, plan: Plan, *, device, dtype, attention: str) -> TrainResu
             # Written to a temp file beside it and renamed when the run ends: an interrupted
             # run leaves the previous log whole, not a truncated one (each step is logged).
             tmp = stack.enter_context(atomic_output(args.log_json))
-            if getattr(args, LOG_TEMP_NOTE_ATTR, None):  # for the launcher, should this rank be killed
-                Path(getattr(args, LOG_TEMP_NOTE_ATTR)).write_text(str(tmp))
+            note = getattr(args, LOG_TEMP_NOTE_ATTR, None)
+            if note:  # for the launcher, should this rank be killed
+                Path(note).write_text(str(tmp))
             log_file = stack.enter_context(open(tmp, "w"))
         for step, (lengths, schedule) in enumerate(zip(plan.lengths, plan.schedules)):
             digest = str(schedule.digest())
