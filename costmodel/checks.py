@@ -10,7 +10,11 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["cost_model_choice", "on_off", "positive_int", "whole_number"]
+__all__ = ["cost_model_choice", "on_off", "positive_int", "signed_digits", "whole_number"]
+
+# Past this many significant digits a number is no count or length; int() itself refuses
+# past 4,300 digits with a message naming its own limit.
+MAX_DIGITS = 100
 
 
 def positive_int(value: Any, name: str) -> int:
@@ -37,6 +41,17 @@ def on_off(value: Any, name: str) -> bool:
 _DIGITS = re.compile(r"([+-]?)([0-9]+)")
 
 
+def signed_digits(text: str) -> tuple[str, str] | None:
+    """``text`` as its sign ("-" or "") and significant ASCII digits ("0" for zero), or
+    None when it is not an optionally signed run of ASCII digits. Callers compare
+    ``len(digits)`` with `MAX_DIGITS` before int(), each naming what the number was."""
+    match = _DIGITS.fullmatch(text)
+    if match is None:
+        return None
+    sign, digits = match.groups()
+    return ("-" if sign == "-" else ""), digits.lstrip("0") or "0"
+
+
 def whole_number(value: Any, name: str) -> int:
     """A count from a flag or a config: an integer, a whole float, Decimal or Fraction, a 0-d
     array, or its digits as text. ValueError naming ``name`` for a switch, other text or a
@@ -50,12 +65,11 @@ def whole_number(value: Any, name: str) -> int:
         with contextlib.suppress(ValueError, OverflowError):  # nan, inf
             if value == int(value):
                 return int(value)
-    text = _DIGITS.fullmatch(value.strip()) if isinstance(value, str) else None
-    if text:
-        sign, digits = text.group(1), text.group(2).lstrip("0") or "0"
-        if len(digits) > 100:  # int() refuses past 4,300 digits, naming its own limit
-            raise ValueError(f"{name} is a {len(digits)}-digit number, far above any count")
-        return -int(digits) if sign == "-" else int(digits)
+    parts = signed_digits(value.strip()) if isinstance(value, str) else None
+    if parts:
+        if len(parts[1]) > MAX_DIGITS:
+            raise ValueError(f"{name} is a {len(parts[1])}-digit number, far above any count")
+        return int("".join(parts))
     raise ValueError(f"{name} must be a whole number, got {value!r:.60}")
 
 

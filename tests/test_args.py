@@ -359,3 +359,13 @@ def test_whole_numbers_of_tokens_in_any_form_are_taken():
             args = argparse.Namespace(use_dynamic_batch_size=on, max_tokens_per_gpu=cap,
                                       balance_by_flops=0, cost_model=None)
             assert scheduler_from_args(args, SPEC)["max_tokens_per_microbatch"] == 8192
+
+
+def test_signed_digits_reads_ascii_digits_only():
+    from costmodel.checks import signed_digits
+
+    assert signed_digits("+0012") == ("", "12")
+    assert signed_digits("-000") == ("-", "0")
+    assert signed_digits("9" * 300) == ("", "9" * 300)  # the caller names a number this long
+    for text in ("", "+", "8_192", "٨١٩٢", "1.0", " 12", "1e3", "--1"):
+        assert signed_digits(text) is None, text

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from costmodel.checks import positive_int
+from costmodel.checks import MAX_DIGITS, positive_int, signed_digits
 from costmodel.flops import MAX_LENGTH
 
 __all__ = ["DISTRIBUTIONS", "generate_lengths", "read_lengths", "parse_lengths"]
@@ -60,8 +60,7 @@ def generate_lengths(
 
 # A sign is read, then checked ("-5" is below 1); "4096.0", as pandas writes whole lengths
 # from a float column, is a whole number too ("4096.5" is not).
-# ASCII digits only: "\d" took Arabic-Indic and other Unicode digits as numbers.
-_TOKEN = re.compile(r"^[+-]?[0-9]+(\.0*)?$")
+_ZERO_FRACTION = re.compile(r"(\.0*)?")
 
 
 def parse_lengths(text: str, source: str = "lengths") -> np.ndarray:
@@ -91,12 +90,12 @@ def parse_lengths(text: str, source: str = "lengths") -> np.ndarray:
 
 
 def _length(token: str, source: str, lineno: int) -> int:
-    if not _TOKEN.match(token):
+    whole, dot, fraction = token.partition(".")
+    parts = signed_digits(whole) if _ZERO_FRACTION.fullmatch(dot + fraction) else None
+    if parts is None:
         raise ValueError(f"{source}: line {lineno}: {token!r} is not a whole number of tokens")
-    whole = token.split(".")[0]
-    sign = "-" if whole.startswith("-") else ""
-    digits = whole.lstrip("+-").lstrip("0") or "0"  # int() counts leading zeros to its limit
-    if len(digits) > 100:  # int() past 4,300 digits names its own limit
+    sign, digits = parts
+    if len(digits) > MAX_DIGITS:
         beyond = "below 1" if sign else "too large: beyond any context window"
         raise ValueError(f"{source}: line {lineno}: length {sign}{digits[:12]}... ({len(digits)} "
                          f"digits) is {beyond} (lengths are 1..{MAX_LENGTH:,} tokens)")
