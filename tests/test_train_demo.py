@@ -473,3 +473,34 @@ def test_stopping_workers_ends_with_sigkill_for_one_that_ignores_signals(monkeyp
         for process in processes:
             if process.is_alive():
                 process.kill()
+
+
+def test_an_interrupt_while_spawning_stops_the_workers_already_started(monkeypatch):
+    """Regression: Ctrl-C or SIGTERM while torch spawned the workers left those already
+    started running, and the launcher waited at exit for them."""
+    import argparse
+    import multiprocessing
+
+    import torch.multiprocessing as mp
+
+    from costmodel.training import launch
+
+    ctx = multiprocessing.get_context("fork")
+    ready = ctx.Event()
+    started = []
+
+    def spawn_one_then_interrupt(*args, **kwargs):
+        started.append(ctx.Process(target=_polite, args=(ready,)))
+        started[0].start()
+        assert ready.wait(30)
+        raise KeyboardInterrupt("signal SIGTERM")
+
+    monkeypatch.setattr(mp, "start_processes", spawn_one_then_interrupt)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            launch._start(argparse.Namespace(), 2, "unused")
+        started[0].join(5)
+        assert started[0].exitcode == 7  # interrupted, so it cleaned up
+    finally:
+        if started and started[0].is_alive():
+            started[0].kill()

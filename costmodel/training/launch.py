@@ -117,17 +117,10 @@ def launch(args: argparse.Namespace, nproc: int) -> list[dict[str, Any]]:
         out = str(Path(tmp) / "records.json")
         note = Path(tmp) / "log-temp-path"
         setattr(clean, LOG_TEMP_NOTE_ATTR, str(note))
-        context = mp.start_processes(
-            _worker,
-            args=(clean, nproc, free_port(), out),
-            nprocs=nproc,
-            join=False,
-            start_method="spawn",
-        )
         try:
             try:
                 with signals_interrupt():  # SIGTERM too stops the workers first, not orphans them
-                    _join(context)
+                    _join(_start(clean, nproc, out))
             finally:  # rank 0's half-written log, should it have been killed (else renamed)
                 _remove_noted_file(note)
         except mp.ProcessRaisedException as err:
@@ -139,6 +132,22 @@ def launch(args: argparse.Namespace, nproc: int) -> list[dict[str, Any]]:
                 f"{err.signal_name}) before finishing"
             ) from None
         return json.loads(Path(out).read_text())
+
+
+def _start(args: argparse.Namespace, nproc: int, out: str):
+    """Spawn the workers (torch's process context). Interrupted while spawning (seconds on
+    a small machine), stop those already started: the launcher would otherwise wait at exit
+    for workers that wait for peers that never come."""
+    import multiprocessing
+
+    import torch.multiprocessing as mp
+
+    try:
+        return mp.start_processes(_worker, args=(args, nproc, free_port(), out), nprocs=nproc,
+                                  join=False, start_method="spawn")
+    except BaseException:
+        _stop(multiprocessing.active_children())
+        raise
 
 
 def _remove_noted_file(note: Path) -> None:
