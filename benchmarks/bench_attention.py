@@ -225,27 +225,16 @@ def run(
     rows = []
     errors = []  # a backend failing at one L is recorded and skipped, never fatal
     h, hkv, d = args.num_heads, args.num_kv_heads, args.head_dim
-    for L in args.lengths:
-        lengths, cu, q, k, v, do = _packed(L, args.total_tokens, h, hkv, d, device)
-        outs = {}
-        for name, fn in backends.items():
-            try:
-                with torch.no_grad():
-                    outs[name] = fn(q, k, v, cu, L)  # validates once; timed calls skip the sync
-                _time_modes(rows, args, name, fn, (q, k, v, cu, L), do, lengths, do_bench)
-            except Exception as exc:  # recorded in the table and the JSON, never fatal
-                errors.append(_failure(L, name, exc))
-                outs.pop(name, None)
-        if "triton" in outs and len(outs) > 1:
-            ref = next(o for b, o in outs.items() if b != "triton").float()
-            err = ((outs["triton"].float() - ref).norm() / ref.norm()).item()
-            for row in rows:
-                if row["L"] == L and row["backend"] == "triton":
-                    row["fwd_rel_err_vs_baseline"] = err
-        del q, k, v, do, outs
-        torch.cuda.empty_cache()
+    interrupted = False
+    try:
+        for L in args.lengths:
+            _time_length(rows, errors, args, backends, L, device, do_bench)
+    except KeyboardInterrupt:  # the GPU session's step timeout: keep the rows timed
+        print("interrupted during the table: keeping the rows timed so far", file=sys.stderr)
+        interrupted = True
     gqa_check = None
-    if "torch-varlen" in backends and attn.torch_varlen_gqa_mode() == "expanded" and hkv < h:
+    if (not interrupted and "torch-varlen" in backends
+            and attn.torch_varlen_gqa_mode() == "expanded" and hkv < h):
         # After the table, on its own: a kernel that mishandled fewer KV heads could leave
         # the device unusable, and the table is what this benchmark is for.
         gqa_check = _kv_as_given(args, backends["torch-varlen"], device, rows, errors, do_bench)
@@ -262,6 +251,8 @@ def run(
             "total_tokens": args.total_tokens,
         },
     }
+    if interrupted:
+        result["interrupted"] = True
     if "torch-varlen" in backends:
         # torch 2.10/2.11 varlen_attn has no GQA switch: the adapter expands KV heads, and
         # that copy is inside the torch-varlen times.
@@ -275,6 +266,32 @@ def run(
         if triton_configs:
             result["tuned_configs"] = triton_configs
     return result
+
+
+def _time_length(rows: list, errors: list, args, backends: dict, L: int, device, do_bench) -> None:
+    """Time every backend on one pack of length-``L`` sequences, appending to ``rows``; a
+    backend that fails is recorded in ``errors`` and skipped, never fatal."""
+    import torch
+
+    lengths, cu, q, k, v, do = _packed(L, args.total_tokens, args.num_heads,
+                                       args.num_kv_heads, args.head_dim, device)
+    outs = {}
+    for name, fn in backends.items():
+        try:
+            with torch.no_grad():
+                outs[name] = fn(q, k, v, cu, L)  # validates once; timed calls skip the sync
+            _time_modes(rows, args, name, fn, (q, k, v, cu, L), do, lengths, do_bench)
+        except Exception as exc:  # recorded in the table and the JSON, never fatal
+            errors.append(_failure(L, name, exc))
+            outs.pop(name, None)
+    if "triton" in outs and len(outs) > 1:
+        ref = next(o for b, o in outs.items() if b != "triton").float()
+        err = ((outs["triton"].float() - ref).norm() / ref.norm()).item()
+        for row in rows:
+            if row["L"] == L and row["backend"] == "triton":
+                row["fwd_rel_err_vs_baseline"] = err
+    del q, k, v, do, outs
+    torch.cuda.empty_cache()
 
 
 def _time_modes(rows: list, args, name: str, fn, ins: tuple, do, lengths: list[int], do_bench) -> None:
@@ -424,7 +441,7 @@ def tune(
         print(f"tune L={L} {kernel} {cand}: {ms:.3f} ms {mode}", file=sys.stderr, flush=True)
 
     first_choice_gate = None
-    interrupted = False
+    interrupted, failure = False, None
     try:
         gate = _gate_inputs(h, hkv, d)
         first_choice_gate = gate_error(None)  # compiles the first choices too
@@ -449,10 +466,17 @@ def tune(
         print("interrupted during the tuning: keeping the candidates timed so far",
               file=sys.stderr)
         interrupted = True
+    except Exception as exc:  # noqa: BLE001  the first choices fail to build or run
+        # (a triton CompilationError is no RuntimeError): no reference to judge candidates
+        # by, but the table, torch-varlen's rows above all, can still be measured.
+        failure = f"{type(exc).__name__}: {exc}"
+        print(f"tuning stopped: {failure}", file=sys.stderr, flush=True)
     result = {"provenance": _provenance(argv), "tune_rows": rows, "best": choose_best(rows),
               "gate_row_err_first_choice": first_choice_gate}
     if interrupted:
         result["interrupted"] = True
+    if failure is not None:
+        result["tune_error"] = failure
     return result
 
 
@@ -691,6 +715,8 @@ def main(argv: list[str] | None = None) -> int:
                           "tuned_configs": tuning["best"], "interrupted": True}
             result["tune_rows"] = tuning["tune_rows"]
             result["gate_row_err_first_choice"] = tuning["gate_row_err_first_choice"]
+            if "tune_error" in tuning:
+                result["tune_error"] = tuning["tune_error"]
         else:
             result = run(args, argv)
     except RuntimeError as exc:

@@ -109,11 +109,20 @@ def _profiles(folders: list[Path], unvalidated: set[str] | bool) -> list[tuple[P
 
 
 def _partials(folders: list[Path]) -> list[str]:
+    """How to fit each cut-short calibration's measurements that no cost model came of."""
     lines = []
     for path in sorted(p for f in folders for p in f.glob("*.partial.json")):
+        fitted = path.name.replace(".partial", "")
+        if _find(folders, fitted):
+            continue  # the session refitted it already
+        where = path
+        if path.parent != folders[0]:  # unpacked into a folder deleted when adopt ends
+            where = folders[0] / path.name
+            lines.append(f"{path.name} is in {folders[0] / 'results.tgz'}: `tar xzf "
+                         f"{folders[0] / 'results.tgz'} -C {folders[0]} {path.name}` first")
         lines.append(f"{path.name}: what a cut-short calibration measured; fit it with "
-                     f"`PYTHONPATH=. python -m costmodel calibrate --refit {path} -o "
-                     f"{path.name.replace('.partial', '')}` and adopt the folder again")
+                     f"`PYTHONPATH=. python -m costmodel calibrate --refit {where} -o "
+                     f"{folders[0] / fitted}` and adopt the folder again")
     return lines
 
 
@@ -199,10 +208,15 @@ def _attention_summary(doc: dict) -> list[str]:
     times = {(r["L"], r["backend"], r["mode"]): r["ms"] for r in doc.get("rows", [])}
     lines = [f"attention, Triton / torch-varlen speed (targets for L >= {ATTN_FROM_L}: fwd >= 1x, "
              "fwd+bwd >= 0.8x):"]
-    if doc.get("interrupted"):
+    if doc.get("tune_error"):
+        lines.append(f"  tuning FAILED before any candidate was judged: {doc['tune_error']}")
+    if doc.get("interrupted") and not times:
         lines.append("  INTERRUPTED during tuning: no table; the tuned configs are the best of "
                      f"{len(doc.get('tune_rows', []))} timed candidates: rerun with "
                      "STEPS=bench_attention")
+    elif doc.get("interrupted"):
+        lines.append(f"  INTERRUPTED during the table: lengths up to {max(L for L, _, _ in times)} "
+                     "timed: rerun with STEPS=bench_attention for the rest")
     worst: dict[str, float] = {}
     for L in sorted({L for L, _, _ in times}):
         ratios = []

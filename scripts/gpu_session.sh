@@ -9,12 +9,13 @@
 #   2. costmodel validate on random packed micro-batches           <= 110 s (stops at 70 s)
 #   3. costmodel report --png                                      seconds
 #   4. costmodel bench-schedule with the fresh cost model (dp 8,16,64)  <= 130 s
-#      (stops measuring at 105 s, or at the step's SIGINT, and writes what it measured)
-#   5. attention benchmark, backward configs tuned first            <= 120 s
-#      (a timeout during its table still writes the tuning to bench_attention.json;
-#      on torch 2.11, last, whether varlen_attn takes the KV heads unexpanded, and how
-#      much faster it is then)
-#   6. GPU pytest tests (-m gpu), the kernel checks first           <= 90 s
+#      (stops measuring at 105 s, less when less is left, or at the step's SIGINT, and
+#      writes what it measured)
+#   5. GPU pytest tests (-m gpu), the kernel checks first           <= 90 s (~40 s)
+#   6. attention benchmark, backward configs tuned first            <= 120 s
+#      (a timeout keeps the tuning and the table's rows timed so far in
+#      bench_attention.json; on torch 2.11, last, whether varlen_attn takes the KV heads
+#      unexpanded, and how much faster it is then)
 #   7. MLP benchmark, if time is left (STEPS without bench_mlp skips it)
 #   8. a quick MoE calibration (qwen3-30b-a3b), if time is left
 # STEPS picks a subset (run in the order above), e.g. STEPS="bench_schedule pytest" with
@@ -53,7 +54,7 @@ PY="${PYTHON:-$(command -v python3 || command -v python)}"  # the H200 image has
 LIMIT_S="${LIMIT_S:-460}"   # total wall budget; later steps are skipped past it
 MODEL="${MODEL:-qwen3-8b}"
 CAL="${CAL:-$OUT/$MODEL.json}"
-STEPS="${STEPS:-calibrate validate report bench_schedule bench_attention pytest bench_mlp calibrate_moe}"
+STEPS="${STEPS:-calibrate validate report bench_schedule pytest bench_attention bench_mlp calibrate_moe}"
 STATUS=0
 want() { [[ " $STEPS " == *" $1 "* ]]; }
 
@@ -69,6 +70,16 @@ step() {  # step NAME TIMEOUT_S CMD...: run with a timeout, log rc and time, nev
   echo "== $name: rc=$rc in $((SECONDS - t0))s"
   (( rc != 0 )) && STATUS=1
   return 0
+}
+
+# The refitted cost model holds every measurement of the partial file: one file fewer to
+# bring back, and no "fit it with --refit" advice from adopt_gpu_results.py.
+drop_partial_if_fitted() { [[ -f "$CAL" ]] && rm -f "$OUT/$MODEL.partial.json"; return 0; }
+seconds_left() {  # seconds_left MARGIN CAP: the session's time left less MARGIN, in 10..CAP
+  local s=$(( LIMIT_S - SECONDS - $1 ))
+  (( s > $2 )) && s=$2
+  (( s < 10 )) && s=10
+  echo "$s"
 }
 
 echo "== session start $(date -u +%FT%TZ) on $(hostname)"
@@ -103,6 +114,7 @@ if want calibrate; then
     # eager fallback below runs.
     step "refit $MODEL from the graph-timed partial measurements" 40 "$PY" -m costmodel -v \
       calibrate --refit "$OUT/$MODEL.partial.json" -o "$CAL"
+    drop_partial_if_fitted
     [[ -f "$CAL" ]] || mv "$OUT/$MODEL.partial.json" "$OUT/$MODEL.graph.partial.json"
   fi
   if [[ ! -f "$CAL" ]]; then  # e.g. a workload this torch cannot capture into a CUDA graph
@@ -113,40 +125,42 @@ if want calibrate; then
   if [[ ! -f "$CAL" && -f "$OUT/$MODEL.partial.json" ]]; then
     step "refit $MODEL from the partial measurements" 40 "$PY" -m costmodel -v calibrate \
       --refit "$OUT/$MODEL.partial.json" -o "$CAL"
+    drop_partial_if_fitted
   fi
 fi
 if [[ -f "$CAL" ]]; then
   # Its own time limit stays ~40 s (start-up, settling) inside the step's timeout, even
   # when a fallback left less than 110 s: a timeout's interrupt would save nothing.
-  validate_s=$(( LIMIT_S - SECONDS - 40 )); (( validate_s > 70 )) && validate_s=70
-  (( validate_s < 10 )) && validate_s=10
   want validate && step "validate $MODEL" 110 "$PY" -m costmodel -v validate "$CAL" \
-    --count 120 --layers 4 --time-limit-s "$validate_s" --settle-s 3
+    --count 120 --layers 4 --time-limit-s "$(seconds_left 40 70)" --settle-s 3
   want report && step "report $MODEL" 40 "$PY" -m costmodel report "$CAL" --png "$OUT/$MODEL.png"
 else
   echo "== no $CAL: calibrate failed, skipping validate/report"
   STATUS=1
 fi
 if want bench_schedule && [[ -f "$CAL" ]]; then
+  # Its own limit, like validate's, ends measuring before the step's timeout would.
   step "bench-schedule $MODEL" 130 "$PY" -m costmodel -v bench-schedule --model "$MODEL" \
-    --lengths rl --cap 16384 --dp 8,16,64 --cost-model "$CAL" --time-limit-s 105 \
-    --settle-s 3 -o "$OUT/bench_schedule.json"
+    --lengths rl --cap 16384 --dp 8,16,64 --cost-model "$CAL" \
+    --time-limit-s "$(seconds_left 25 105)" --settle-s 3 -o "$OUT/bench_schedule.json"
 fi
+# The kernel checks first: a step cut short by the session's time keeps them.
+kernel_tests=()
+for f in tests/test_attention.py tests/test_mlp.py tests/test_moe.py tests/test_layer.py; do
+  [[ -e "$f" ]] && kernel_tests+=("$f")  # one renamed must not stop the others running
+done
+other_tests=()  # the other files with GPU tests: collecting all of them takes seconds
+for f in $(grep -lE "mark\.gpu" tests/test_*.py); do
+  [[ " ${kernel_tests[*]} " == *" $f "* ]] || other_tests+=("$f")
+done
+want pytest && step "pytest -m gpu" 90 "$PY" -m pytest -q -m gpu -p no:cacheprovider \
+  "${kernel_tests[@]}" "${other_tests[@]}" --junitxml="$OUT/pytest-gpu.xml"
 # --quick keeps its short repetitions; the lengths / token counts are the full range.
 # --tune-first: the backward kernels' candidate configs at L=8k first, then the table with
 # the fastest.
 want bench_attention && step "bench_attention" 120 "$PY" benchmarks/bench_attention.py --quick \
   --tune-first --lengths 512 1024 2048 4096 8192 16384 32768 --backends torch-varlen triton \
   --json "$OUT/bench_attention.json"
-# The kernel checks first: a step cut short by the session's time keeps them.
-kernel_tests=()
-for f in tests/test_attention.py tests/test_mlp.py tests/test_moe.py tests/test_layer.py; do
-  [[ -e "$f" ]] && kernel_tests+=("$f")  # one renamed must not stop the others running
-done
-other_tests=()
-for f in tests/test_*.py; do [[ " ${kernel_tests[*]} " == *" $f "* ]] || other_tests+=("$f"); done
-want pytest && step "pytest -m gpu" 90 "$PY" -m pytest -q -m gpu -p no:cacheprovider \
-  "${kernel_tests[@]}" "${other_tests[@]}" --junitxml="$OUT/pytest-gpu.xml"
 want bench_mlp && step "bench_mlp" 60 "$PY" benchmarks/bench_mlp.py --quick \
   --tokens 512 1024 2048 4096 8192 16384 32768 --json "$OUT/bench_mlp.json"
 # A MoE profile, if time is left: --quick, no separate validation.

@@ -243,3 +243,32 @@ def test_the_varlen_baseline_without_its_kv_expansion_is_judged_too(adopt_script
     assert "against varlen_attn given the KV heads as they are (no expansion), for L >= 4096: " \
            "fwd at least" in text
     assert re.search(r"fwd\+bwd at least 0\.6\dx \(MISSED\)", text)  # ~0.9 of the adapter's 0.68x
+
+
+def test_partial_measurements_get_a_refit_hint_only_when_nothing_was_fitted(
+        adopt_script, tmp_path, capsys):
+    """A review found: a partial the session refitted still got 'fit it with --refit', and
+    one from results.tgz was named inside a folder deleted when adopt ends."""
+    out = _session_folder(tmp_path)
+    (out / "qwen3-8b.partial.json").write_text("{}")  # refitted: qwen3-8b.json is there
+    (out / "qwen3-30b-a3b.partial.json").write_text("{}")
+    import tarfile
+
+    with tarfile.open(out / "results.tgz", "w:gz") as tar:
+        tar.add(out / "qwen3-30b-a3b.partial.json", arcname="qwen3-30b-a3b.partial.json")
+    (out / "qwen3-30b-a3b.partial.json").unlink()
+    assert adopt_script.main([str(out), "--dry-run"]) == 0
+    text = capsys.readouterr().out
+    assert "qwen3-8b.partial.json:" not in text
+    assert f"tar xzf {out / 'results.tgz'} -C {out} qwen3-30b-a3b.partial.json" in text
+    assert f"--refit {out / 'qwen3-30b-a3b.partial.json'} -o {out / 'qwen3-30b-a3b.json'}" in text
+
+
+def test_attention_summary_says_where_the_table_stopped(adopt_script):
+    rows = [{"L": L, "backend": b, "mode": m, "ms": 1.0}
+            for L in (512, 1024) for b in ("torch-varlen", "triton") for m in ("fwd", "fwd+bwd")]
+    text = "\n".join(adopt_script._attention_summary(
+        {"rows": rows, "interrupted": True, "tune_error": "CompilationError: at 12:4"}))
+    assert "tuning FAILED before any candidate was judged: CompilationError" in text
+    assert "INTERRUPTED during the table: lengths up to 1024 timed" in text
+    assert "no table" not in text

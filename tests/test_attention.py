@@ -428,6 +428,54 @@ def test_bench_table_shows_speedup_and_missing_baselines(load_benchmark):
     assert "flash-attn: not measured: not installed" in table
 
 
+def _fake_gpu_table(bench, monkeypatch, interrupt_above: int):
+    """bench_attention's table on a pretend GPU: each length times one row, and the step's
+    timeout (SIGINT) arrives past ``interrupt_above``."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(bench, "_provenance", lambda argv: {"gpu": "fake", "torch": "-",
+                                                            "triton": "-", "date": "-"})
+
+    def time_length(rows, errors, args, backends, length, device, do_bench):
+        if length > interrupt_above:
+            raise KeyboardInterrupt
+        rows.append({"L": length, "num_seqs": 1, "backend": "torch-varlen", "mode": "fwd",
+                     "ms": 1.0, "tflops": 1.0})
+
+    monkeypatch.setattr(bench, "_time_length", time_length)
+
+
+def test_an_interrupted_table_keeps_the_rows_timed(load_benchmark, monkeypatch):
+    """A review found: the step's timeout during the table lost every row timed."""
+    bench = load_benchmark("bench_attention")
+    _fake_gpu_table(bench, monkeypatch, interrupt_above=1024)
+    args = bench._parse(["--lengths", "512", "1024", "2048", "--backends", "torch-varlen"])
+    result = bench.run(args, [])
+    assert result["interrupted"] and [r["L"] for r in result["rows"]] == [512, 1024]
+
+
+def test_first_choices_that_fail_to_build_still_leave_the_table(load_benchmark, monkeypatch,
+                                                                tmp_path):
+    """A review found: a compile error of the first-choice configs (a triton
+    CompilationError, no RuntimeError) escaped main(), and nothing was written."""
+    bench = load_benchmark("bench_attention")
+    _fake_gpu_table(bench, monkeypatch, interrupt_above=10**9)
+
+    class CompilationError(Exception):
+        pass
+
+    def broken(*args):
+        raise CompilationError("at 12:4: unsupported")
+
+    monkeypatch.setattr(bench, "_gate_inputs", broken)
+    out = tmp_path / "bench.json"
+    flags = ["--tune-first", "--quick", "--lengths", "512", "--backends", "torch-varlen",
+             "--json", str(out)]
+    assert bench.main(flags) == 0
+    result = json.loads(out.read_text())
+    assert result["tune_error"] == "CompilationError: at 12:4: unsupported"
+    assert [r["L"] for r in result["rows"]] == [512] and "interrupted" not in result
+
+
 def test_tuning_keeps_the_fastest_backward(load_benchmark):
     bench = load_benchmark("bench_attention")
     split, fused, dq = (32, 64, 8, 2), (32, 64, 8, 2, 1), (64, 64, 4, 2)
