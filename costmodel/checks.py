@@ -10,7 +10,8 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["cost_model_choice", "on_off", "positive_int", "signed_digits", "whole_number"]
+__all__ = ["cost_model_choice", "import_torch", "on_off", "positive_int", "signed_digits",
+           "whole_number"]
 
 # Past this many significant digits a number is no count or length; int() itself refuses
 # past 4,300 digits with a message naming its own limit.
@@ -93,3 +94,16 @@ def cost_model_choice(value: Any, name: str) -> Any:
         raise ValueError(f"{name} is empty: give a cost model file or a shipped name such as "
                          "h200/qwen3-8b, or leave it out to balance analytic FLOPs")
     return value
+
+
+def import_torch(what: str):
+    """The torch module, or a RuntimeError saying that ``what`` needs it and how to get it
+    (the package's base install is numpy and scipy only)."""
+    try:
+        import torch
+    except ImportError:
+        raise RuntimeError(
+            f"{what} needs PyTorch, and torch is not installed: pip install 'costmodel[gpu]' "
+            "(or a torch build for your CUDA version from https://pytorch.org/get-started/locally/)"
+        ) from None
+    return torch

@@ -51,7 +51,7 @@ from costmodel.model_file import (
     write_json_atomic,
 )
 from costmodel.profiles import profile_for_shape, profile_path
-from costmodel.spec import ModelSpec, as_spec
+from costmodel.spec import ModelSpec, as_spec, preset_names
 
 __all__ = [
     "DEFAULT_REFERENCE_TOKENS", "CostModel", "cached_cost_model", "load_cost_model",
@@ -356,6 +356,7 @@ class CostModel:
 
 # ---- by path or name ---------------------------------------------------------------------
 _NAME_RE = re.compile(r"^([A-Za-z0-9_.-]+)/([A-Za-z0-9_.-]+)$")
+_NOT_A_FILE = "is not an existing cost model file, and as a name (GPU key / model preset): "
 
 
 def separable_microbatch_costs(
@@ -373,11 +374,14 @@ def separable_microbatch_costs(
     return np.where(tokens > 0, cost, 0.0)
 
 
-def _not_a_name(text: str, err: ValueError) -> UnknownCostModel:
-    """``text`` is no file, and one of its parts (GPU key / model preset) is unknown."""
-    return UnknownCostModel(
-        f"{text!r} is not an existing cost model file, and as a name (GPU key / model preset): {err}"
-    )
+def _not_a_name(text: str, why: str) -> UnknownCostModel:
+    """``text`` is no file, nor a name of a cost model (``why``), or just a model preset."""
+    if text.strip().lower() in preset_names():  # the model alone: which GPU is not said
+        return UnknownCostModel(
+            f"{text!r} is a model preset, not a cost model: name one as GPU/MODEL, e.g. "
+            f"'h200/{text.strip().lower()}' (known GPUs: {', '.join(gpus.gpu_keys())})"
+        )
+    return UnknownCostModel(f"{text!r} {why}")
 
 
 def load_cost_model(
@@ -419,14 +423,12 @@ def load_cost_model(
     elif spec is not None and "/" not in text:
         gpu_name, model_name = text.strip(), spec.name
     else:
-        raise UnknownCostModel(
-            f"{text!r} is neither a cost model file nor a name like 'h200/qwen3-8b' "
-            f"(GPU key / model preset); known GPUs: {', '.join(gpus.gpu_keys())}"
-        )
+        raise _not_a_name(text, "is neither a cost model file nor a name like 'h200/qwen3-8b' "
+                          f"(GPU key / model preset); known GPUs: {', '.join(gpus.gpu_keys())}")
     try:
         info = gpus.lookup_gpu(gpu_name)
     except ValueError as err:
-        raise _not_a_name(text, err) from None
+        raise _not_a_name(text, _NOT_A_FILE + str(err)) from None
     if not m:  # a GPU alone: its profile of the spec's shape, whatever the model is called
         shipped = profile_for_shape(info.key, spec.fingerprint())
     else:
@@ -444,7 +446,7 @@ def load_cost_model(
         try:
             model_spec = ModelSpec.from_preset(model_name)
         except ValueError as err:  # "h200/qwen3-8bb": a typo in the model part of the name
-            raise _not_a_name(text, err) from None
+            raise _not_a_name(text, _NOT_A_FILE + str(err)) from None
         if spec is not None and spec.fingerprint() != model_spec.fingerprint() and not allow_other_shape:
             raise ValueError(
                 f"cost model {text!r} is for model {model_spec.name!r} (shape "

@@ -64,6 +64,23 @@ def test_simulate_names_samples_over_the_cap_apart_from_violations(capsys):
     assert "cap viol" in out and "32 sample(s) longer than the cap run alone" in out
 
 
+def test_names_a_user_mixes_up_across_commands(tmp_path, capsys):
+    """From a walkthrough: bench-schedule's --cap and --lengths rl, and FLOPS in capitals,
+    were refused by schedule and simulate; a preset given as the cost model named an
+    unknown GPU instead of the GPU/MODEL form."""
+    assert main(["schedule", "--lengths", "bimodal", "--n", "64", "--cap", "8192",
+                 "--cost", "FLOPS"]) == 0
+    out = capsys.readouterr().out
+    assert "64 samples, distribution 'bimodal'" in out and "cap=8192" in out
+    assert "cost: flops" in out
+    (tmp_path / "rl").write_text("100\n200\n" * 8)  # a file of that name is still a file
+    assert main(["schedule", "--lengths", str(tmp_path / "rl"), "--dp", "2"]) == 0
+    assert "16 lengths from" in capsys.readouterr().out
+    assert main(["simulate", "--n", "64", "--cost-model", "qwen3-8b"]) == 2
+    assert ("'qwen3-8b' is a model preset, not a cost model: name one as GPU/MODEL, e.g. "
+            "'h200/qwen3-8b'") in capsys.readouterr().err
+
+
 def test_schedule_user_errors_are_one_line(tmp_path, capsys):
     bad = tmp_path / "bad.txt"
     bad.write_text("100\nabc\n")

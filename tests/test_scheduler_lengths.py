@@ -36,6 +36,8 @@ def test_unknown_distribution_and_bad_n():
 def test_parse_lines_commas_comments():
     text = "# lengths\n100\n200, 300,\n\n  400 ,500\n"
     assert parse_lengths(text).tolist() == [100, 200, 300, 400, 500]
+    # A comment after a length (a walkthrough found it refused as "'#' is not a number").
+    assert parse_lengths("1200\n3400 # the long one\n500,#\n").tolist() == [1200, 3400, 500]
 
 
 def test_parse_spaces_and_whole_floats():

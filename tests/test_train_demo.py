@@ -504,3 +504,25 @@ def test_an_interrupt_while_spawning_stops_the_workers_already_started(monkeypat
     finally:
         if started and started[0].is_alive():
             started[0].kill()
+
+
+def test_train_demo_without_torch_is_one_line(monkeypatch):
+    """From a walkthrough: the base install (numpy, scipy) ended train-demo in a traceback."""
+    import argparse
+    import builtins
+    import sys
+
+    from costmodel.training import launch
+
+    real_import = builtins.__import__
+
+    def no_torch(name, *args, **kwargs):
+        if name == "torch" or name.startswith("torch."):
+            raise ModuleNotFoundError("No module named 'torch'", name="torch")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.delitem(sys.modules, "torch", raising=False)
+    monkeypatch.setattr(builtins, "__import__", no_torch)
+    with pytest.raises(RuntimeError, match=r"train-demo needs PyTorch, and torch is not "
+                                           r"installed: pip install 'costmodel\[gpu\]'"):
+        launch.launch(argparse.Namespace(), 2)

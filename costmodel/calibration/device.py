@@ -18,6 +18,7 @@ import subprocess
 from collections.abc import Mapping
 from typing import Any
 
+from costmodel.checks import import_torch
 from costmodel.gpus import GpuInfo, find_gpu_by_device_name, gpu_keys, lookup_gpu
 
 __all__ = ["device_fingerprint", "require_cuda", "resolve_gpu", "settle_gpu"]
@@ -38,14 +39,7 @@ def current_gpu_name() -> str | None:
 
 def require_cuda():
     """Import torch and check that a CUDA GPU is usable; return the torch module."""
-    try:
-        torch = importlib.import_module("torch")
-    except ImportError:
-        raise RuntimeError(
-            "timing kernels needs PyTorch with CUDA, and torch is not installed: "
-            "pip install 'costmodel[gpu]' (or a torch build for your CUDA version from "
-            "https://pytorch.org/get-started/locally/)"
-        ) from None
+    torch = import_torch("timing kernels")
     if getattr(torch.version, "cuda", None) is None:
         raise RuntimeError(
             f"timing kernels needs a CUDA GPU, and torch {torch.__version__} is a CPU-only build "

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import time
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -28,8 +29,9 @@ def add_batch_arguments(p: argparse.ArgumentParser) -> None:
         "--lengths", "--lengths-file",  # train-demo's name for it
         dest="lengths",
         metavar="FILE",
-        help="file of sample lengths: one integer per line, or separated by commas or spaces "
-        "(.json and .npy too)",
+        help="file of sample lengths: one integer per line, or separated by commas or spaces, "
+        "whole-line and trailing # comments skipped (.json and .npy too); a --dist name "
+        "where no such file exists, as in bench-schedule",
     )
     src.add_argument(
         "--dist",
@@ -41,7 +43,9 @@ def add_batch_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--n", type=int, default=4096, help="samples to draw with --dist (default: %(default)s)")
     p.add_argument("--seed", type=int, default=0, help="seed for --dist (default: %(default)s)")
     p.add_argument("--dp", type=int, default=8, help="data-parallel ranks (default: %(default)s)")
-    p.add_argument("--max-tokens", type=int, default=16384, help="token cap of one micro-batch (default: %(default)s)")
+    p.add_argument("--max-tokens", "--cap", dest="max_tokens", type=int, default=16384,
+                   help="token cap of one micro-batch (bench-schedule's --cap) "
+                   "(default: %(default)s)")
     p.add_argument(
         "--align", type=int, default=1, help="micro-batches per rank: a multiple of this (default: %(default)s)"
     )
@@ -56,15 +60,16 @@ def add_batch_arguments(p: argparse.ArgumentParser) -> None:
 
 def batch_lengths(args: argparse.Namespace) -> tuple[np.ndarray, str]:
     """The lengths the flags describe, and a short description of where they came from."""
-    if args.lengths:
+    if args.lengths and (args.lengths not in DISTRIBUTIONS or Path(args.lengths).exists()):
         lengths = read_lengths(args.lengths)
         return lengths, f"{lengths.size} lengths from {args.lengths}"
+    dist = args.lengths or args.dist  # "--lengths rl", as bench-schedule takes it
     if args.n > MAX_GENERATED:
         raise ValueError(f"--n {args.n} samples is more than this command schedules (at most "
                          f"{MAX_GENERATED:,}; a step of an RL run has thousands to tens of thousands)")
     return (
-        generate_lengths(args.n, args.dist, seed=args.seed),
-        f"{args.n} samples, distribution {args.dist!r}, seed {args.seed}",
+        generate_lengths(args.n, dist, seed=args.seed),
+        f"{args.n} samples, distribution {dist!r}, seed {args.seed}",
     )
 
 
@@ -76,9 +81,10 @@ def add_allow_other_shape(p: argparse.ArgumentParser) -> None:
 
 
 def resolve_cost(name: str, spec: Any, *, allow_other_shape: bool = False) -> Any:
-    """'tokens' and 'flops' pass through; anything else loads a cost model for ``spec``."""
-    if name in ("tokens", "flops"):
-        return name
+    """'tokens' and 'flops' (any case) pass through; anything else loads a cost model for
+    ``spec``."""
+    if name.strip().lower() in ("tokens", "flops"):
+        return name.strip().lower()
     from costmodel.model import load_cost_model
 
     try:

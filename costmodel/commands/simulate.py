@@ -72,7 +72,7 @@ def run(args: argparse.Namespace) -> int:
         check_output_path(args.json, "--json")
     spec = ModelSpec.from_any(args.model)
     lengths, source = batch_lengths(args)
-    if args.cost_model in ("tokens", "flops"):
+    if str(args.cost_model).strip().lower() in ("tokens", "flops"):
         raise ValueError(f"--cost-model judges every policy in milliseconds: give a cost model "
                          f"file or a name such as h200/{spec.name} ({args.cost_model} balance is "
                          "already a row of the table)")

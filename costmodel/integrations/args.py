@@ -27,7 +27,7 @@ from typing import Any
 from costmodel.calibration.device import current_gpu_name
 from costmodel.checks import cost_model_choice, on_off, positive_int, whole_number
 from costmodel.flops import MAX_LENGTH
-from costmodel.spec import as_spec
+from costmodel.spec import as_spec, preset_names
 
 __all__ = ["add_arguments", "scheduler_from_args", "validate_args"]
 
@@ -244,9 +244,11 @@ def validate_args(args: argparse.Namespace, spec=None):
         message = str(err)
         if not allow_other and "allow_other_shape" in message:
             # Say it in the training script's terms: a flag, not a keyword argument.
+            model_flag = spec.name if spec.name in preset_names() else "<its HF config.json>"
             message = (
-                f"{message.split(';')[0]}; calibrate one for {spec.name} with `costmodel "
-                "calibrate --model ...`, or pass --cost-model-allow-other-shape to use it anyway"
+                f"{message.split(';')[0]}; calibrate one for this model with `costmodel "
+                f"calibrate --model {model_flag}`, or pass --cost-model-allow-other-shape to "
+                "use it anyway"
             )
         raise ValueError(f"--cost-model {cost_model_arg}: {message}") from None
     except FileNotFoundError as err:

@@ -66,14 +66,14 @@ _ZERO_FRACTION = re.compile(r"(\.0*)?")
 def parse_lengths(text: str, source: str = "lengths") -> np.ndarray:
     """Lengths from text: one integer per line, or separated by commas or spaces (or both).
 
-    Blank lines and lines starting with ``#`` are skipped. Anything else that is not a
-    positive whole number is a ValueError naming the line.
+    ``#`` starts a comment, to the end of its line; blank lines are skipped. Anything else
+    that is not a positive whole number is a ValueError naming the line.
     """
     values: list[int] = []
     text = text.removeprefix("\ufeff")  # a byte-order mark from some editors
     for lineno, raw in enumerate(text.splitlines(), start=1):
-        line = raw.strip()
-        if not line or line.startswith("#"):
+        line = raw.split("#", 1)[0].strip()
+        if not line:
             continue
         fields = line.split(",")
         for i, field in enumerate(fields):

@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from costmodel.checks import import_torch
 from costmodel.integrations.args import _LOADED_ATTR as LOADED_ATTR
 from costmodel.interrupts import signals_interrupt
 from costmodel.training.config import prepare
@@ -94,7 +95,7 @@ def launch(args: argparse.Namespace, nproc: int) -> list[dict[str, Any]]:
     """
     if nproc < 1:
         raise ValueError(f"--nproc must be at least 1, got {nproc}")
-    import torch
+    torch = import_torch("train-demo")
     import torch.multiprocessing as mp
 
     from costmodel.training.trainer import device_kind

@@ -19,6 +19,8 @@ from typing import Any
 
 import numpy as np
 
+from costmodel.checks import import_torch
+
 __all__ = [
     "LayerTimer",
     "Measure",
@@ -182,13 +184,7 @@ class LayerTimer:
         self, spec, *, attention: str = "torch-varlen", dtype: str = "bf16", seed: int = 0,
         device: str | None = None, timing: str = "eager", replays: int = 3,
     ):
-        try:
-            import torch
-        except ImportError:
-            raise RuntimeError(
-                "bench-schedule times micro-batches on a GPU and needs torch: "
-                "pip install 'costmodel[gpu]'"
-            ) from None
+        torch = import_torch("bench-schedule (timing micro-batches on a GPU)")
         if device is None and not torch.cuda.is_available():
             raise RuntimeError(
                 "bench-schedule times micro-batches on a CUDA GPU and none is visible "
