@@ -486,12 +486,15 @@ def test_an_interrupt_while_spawning_stops_the_workers_already_started(monkeypat
     from costmodel.training import launch
 
     ctx = multiprocessing.get_context("fork")
-    ready = ctx.Event()
-    started = []
+    ready, bystander_ready = ctx.Event(), ctx.Event()
+    bystander = ctx.Process(target=_polite, args=(bystander_ready,))  # the caller's own
+    bystander.start()
+    started = [bystander]
+    assert bystander_ready.wait(30)
 
     def spawn_one_then_interrupt(*args, **kwargs):
         started.append(ctx.Process(target=_polite, args=(ready,)))
-        started[0].start()
+        started[1].start()
         assert ready.wait(30)
         raise KeyboardInterrupt("signal SIGTERM")
 
@@ -499,11 +502,13 @@ def test_an_interrupt_while_spawning_stops_the_workers_already_started(monkeypat
     try:
         with pytest.raises(KeyboardInterrupt):
             launch._start(argparse.Namespace(), 2, "unused")
-        started[0].join(5)
-        assert started[0].exitcode == 7  # interrupted, so it cleaned up
+        started[1].join(5)
+        assert started[1].exitcode == 7  # interrupted, so it cleaned up
+        assert bystander.is_alive()  # not launch's to stop
     finally:
-        if started and started[0].is_alive():
-            started[0].kill()
+        for process in started:
+            if process.is_alive():
+                process.kill()
 
 
 def test_train_demo_without_torch_is_one_line(monkeypatch):

@@ -143,11 +143,12 @@ def _start(args: argparse.Namespace, nproc: int, out: str):
 
     import torch.multiprocessing as mp
 
+    others = set(multiprocessing.active_children())  # a caller's own children stay
     try:
         return mp.start_processes(_worker, args=(args, nproc, free_port(), out), nprocs=nproc,
                                   join=False, start_method="spawn")
     except BaseException:
-        _stop(multiprocessing.active_children())
+        _stop([p for p in multiprocessing.active_children() if p not in others])
         raise
 
 
