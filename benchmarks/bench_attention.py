@@ -734,7 +734,8 @@ def main(argv: list[str] | None = None) -> int:
         tmp.write_text(json.dumps(result, indent=2) + "\n")
         os.replace(tmp, args.json)
         print(f"wrote {args.json}")
-    return 1 if result.get("errors") else 0
+    # --tune's whole result is the tuning: one that failed is a failure, not an empty best
+    return 1 if result.get("errors") or (args.tune and result.get("tune_error")) else 0
 
 
 if __name__ == "__main__":

@@ -101,9 +101,13 @@ def import_torch(what: str):
     (the package's base install is numpy and scipy only)."""
     try:
         import torch
-    except ImportError:
+    except ModuleNotFoundError as err:
+        if err.name != "torch":  # torch is there; something it imports is not
+            raise RuntimeError(f"{what} needs PyTorch, and importing torch failed: {err}") from err
         raise RuntimeError(
             f"{what} needs PyTorch, and torch is not installed: pip install 'costmodel[gpu]' "
             "(or a torch build for your CUDA version from https://pytorch.org/get-started/locally/)"
         ) from None
+    except ImportError as err:  # a broken install: a missing CUDA library, say
+        raise RuntimeError(f"{what} needs PyTorch, and importing torch failed: {err}") from err
     return torch

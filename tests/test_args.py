@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import decimal
 import fractions
 import logging
@@ -91,6 +92,12 @@ def test_cost_model_of_another_shape_is_an_error_unless_opted_in(cost_model_file
     assert cost_model_file in str(err.value)
     with pytest.raises(ValueError, match="--cost-model-allow-other-shape"):  # by preset name
         validate_args(parse([*FLOPS_ARGV, "--cost-model", cost_model_file]), spec=OTHER.name)
+    # The hint names a preset only when the model is that preset's shape (a fine-tune's
+    # folder can carry the preset's name with another shape).
+    for spec, flag in ((OTHER, f"--model {OTHER.name}`"),
+                       (dataclasses.replace(OTHER, num_layers=3), "--model <its HF config.json>`")):
+        with pytest.raises(ValueError, match=flag):
+            validate_args(parse([*FLOPS_ARGV, "--cost-model", cost_model_file]), spec=spec)
     args = parse([*FLOPS_ARGV, "--cost-model", cost_model_file, "--cost-model-allow-other-shape"])
     model = validate_args(args, spec=OTHER)
     assert model.spec.fingerprint() == SPEC.fingerprint()

@@ -474,6 +474,9 @@ def test_first_choices_that_fail_to_build_still_leave_the_table(load_benchmark, 
     result = json.loads(out.read_text())
     assert result["tune_error"] == "CompilationError: at 12:4: unsupported"
     assert [r["L"] for r in result["rows"]] == [512] and "interrupted" not in result
+    # --tune alone: the tuning is the whole result, so its failure is the exit code's
+    assert bench.main(["--tune", "--quick", "--json", str(out)]) == 1
+    assert json.loads(out.read_text())["tune_error"].startswith("CompilationError")
 
 
 def test_tuning_keeps_the_fastest_backward(load_benchmark):

@@ -64,7 +64,7 @@ def test_simulate_names_samples_over_the_cap_apart_from_violations(capsys):
     assert "cap viol" in out and "32 sample(s) longer than the cap run alone" in out
 
 
-def test_names_a_user_mixes_up_across_commands(tmp_path, capsys):
+def test_names_a_user_mixes_up_across_commands(tmp_path, capsys, monkeypatch):
     """From a walkthrough: bench-schedule's --cap and --lengths rl, and FLOPS in capitals,
     were refused by schedule and simulate; a preset given as the cost model named an
     unknown GPU instead of the GPU/MODEL form."""
@@ -73,9 +73,13 @@ def test_names_a_user_mixes_up_across_commands(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "64 samples, distribution 'bimodal'" in out and "cap=8192" in out
     assert "cost: flops" in out
-    (tmp_path / "rl").write_text("100\n200\n" * 8)  # a file of that name is still a file
-    assert main(["schedule", "--lengths", str(tmp_path / "rl"), "--dp", "2"]) == 0
-    assert "16 lengths from" in capsys.readouterr().out
+    # The name wins over a file of that name, as in bench-schedule; ./rl is the file.
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "rl").write_text("100\n200\n" * 8)
+    assert main(["schedule", "--lengths", "rl", "--n", "64", "--dp", "2"]) == 0
+    assert "64 samples, distribution 'rl'" in capsys.readouterr().out
+    assert main(["schedule", "--lengths", "./rl", "--dp", "2"]) == 0
+    assert "16 lengths from ./rl" in capsys.readouterr().out
     assert main(["simulate", "--n", "64", "--cost-model", "qwen3-8b"]) == 2
     assert ("'qwen3-8b' is a model preset, not a cost model: name one as GPU/MODEL, e.g. "
             "'h200/qwen3-8b'") in capsys.readouterr().err

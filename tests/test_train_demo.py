@@ -531,3 +531,12 @@ def test_train_demo_without_torch_is_one_line(monkeypatch):
     with pytest.raises(RuntimeError, match=r"train-demo needs PyTorch, and torch is not "
                                            r"installed: pip install 'costmodel\[gpu\]'"):
         launch.launch(argparse.Namespace(), 2)
+
+    def broken_torch(name, *args, **kwargs):  # installed, but a library it loads is missing
+        if name == "torch":
+            raise ImportError("libcudnn.so.9: cannot open shared object file")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", broken_torch)
+    with pytest.raises(RuntimeError, match="importing torch failed: libcudnn.so.9: cannot open"):
+        launch.launch(argparse.Namespace(), 2)

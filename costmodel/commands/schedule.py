@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import time
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -30,8 +29,8 @@ def add_batch_arguments(p: argparse.ArgumentParser) -> None:
         dest="lengths",
         metavar="FILE",
         help="file of sample lengths: one integer per line, or separated by commas or spaces, "
-        "whole-line and trailing # comments skipped (.json and .npy too); a --dist name "
-        "where no such file exists, as in bench-schedule",
+        "# starting a comment (.json and .npy too); a --dist name (rl, bimodal) draws from "
+        "that distribution, as in bench-schedule (a file of that name: ./rl)",
     )
     src.add_argument(
         "--dist",
@@ -60,7 +59,7 @@ def add_batch_arguments(p: argparse.ArgumentParser) -> None:
 
 def batch_lengths(args: argparse.Namespace) -> tuple[np.ndarray, str]:
     """The lengths the flags describe, and a short description of where they came from."""
-    if args.lengths and (args.lengths not in DISTRIBUTIONS or Path(args.lengths).exists()):
+    if args.lengths and args.lengths not in DISTRIBUTIONS:
         lengths = read_lengths(args.lengths)
         return lengths, f"{lengths.size} lengths from {args.lengths}"
     dist = args.lengths or args.dist  # "--lengths rl", as bench-schedule takes it

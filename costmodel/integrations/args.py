@@ -27,7 +27,7 @@ from typing import Any
 from costmodel.calibration.device import current_gpu_name
 from costmodel.checks import cost_model_choice, on_off, positive_int, whole_number
 from costmodel.flops import MAX_LENGTH
-from costmodel.spec import as_spec, preset_names
+from costmodel.spec import ModelSpec, as_spec, preset_names
 
 __all__ = ["add_arguments", "scheduler_from_args", "validate_args"]
 
@@ -166,8 +166,6 @@ def _cap(args: argparse.Namespace) -> int | None:
 
 def _spec_from_args(args: argparse.Namespace):
     """The model shape from a Megatron-style namespace, or None when it has none."""
-    from costmodel.spec import ModelSpec
-
     if _flag(args, "hidden_size") is not None and _flag(args, "num_layers") is not None:
         return ModelSpec.from_megatron_args(args)
     return None
@@ -244,7 +242,9 @@ def validate_args(args: argparse.Namespace, spec=None):
         message = str(err)
         if not allow_other and "allow_other_shape" in message:
             # Say it in the training script's terms: a flag, not a keyword argument.
-            model_flag = spec.name if spec.name in preset_names() else "<its HF config.json>"
+            is_preset = spec.name in preset_names() and (
+                ModelSpec.from_preset(spec.name).fingerprint() == spec.fingerprint())
+            model_flag = spec.name if is_preset else "<its HF config.json>"
             message = (
                 f"{message.split(';')[0]}; calibrate one for this model with `costmodel "
                 f"calibrate --model {model_flag}`, or pass --cost-model-allow-other-shape to "
