@@ -129,6 +129,15 @@ def test_rearrange_takes_verls_arguments_and_returns_its_pair():
     assert [flat[j] for j in get_reverse_idx(flat)] == list(range(64))
 
 
+def test_equal_responses_pack_as_tightly_as_verl():
+    """A conformance review: 8 responses of 4000 tokens that all hit the length limit
+    became 8 micro-batches under a cap of 8192 (verl makes ceildiv(32000, 8192) = 4): the
+    default cost ties at every count and the tie kept the count asked at first."""
+    micro_batches, idx = rearrange_micro_batches(batch=_padded_batch([4000] * 8, 4000),
+                                                 max_token_len=8192)
+    assert len(idx) == 4 and sorted(len(mb) for mb in idx) == [2, 2, 2, 2]
+
+
 def test_rearrange_reads_nested_input_ids():
     torch = pytest.importorskip("torch")
     lengths = [300, 50, 700, 20, 900]

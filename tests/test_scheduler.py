@@ -589,6 +589,18 @@ def test_equal_samples_of_half_the_cap_pack_two_per_micro_batch(cost):
 
 
 @pytest.mark.parametrize("cost", ["tokens", "flops"])
+@pytest.mark.parametrize(("n", "dp", "per_rank"), [(8, 1, 4), (64, 1, 32), (256, 8, 16)])
+def test_a_tie_already_balanced_takes_the_fewer_micro_batches(cost, n, dp, per_rank):
+    """Equal samples of half the cap under a cost without a fixed part: every count ties,
+    and the tie kept the first guess, which asks room for one more sample (twice the
+    micro-batches needed). Fewer that split evenly over the ranks cannot be slower."""
+    s = build_schedule([4000] * n, dp_size=dp, max_tokens_per_microbatch=8192, cost=cost,
+                       spec="qwen3-8b")
+    assert s.stats["microbatches_per_rank"] == per_rank
+    assert s.makespan == s.lower_bound
+
+
+@pytest.mark.parametrize("cost", ["tokens", "flops"])
 def test_a_cost_without_a_fixed_part_keeps_its_count_on_a_tie(cost):
     """Token and FLOPs totals tie at every count; taking the fewest there (once tried) put
     fuller micro-batches beside a long sample: 970 tokens against 870 (a fuzzing review)."""

@@ -130,10 +130,17 @@ def pack_and_assign(
     if len(tried) == 1:
 
         def no_worse(fewer_q: np.ndarray, k: int, q_now: np.ndarray, m_now: int) -> bool:
-            # Only a lower total: a cost without a fixed part (tokens, FLOPs) ties at every
-            # count, and taking the fewest there cost up to 1.45x in makespan (fuller
-            # micro-batches leave the rank of a long sample no room to be light).
-            return int(fewer_q.sum()) < int(q_now.sum())
+            # A lower total, or the same total already balanced perfectly over the ranks.
+            # A cost without a fixed part (tokens, FLOPs) ties at every count, and taking
+            # the fewest on any tie cost up to 1.45x in makespan (fuller micro-batches leave
+            # the rank of a long sample no room to be light); but where the fewer split
+            # evenly, no count can do better, and on a GPU each micro-batch costs a fixed
+            # time such a cost does not see (equal lengths, which verl asks about rank by
+            # rank, got twice the micro-batches they needed).
+            fewer_total, total = int(fewer_q.sum()), int(q_now.sum())
+            if fewer_total != total:
+                return fewer_total < total
+            return _assigned_makespan(fewer_q, dp, k) <= -(-total // dp)
 
         bins, bin_q, m = _fewer_if_no_worse(
             lambda k: pack_tokens(lens, dp * k, cap, by_length)[0],
@@ -144,6 +151,12 @@ def pack_and_assign(
     apart = heavy_apart(lens, (bins, bin_q), dp, (m, m if exact else m_max, align), cap,
                         bin_costs)
     return [_by_rank(*layout) for layout in apart] + layouts
+
+
+def _assigned_makespan(bin_q: np.ndarray, dp: int, m: int) -> int:
+    """The most a rank gets of ``dp × m`` micro-batches of costs ``bin_q`` (`assign_bins`)."""
+    rank_of_bin = assign_bins(bin_q, dp, m)
+    return int(np.bincount(rank_of_bin, weights=bin_q, minlength=dp).max())
 
 
 def _by_rank(
