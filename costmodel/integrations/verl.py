@@ -36,7 +36,10 @@ sites pass only verl's arguments, so bind the cost where the function is swapped
 
 (and in every module that imported the name itself: `grep -rn "import.*rearrange_micro_batches"
 verl/`, e.g. verl/workers/engine/utils.py and the megatron actor and critic; dp_actor
-reaches it through seqlen_balancing's own prepare_dynamic_batch).
+reaches it through seqlen_balancing's own prepare_dynamic_batch). The same goes for
+`get_seqlen_balanced_partitions`, which verl's trainers (the DP balancing of a step's
+batch) and slime import by name; slime's training-side fallback (no rollout-side
+schedule) partitions with it too, so patching it there reaches that path.
 """
 
 from __future__ import annotations
@@ -244,8 +247,9 @@ def _agree_on_count(schedule, min_count: int | None, group: Any) -> list:
                 count = len(micro_bsz_idx)
             except ValueError as exc:  # too few samples for `most`: say so, on every rank
                 failed = ValueError(
-                    f"same_micro_num_in_dp: this rank cannot make the {most} micro-batches "
-                    f"another rank of the data-parallel group needs ({exc}); give every rank "
+                    f"same_micro_num_in_dp (the same micro-batch count across DP ranks): this "
+                    f"rank cannot make the {most} micro-batches another rank of the "
+                    f"data-parallel group needs ({exc}); give every rank "
                     "enough samples, raise max_token_len, or set same_micro_num_in_dp=False"
                 )
             except Exception as exc:  # anything else: raised after the next all-reduce
