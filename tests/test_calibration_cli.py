@@ -49,7 +49,7 @@ def test_no_torch_is_a_runtime_error(monkeypatch):
 
     def fake_import(name, *args, **kwargs):
         if name == "torch":
-            raise ImportError("No module named 'torch'")
+            raise ModuleNotFoundError("No module named 'torch'", name="torch")
         return real_import(name, *args, **kwargs)
 
     monkeypatch.delitem(sys.modules, "torch", raising=False)
