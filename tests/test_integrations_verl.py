@@ -12,7 +12,7 @@ from costmodel.integrations.verl import (
     get_seqlen_balanced_partitions,
     rearrange_micro_batches,
 )
-from costmodel.scheduler import generate_lengths
+from costmodel.scheduler import build_schedule, generate_lengths
 
 
 def test_balanced_partitions_contract():
@@ -260,12 +260,43 @@ def test_a_mask_of_other_values_and_an_index_map_that_is_no_permutation_are_refu
     assert get_reverse_idx([torch.tensor(1), torch.tensor(0)]) == [1, 0]
 
 
-def test_rearrange_refuses_force_group_size():
-    batch = _padded_batch([3, 5, 2, 4], 8)
-    with pytest.raises(ValueError, match="force_group_size=2.*verl's own"):
-        rearrange_micro_batches(batch, 8, same_micro_num_in_dp=False, force_group_size=2)
+@pytest.mark.parametrize("cost", [None, "flops", "h200/qwen3-8b"])
+def test_force_group_size_keeps_runs_of_rows_together_under_the_cap(cost):
+    """verl's reward-model training keeps each (chosen, rejected) pair in one micro-batch
+    (force_group_size=2); the drop-in refused it. Each run stays whole, the cap holds, and
+    the count is the fewest the runs pack into."""
+    lengths = np.minimum(generate_lengths(48, "rl", seed=5), 4000).tolist()
+    micro_batches, idx = rearrange_micro_batches(
+        _padded_batch(lengths, 4000), 8192, same_micro_num_in_dp=False, force_group_size=2,
+        cost=cost, spec="qwen3-8b")
+    assert sorted(i for mb in idx for i in mb) == list(range(48))
+    for mb, rows in zip(idx, micro_batches):
+        assert sum(lengths[i] for i in mb) <= 8192
+        assert all(mb[j + 1] == mb[j] + 1 and mb[j] % 2 == 0 for j in range(0, len(mb), 2))
+        assert rows["attention_mask"].sum(dim=1).tolist() == [lengths[i] for i in mb]
+    pairs = [lengths[i] + lengths[i + 1] for i in range(0, 48, 2)]
+    fewest = build_schedule(pairs, dp_size=1, max_tokens_per_microbatch=8192, cost="tokens",
+                            spec="qwen3-8b").num_microbatches
+    if cost is None:  # the default cost has no fixed part: the fewest that pack
+        assert len(idx) == fewest
+        # verl's run order by the rows' true workload: rising to the costliest, then falling
+        work = [sum(24576 * lengths[i] + lengths[i] ** 2 for i in mb) for mb in idx]
+        top = work.index(max(work))
+        assert work[:top + 1] == sorted(work[:top + 1])
+        assert work[top:] == sorted(work[top:], reverse=True)
+
+
+def test_force_group_size_errors_name_the_rows():
+    batch = _padded_batch([3, 5, 2, 4, 6, 1], 8)
+    with pytest.raises(ValueError, match="6 rows, not a multiple of force_group_size=4"):
+        rearrange_micro_batches(batch, 8, same_micro_num_in_dp=False, force_group_size=4)
+    with pytest.raises(ValueError, match=r"rows 0\.\.1, kept together by force_group_size=2, "
+                                         r"have 8 tokens, over max_token_len=7"):
+        rearrange_micro_batches(batch, 7, same_micro_num_in_dp=False, force_group_size=2)
+    with pytest.raises(ValueError, match="force_group_size must be an integer >= 1"):
+        rearrange_micro_batches(batch, 8, same_micro_num_in_dp=False, force_group_size=0)
     _, idx = rearrange_micro_batches(batch, 8, same_micro_num_in_dp=False, force_group_size=1)
-    assert sorted(i for mb in idx for i in mb) == [0, 1, 2, 3]
+    assert sorted(i for mb in idx for i in mb) == list(range(6))
 
 
 def test_rearrange_takes_a_plain_dict_and_names_a_batch_without_a_mask():

@@ -18,8 +18,9 @@
   different counts of collectives and hang, e.g. in dp_actor, which passes no group); pass
   ``same_micro_num_in_dp=False`` where only some processes call it. Where the cap and
   ``num_batches_divided_by`` need more micro-batches than there are sequences, verl runs
-  micro-batches over the cap; this raises a ValueError instead. ``force_group_size`` > 1
-  is refused; ``num_batches_devided_by`` (older verl's spelling) is accepted.
+  micro-batches over the cap; this raises a ValueError instead, as it does for a run of
+  ``force_group_size`` rows over the cap; ``num_batches_devided_by`` (older verl's
+  spelling) is accepted.
 - `balanced_micro_batches(seq_lengths, max_token_len, ...)`: the same on a plain list of
   lengths, and with ``dp_size > 1`` it schedules the whole batch over the ranks at once (no
   all-reduce needed: every rank gets the same count).
@@ -54,7 +55,8 @@ import numpy as np
 from costmodel.checks import positive_int
 from costmodel.scheduler import build_schedule, karmarkar_karp
 from costmodel.scheduler.bounds import round_up
-from costmodel.scheduler.costs import AdditiveCost
+from costmodel.scheduler.costs import AdditiveCost, as_cost
+from costmodel.scheduler.order import run_order
 
 __all__ = [
     "VERL_WORKLOAD",
@@ -170,8 +172,12 @@ def rearrange_micro_batches(
             ``dp_group`` makes as many micro-batches as the rank that needs the most.
         min_num_micro_batch: at least this many micro-batches.
         use_dynamic_bsz_balance: cheap micro-batches at both ends of the run order.
-        force_group_size: 1 (verl's default); larger (groups of rows kept in one
-            micro-batch) is refused with a ValueError.
+        force_group_size: runs of this many consecutive rows stay in one micro-batch
+            (verl's reward-model pairs); the batch a multiple of it, each run under the
+            cap. The scheduler packs each run as one sequence of all its tokens: two
+            packings then differ by what they truly differ for a cost that sums per
+            sequence parts (tokens, FLOPs, verl's workload, a cost model), so its choices
+            are exact; a plain callable is priced approximately. Run order by true cost.
         cost, spec: what to balance (keyword-only extensions; default verl's workload).
         num_batches_devided_by: older verl's spelling of ``num_batches_divided_by``.
 
@@ -180,23 +186,24 @@ def rearrange_micro_batches(
         indices into ``batch``, in run order (verl's `get_reverse_idx` of the flattened
         indices restores the original order).
     """
-    if force_group_size != 1:
-        raise ValueError(
-            f"force_group_size={force_group_size!r}: keeping groups of rows together in one "
-            "micro-batch is not supported by this drop-in; use verl's own "
-            "rearrange_micro_batches for it"
-        )
     if num_batches_devided_by is not None:
         if num_batches_divided_by is not None:
             raise ValueError("give num_batches_divided_by or num_batches_devided_by, not both")
         num_batches_divided_by = num_batches_devided_by
     lengths = _effective_lengths(batch)
+    group = positive_int(force_group_size, "force_group_size")
+    units = lengths if group == 1 else _group_lengths(lengths, group, max_token_len)
     kwargs = dict(num_batches_divided_by=num_batches_divided_by,
-                  use_dynamic_bsz_balance=use_dynamic_bsz_balance, cost=cost, spec=spec)
+                  use_dynamic_bsz_balance=use_dynamic_bsz_balance and group == 1, cost=cost,
+                  spec=spec)
 
     def schedule(min_count: int | None) -> list[list[int]]:
-        return balanced_micro_batches(lengths, max_token_len, min_num_micro_batch=min_count,
-                                      **kwargs)[0]
+        micro_bsz_idx = balanced_micro_batches(units, max_token_len,
+                                               min_num_micro_batch=min_count, **kwargs)[0]
+        if group == 1:
+            return micro_bsz_idx
+        rows = [[unit * group + r for unit in mb for r in range(group)] for mb in micro_bsz_idx]
+        return _pipeline_order(rows, lengths, cost, spec) if use_dynamic_bsz_balance else rows
 
     if same_micro_num_in_dp:
         micro_bsz_idx = _agree_on_count(schedule, min_num_micro_batch, dp_group)
@@ -285,6 +292,33 @@ def _check_enough_sequences(
         f"there are only {have} sequences{where} (a micro-batch holds at least one): lower "
         f"{' or '.join(asking)}, or bring more sequences"
     )
+
+
+def _group_lengths(lengths: np.ndarray, group: int, max_token_len: Any) -> np.ndarray:
+    """Tokens of each run of ``group`` consecutive rows (verl's force_group_size), which go
+    into one micro-batch together; a run over the cap is an error (verl would run it over)."""
+    if lengths.size % group:
+        raise ValueError(f"the batch has {lengths.size} rows, not a multiple of "
+                         f"force_group_size={group}")
+    units = lengths.reshape(-1, group).sum(axis=1)
+    cap = _token_count(max_token_len, "max_token_len")
+    over = np.flatnonzero(units > cap)
+    if over.size:
+        first = int(over[0]) * group
+        raise ValueError(f"rows {first}..{first + group - 1}, kept together by "
+                         f"force_group_size={group}, have {int(units[over[0]])} tokens, over "
+                         f"max_token_len={cap} ({over.size} such groups): raise max_token_len")
+    return units
+
+
+def _pipeline_order(rows: list[list[int]], lengths: np.ndarray, cost: Any,
+                    spec: Any) -> list[list[int]]:
+    """Micro-batches of rows in verl's pipeline order by their cost: cheap ones at both
+    ends (the scheduler ordered whole groups, each priced as one sequence)."""
+    offsets = np.cumsum([0] + [len(mb) for mb in rows])
+    costs = as_cost(VERL_WORKLOAD if cost is None else cost, spec=spec).evaluate(
+        lengths[np.concatenate(rows)], offsets)
+    return [rows[i] for i in run_order(costs, "pipeline")]
 
 
 def _effective_lengths(batch: Any) -> np.ndarray:
