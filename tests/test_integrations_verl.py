@@ -161,10 +161,11 @@ from costmodel.integrations.verl import rearrange_micro_batches
 
 def run(rank, init, cases):
     dist.init_process_group("gloo", init_method=f"file://{init}", rank=rank, world_size=2)
-    for lengths, cap in cases:
+    for lengths, cap, group in cases:
         try:
             width = max(cap, *lengths[rank])
-            _, idx = rearrange_micro_batches(_padded_batch(lengths[rank], width), cap)
+            _, idx = rearrange_micro_batches(_padded_batch(lengths[rank], width), cap,
+                                             force_group_size=group)
             outcome = len(idx)
         except ValueError as exc:
             outcome = "ValueError: " + str(exc)
@@ -197,17 +198,24 @@ def test_rearrange_agrees_on_the_count_across_a_dp_group(tmp_path):
     tight = [2999, 2759, 260, 2686, 1817, 2525, 3075, 2430, 984, 4207, 2304, 1334, 2480, 1795,
              2870, 3632, 2398, 2366, 1898, 3086, 1370, 1703, 2307, 1371]
     cases = [
-        ([[100] * 8, [900] * 8], 1000),
-        ([tight, [4247] * 16], 4247),
-        ([[100] * 2, [900] * 8], 1000),  # rank 0 has 2 samples, rank 1 needs 8
-        ([[100] * 8, [900, 1500]], 1000),  # rank 1 fails at once: a sequence over the cap
+        ([[100] * 8, [900] * 8], 1000, 1),
+        ([tight, [4247] * 16], 4247, 1),
+        ([[100] * 2, [900] * 8], 1000, 1),  # rank 0 has 2 samples, rank 1 needs 8
+        ([[100] * 8, [900, 1500]], 1000, 1),  # rank 1 fails at once: a sequence over the cap
+        # A bad batch on one rank, found while reading it (it raised before the all-reduce,
+        # and the other rank waited there): rows not a multiple of force_group_size, a run
+        # over the cap, an empty row.
+        ([[100] * 4, [100] * 5], 1000, 2),
+        ([[600, 600, 100, 100], [100] * 4], 1000, 2),
+        ([[100] * 4, [100, 0, 100]], 1000, 1),
     ]
     res = subprocess.run(
         [sys.executable, str(script), str(tmp_path / "init"), str(root), json.dumps(cases)],
         capture_output=True, text=True, timeout=120,
     )
     assert res.returncode == 0, res.stderr[-2000:]
-    basic, tight_case, short, over = (json.loads(line) for line in res.stdout.splitlines())
+    basic, tight_case, short, over, odd, run_over, empty = (
+        json.loads(line) for line in res.stdout.splitlines())
     assert basic == [8, 8]
     assert tight_case == [16, 16]
     assert "this rank cannot make the 8 micro-batches" in short[0]
@@ -215,6 +223,11 @@ def test_rearrange_agrees_on_the_count_across_a_dp_group(tmp_path):
     # It raised before the first all-reduce, and the other rank waited there for good.
     assert "rank 1 of the data-parallel group could not" in over[0]
     assert "1500" in over[1] and "max_token_len" in over[1], over
+    for outcome, failed, why in ((odd, 1, "not a multiple of force_group_size=2"),
+                                 (run_over, 0, "rows 0..1, kept together"),
+                                 (empty, 1, "row 1 of the batch has no tokens")):
+        assert why in outcome[failed], outcome
+        assert f"rank {failed} of the data-parallel group could not" in outcome[1 - failed]
 
 
 def test_caps_as_verl_computes_them_and_empty_rows():
@@ -295,6 +308,9 @@ def test_force_group_size_errors_name_the_rows():
         rearrange_micro_batches(batch, 7, same_micro_num_in_dp=False, force_group_size=2)
     with pytest.raises(ValueError, match="force_group_size must be an integer >= 1"):
         rearrange_micro_batches(batch, 8, same_micro_num_in_dp=False, force_group_size=0)
+    with pytest.raises(ValueError, match=r"only 3 sequences .*a sequence here is a run of 2 rows"):
+        rearrange_micro_batches(batch, 8, same_micro_num_in_dp=False, force_group_size=2,
+                                min_num_micro_batch=4)
     _, idx = rearrange_micro_batches(batch, 8, same_micro_num_in_dp=False, force_group_size=1)
     assert sorted(i for mb in idx for i in mb) == list(range(6))
 

@@ -45,6 +45,7 @@ schedule) partitions with it too, so patching it there reaches that path.
 
 from __future__ import annotations
 
+import functools
 import operator
 from collections.abc import Sequence
 from itertools import chain
@@ -190,16 +191,28 @@ def rearrange_micro_batches(
         if num_batches_divided_by is not None:
             raise ValueError("give num_batches_divided_by or num_batches_devided_by, not both")
         num_batches_divided_by = num_batches_devided_by
-    lengths = _effective_lengths(batch)
+    # This rank's batch is read inside `schedule`, so that a rank whose batch is bad
+    # raises only after telling the others (who would otherwise wait in the all-reduce).
     group = positive_int(force_group_size, "force_group_size")
-    units = lengths if group == 1 else _group_lengths(lengths, group, max_token_len)
     kwargs = dict(num_batches_divided_by=num_batches_divided_by,
                   use_dynamic_bsz_balance=use_dynamic_bsz_balance and group == 1, cost=cost,
                   spec=spec)
 
+    @functools.cache
+    def lengths_and_units() -> tuple[np.ndarray, np.ndarray]:
+        lengths = _effective_lengths(batch)
+        return lengths, (lengths if group == 1 else _group_lengths(lengths, group, max_token_len))
+
     def schedule(min_count: int | None) -> list[list[int]]:
-        micro_bsz_idx = balanced_micro_batches(units, max_token_len,
-                                               min_num_micro_batch=min_count, **kwargs)[0]
+        lengths, units = lengths_and_units()
+        try:
+            micro_bsz_idx = balanced_micro_batches(units, max_token_len,
+                                                   min_num_micro_batch=min_count, **kwargs)[0]
+        except ValueError as exc:
+            if group == 1:
+                raise
+            raise ValueError(f"{exc} (with force_group_size={group}, a sequence here is a run "
+                             f"of {group} rows)") from exc
         if group == 1:
             return micro_bsz_idx
         rows = [[unit * group + r for unit in mb for r in range(group)] for mb in micro_bsz_idx]

@@ -64,6 +64,9 @@ def next_m(m: int, left_tokens: int, dp: int, align: int, cap: int) -> int:
 
 
 _FEWER_MAX_M = 64
+# Samples up to which the one-rank search for fewer micro-batches also tries the tighter
+# packer (a Python loop over samples): a rank's batch in verl, well under a second.
+_TIGHT_FEWER_MAX = 4096
 
 
 def bin_costs_of(lens: np.ndarray, q: np.ndarray, cost: Cost, scale: float):
@@ -127,7 +130,19 @@ def pack_and_assign(
             )
         m = min(next_m(m, left, dp, align, cap), m_max)
     bin_q = bin_costs(bins, dp * m)
-    if len(tried) == 1:
+    # One rank under a cost that sums per sample (plus a fixed part): a packing costs the
+    # same whatever the split, fewer micro-batches never more, so the fewest are the best
+    # (a GPU pays a fixed time for each). They are looked for after growth too, which
+    # overshoots (6 failed, 8 packed, 7 untried), and with the tighter packer where
+    # levelling fails. verl asks rank by rank, with such a cost.
+    one_rank_sum = dp == 1 and cost.additive
+    if len(tried) == 1 or one_rank_sum:
+
+        def pack_fewer(k: int) -> np.ndarray | None:
+            fewer = pack_tokens(lens, dp * k, cap, by_length)[0]
+            if fewer is None and one_rank_sum and lens.size <= _TIGHT_FEWER_MAX:
+                fewer = tight_pack(lens, k, cap, by_length)
+            return fewer
 
         def no_worse(fewer_q: np.ndarray, k: int, q_now: np.ndarray, m_now: int) -> bool:
             # A lower total, or the same total already balanced perfectly over the ranks.
@@ -143,8 +158,8 @@ def pack_and_assign(
             return _assigned_makespan(fewer_q, dp, k) <= -(-total // dp)
 
         bins, bin_q, m = _fewer_if_no_worse(
-            lambda k: pack_tokens(lens, dp * k, cap, by_length)[0],
-            lambda b, k: bin_costs(b, dp * k), (bins, bin_q, m), m_floor, align, no_worse)
+            pack_fewer, lambda b, k: bin_costs(b, dp * k), (bins, bin_q, m), m_floor, align,
+            no_worse, straight_to_fewest=one_rank_sum)
     layouts = [_by_rank(bins, assign_bins(bin_q, dp, m), bin_q, m)]
     # Heavy samples' ranks apart, first: usually the better start, and often at the bound
     # (with more micro-batches per rank where it needs them; not past a count asked for).
@@ -172,8 +187,9 @@ def _by_rank(
     return new_id[bins], m, renumbered_q
 
 
-def _fewer_if_no_worse(pack, costs, packed, m_floor: int, align: int, no_worse):
-    """The guess packed at once: try fewer micro-batches per rank, kept while
+def _fewer_if_no_worse(pack, costs, packed, m_floor: int, align: int, no_worse,
+                       straight_to_fewest: bool = False):
+    """A count that packed: try fewer micro-batches per rank, kept while
     ``no_worse(fewer costs, fewer m, current costs, current m)``.
 
     Two steps down, while one micro-batch per rank is worth a pass over every sample (past
@@ -181,8 +197,9 @@ def _fewer_if_no_worse(pack, costs, packed, m_floor: int, align: int, no_worse):
     worth it the trend goes on, so the fewest count that packs is bisected for, down to
     ``m_floor``; also, at any count, when the guess is 25% or more above ``m_floor`` (it
     asks for room a level fill of equal samples never needs: samples of half the cap got
-    one per micro-batch). ``pack(m)``: bins or None; ``costs(bins, m)``; ``packed``:
-    (bins, costs, m) at the guess.
+    one per micro-batch), and at once with ``straight_to_fewest`` (the caller knows fewer
+    cannot cost more). ``pack(m)``: bins or None; ``costs(bins, m)``; ``packed``: (bins, costs, m) at
+    the guess.
     """
     bins, bin_q, m = packed
 
@@ -194,12 +211,12 @@ def _fewer_if_no_worse(pack, costs, packed, m_floor: int, align: int, no_worse):
         bins, bin_q, m = fewer, fewer_q, k
         return True
 
-    step = m <= _FEWER_MAX_M
+    step = m <= _FEWER_MAX_M and not straight_to_fewest
     for _ in range(2 if step else 0):
         fewer = pack(m - align) if m - align >= m_floor else None
         if fewer is None or not take_if_no_worse(m - align, fewer):
             return bins, bin_q, m
-    if not step and 5 * m_floor > 4 * m:
+    if not step and not straight_to_fewest and 5 * m_floor > 4 * m:
         return bins, bin_q, m
     # Bisect in [m_floor, m): lo is untried, hi packs; `fewest` packs at hi once found.
     lo, hi, fewest = m_floor, m, None
