@@ -313,6 +313,12 @@ def test_force_group_size_errors_name_the_rows():
                                 min_num_micro_batch=4)
     _, idx = rearrange_micro_batches(batch, 8, same_micro_num_in_dp=False, force_group_size=1)
     assert sorted(i for mb in idx for i in mb) == list(range(6))
+    import torch  # as verl may read it from the batch: a whole float or a 0-d tensor
+
+    for size in (2.0, torch.tensor(2)):
+        _, idx = rearrange_micro_batches(batch, 8, same_micro_num_in_dp=False,
+                                         force_group_size=size)
+        assert all(mb[j + 1] == mb[j] + 1 for mb in idx for j in range(0, len(mb), 2))
 
 
 def test_rearrange_takes_a_plain_dict_and_names_a_batch_without_a_mask():

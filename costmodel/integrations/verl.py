@@ -78,8 +78,8 @@ VERL_WORKLOAD = AdditiveCost("verl workload 24576·L + L²", _verl_workload)
 
 
 def _token_count(value: Any, name: str) -> int:
-    """A count given the way verl computes it (a product of config values): a 0-d tensor or
-    a whole float is as good as an int."""
+    """A count given the way verl computes it (a product of config values, or a value read
+    from the batch): a 0-d tensor or a whole float is as good as an int."""
     if getattr(value, "ndim", None) == 0 and hasattr(value, "item"):
         value = value.item()
     if isinstance(value, float) and value.is_integer():
@@ -193,7 +193,7 @@ def rearrange_micro_batches(
         num_batches_divided_by = num_batches_devided_by
     # This rank's batch is read inside `schedule`, so that a rank whose batch is bad
     # raises only after telling the others (who would otherwise wait in the all-reduce).
-    group = positive_int(force_group_size, "force_group_size")
+    group = _token_count(force_group_size, "force_group_size")
     kwargs = dict(num_batches_divided_by=num_batches_divided_by,
                   use_dynamic_bsz_balance=use_dynamic_bsz_balance and group == 1, cost=cost,
                   spec=spec)

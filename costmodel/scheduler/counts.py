@@ -20,7 +20,13 @@ from costmodel.scheduler.bounds import round_up
 from costmodel.scheduler.costs import Cost, additive_bin_costs, quantise
 from costmodel.scheduler.groups import place_groups
 from costmodel.scheduler.heavy import heavy_apart
-from costmodel.scheduler.pack import assign_bins, pack_tokens, search_pack, tight_pack
+from costmodel.scheduler.pack import (
+    assign_bins,
+    best_fit_pack,
+    pack_tokens,
+    search_pack,
+    tight_pack,
+)
 from costmodel.scheduler.sorting import members_of
 
 __all__ = ["Grouped", "bin_costs_of", "next_m", "pack_and_assign", "place_grouped", "start_m"]
@@ -64,8 +70,8 @@ def next_m(m: int, left_tokens: int, dp: int, align: int, cap: int) -> int:
 
 
 _FEWER_MAX_M = 64
-# Samples up to which the one-rank search for fewer micro-batches also tries the tighter
-# packer (a Python loop over samples): a rank's batch in verl, well under a second.
+# Samples up to which the one-rank search for fewer micro-batches also tries best fit (a
+# Python loop over samples): a rank's batch in verl, tens of ms at the most.
 _TIGHT_FEWER_MAX = 4096
 
 
@@ -133,15 +139,17 @@ def pack_and_assign(
     # One rank under a cost that sums per sample (plus a fixed part): a packing costs the
     # same whatever the split, fewer micro-batches never more, so the fewest are the best
     # (a GPU pays a fixed time for each). They are looked for after growth too, which
-    # overshoots (6 failed, 8 packed, 7 untried), and with the tighter packer where
-    # levelling fails. verl asks rank by rank, with such a cost.
+    # overshoots (6 failed, 8 packed, 7 untried), and with best fit where levelling
+    # fails. verl asks rank by rank, with such a cost.
     one_rank_sum = dp == 1 and cost.additive
     if len(tried) == 1 or one_rank_sum:
 
         def pack_fewer(k: int) -> np.ndarray | None:
             fewer = pack_tokens(lens, dp * k, cap, by_length)[0]
             if fewer is None and one_rank_sum and lens.size <= _TIGHT_FEWER_MAX:
-                fewer = tight_pack(lens, k, cap, by_length)
+                # best fit only: the exhaustive search (~20 ms a count on a few dozen
+                # samples) at every count the bisection tries made small batches 20x slower
+                fewer = best_fit_pack(lens, k, cap, by_length)
             return fewer
 
         def no_worse(fewer_q: np.ndarray, k: int, q_now: np.ndarray, m_now: int) -> bool:
