@@ -177,3 +177,16 @@ def test_policy_gain_benchmark(tmp_path, load_benchmark, capsys):
         assert len(row["cases"]) == len(bench.CAPS) * len(bench.SEEDS)
         assert row["min_vs_tokens"] > -0.005 and row["min_vs_flops"] > -0.005, row
     assert "vs tokens" in capsys.readouterr().out
+
+
+def test_one_rank_benchmark_quick_run(tmp_path, load_benchmark):
+    """The one-rank (verl) benchmark end to end (--quick): ours never over the cap and at
+    most first fit's count; verl's rule re-implemented makes ceil(tokens / cap)."""
+    bench = load_benchmark("bench_one_rank")
+    out = tmp_path / "one_rank.json"
+    assert bench.main(["--quick", "--json", str(out)]) == 0
+    cases = json.loads(out.read_text())["cases"]
+    assert len(cases) == 6
+    for case in cases:
+        assert case["ours"]["over_cap"] == 0 and case["ours+model"]["over_cap"] == 0
+        assert case["ours"]["micro_batches"] <= case["ffd_micro_batches"]
