@@ -43,6 +43,7 @@ from costmodel.integrations.verl import (  # noqa: E402
 )
 from costmodel.model import load_cost_model  # noqa: E402
 from costmodel.scheduler import generate_lengths  # noqa: E402
+from costmodel.scheduler.baselines import first_fit_pack  # noqa: E402
 
 SIZES = (64, 256, 1024, 4096)
 CAP = 16384
@@ -63,15 +64,8 @@ def verl_split(lengths: np.ndarray, cap: int) -> list[list[int]]:
 
 
 def ffd_count(lengths: np.ndarray, cap: int) -> int:
-    rooms: list[int] = []
-    for length in sorted(lengths.tolist(), reverse=True):
-        for j, room in enumerate(rooms):
-            if length <= room:
-                rooms[j] -= length
-                break
-        else:
-            rooms.append(cap - length)
-    return len(rooms)
+    """Micro-batches of first-fit decreasing: first fit, longest samples first."""
+    return len(first_fit_pack(sorted(lengths.tolist(), reverse=True), cap))
 
 
 def summary(split: list[list[int]], lengths: np.ndarray, cap: int, model) -> dict:

@@ -589,15 +589,9 @@ def test_equal_samples_of_half_the_cap_pack_two_per_micro_batch(cost):
 
 
 def _first_fit_decreasing_count(lengths, cap):
-    rooms = []
-    for length in sorted(lengths, reverse=True):
-        for j, room in enumerate(rooms):
-            if length <= room:
-                rooms[j] -= length
-                break
-        else:
-            rooms.append(cap - length)
-    return len(rooms)
+    from costmodel.scheduler.baselines import first_fit_pack
+
+    return len(first_fit_pack(sorted(lengths, reverse=True), cap))
 
 
 @pytest.mark.parametrize("cost", ["tokens", "flops"])
