@@ -137,10 +137,11 @@ def pack_and_assign(
         m = min(next_m(m, left, dp, align, cap), m_max)
     bin_q = bin_costs(bins, dp * m)
     # One rank under a cost that sums per sample (plus a fixed part): a packing costs the
-    # same whatever the split, fewer micro-batches never more, so the fewest are the best
-    # (a GPU pays a fixed time for each). They are looked for after growth too, which
-    # overshoots (6 failed, 8 packed, 7 untried), and with best fit where levelling
-    # fails. verl asks rank by rank, with such a cost.
+    # same whatever the split and fewer micro-batches never more, so the fewest are taken,
+    # as verl, slime and first fit take them (a framework pays a fixed time per
+    # micro-batch; a cost model, which sees how fill changes the time, decides itself).
+    # They are looked for after growth too, which overshoots (6 failed, 8 packed, 7
+    # untried), and with best fit where levelling fails. verl asks rank by rank.
     one_rank_sum = dp == 1 and cost.additive
     if len(tried) == 1 or one_rank_sum:
 
@@ -206,8 +207,8 @@ def _fewer_if_no_worse(pack, costs, packed, m_floor: int, align: int, no_worse,
     ``m_floor``; also, at any count, when the guess is 25% or more above ``m_floor`` (it
     asks for room a level fill of equal samples never needs: samples of half the cap got
     one per micro-batch), and at once with ``straight_to_fewest`` (the caller knows fewer
-    cannot cost more). ``pack(m)``: bins or None; ``costs(bins, m)``; ``packed``: (bins, costs, m) at
-    the guess.
+    cannot cost more). ``pack(m)``: bins or None; ``costs(bins, m)``; ``packed``: (bins,
+    costs, m) at the count that packed.
     """
     bins, bin_q, m = packed
 
