@@ -10,8 +10,8 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["cost_model_choice", "import_torch", "on_off", "positive_int", "signed_digits",
-           "whole_number"]
+__all__ = ["cost_model_choice", "import_torch", "on_off", "plain_scalar", "positive_int",
+           "signed_digits", "whole_number"]
 
 # Past this many significant digits a number is no count or length; int() itself refuses
 # past 4,300 digits with a message naming its own limit.
@@ -30,7 +30,7 @@ def on_off(value: Any, name: str) -> bool:
     """A switch from a flag or a config: None, a bool (numpy's too) or the integers 0 and 1
     (YAML and int-typed configs). ValueError naming ``name`` otherwise: the string "False"
     would read as on."""
-    value = _scalar(value)
+    value = plain_scalar(value)
     if value is None:
         return False
     if isinstance(value, (bool, np.bool_)) or (isinstance(value, (int, np.integer)) and value in (0, 1)):
@@ -57,7 +57,7 @@ def whole_number(value: Any, name: str) -> int:
     """A count from a flag or a config: an integer, a whole float, Decimal or Fraction, a 0-d
     array, or its digits as text. ValueError naming ``name`` for a switch, other text or a
     fraction (Decimal("8192.7") became 8192)."""
-    value = _scalar(value)
+    value = plain_scalar(value)
     if isinstance(value, (bool, np.bool_)):
         raise ValueError(f"{name} must be a whole number, got {value!r:.60}")
     if isinstance(value, numbers.Integral):
@@ -74,7 +74,7 @@ def whole_number(value: Any, name: str) -> int:
     raise ValueError(f"{name} must be a whole number, got {value!r:.60}")
 
 
-def _scalar(value: Any) -> Any:
+def plain_scalar(value: Any) -> Any:
     """A 0-d numpy array or torch tensor as its Python value; anything else as it is."""
     if getattr(value, "ndim", None) == 0 and hasattr(value, "item"):
         return value.item()
@@ -101,13 +101,13 @@ def import_torch(what: str):
     (the package's base install is numpy and scipy only)."""
     try:
         import torch
-    except ModuleNotFoundError as err:
-        if err.name != "torch":  # torch is there; something it imports is not
-            raise RuntimeError(f"{what} needs PyTorch, and importing torch failed: {err}") from err
-        raise RuntimeError(
-            f"{what} needs PyTorch, and torch is not installed: pip install 'costmodel[gpu]' "
-            "(or a torch build for your CUDA version from https://pytorch.org/get-started/locally/)"
-        ) from None
-    except ImportError as err:  # a broken install: a missing CUDA library, say
+    except ImportError as err:
+        if isinstance(err, ModuleNotFoundError) and err.name == "torch":
+            raise RuntimeError(
+                f"{what} needs PyTorch, and torch is not installed: pip install "
+                "'costmodel[gpu]' (or a torch build for your CUDA version from "
+                "https://pytorch.org/get-started/locally/)"
+            ) from None
+        # torch is there, but something it loads is not (a CUDA library, say)
         raise RuntimeError(f"{what} needs PyTorch, and importing torch failed: {err}") from err
     return torch

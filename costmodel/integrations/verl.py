@@ -53,7 +53,7 @@ from typing import Any
 
 import numpy as np
 
-from costmodel.checks import positive_int
+from costmodel.checks import plain_scalar, positive_int
 from costmodel.scheduler import build_schedule, karmarkar_karp
 from costmodel.scheduler.bounds import round_up
 from costmodel.scheduler.costs import AdditiveCost, as_cost
@@ -80,8 +80,7 @@ VERL_WORKLOAD = AdditiveCost("verl workload 24576·L + L²", _verl_workload)
 def _token_count(value: Any, name: str) -> int:
     """A count given the way verl computes it (a product of config values, or a value read
     from the batch): a 0-d tensor or a whole float is as good as an int."""
-    if getattr(value, "ndim", None) == 0 and hasattr(value, "item"):
-        value = value.item()
+    value = plain_scalar(value)
     if isinstance(value, float) and value.is_integer():
         value = int(value)
     return positive_int(value, name)
