@@ -79,11 +79,18 @@ def add_allow_other_shape(p: argparse.ArgumentParser) -> None:
     )
 
 
+def builtin_cost(name: Any) -> str | None:
+    """"tokens" or "flops" for those names in any case ("FLOPS" too), else None."""
+    text = str(name).strip().lower()
+    return text if text in ("tokens", "flops") else None
+
+
 def resolve_cost(name: str, spec: Any, *, allow_other_shape: bool = False) -> Any:
     """'tokens' and 'flops' (any case) pass through; anything else loads a cost model for
     ``spec``."""
-    if name.strip().lower() in ("tokens", "flops"):
-        return name.strip().lower()
+    builtin = builtin_cost(name)
+    if builtin is not None:
+        return builtin
     from costmodel.model import load_cost_model
 
     try:

@@ -26,6 +26,7 @@ from costmodel.commands.schedule import (
     add_allow_other_shape,
     add_batch_arguments,
     batch_lengths,
+    builtin_cost,
     cost_label,
 )
 
@@ -72,7 +73,7 @@ def run(args: argparse.Namespace) -> int:
         check_output_path(args.json, "--json")
     spec = ModelSpec.from_any(args.model)
     lengths, source = batch_lengths(args)
-    if str(args.cost_model).strip().lower() in ("tokens", "flops"):
+    if builtin_cost(args.cost_model) is not None:
         raise ValueError(f"--cost-model judges every policy in milliseconds: give a cost model "
                          f"file or a name such as h200/{spec.name} ({args.cost_model} balance is "
                          "already a row of the table)")
