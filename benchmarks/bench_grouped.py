@@ -12,21 +12,16 @@ and the wall time of each (best of three, one process) with their ratio.
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import functools
-import json
 import logging
-import platform
 import sys
 from pathlib import Path
-
-import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from benchmarks.bench_scheduler import best_time, cpu_name  # noqa: E402
+from benchmarks.bench_scheduler import best_time, write_cases  # noqa: E402
 from costmodel.model import load_cost_model  # noqa: E402
 from costmodel.scheduler import build_schedule, generate_lengths  # noqa: E402
 
@@ -87,10 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         logging.disable(logging.NOTSET)  # main() may run inside a test session
     if args.json:
-        meta = dict(date=dt.date.today().isoformat(), cpu=cpu_name(),
-                    python=platform.python_version(), numpy=np.__version__, cost=args.cost_model)
-        Path(args.json).write_text(json.dumps(dict(meta, cases=rows), indent=1) + "\n")
-        print(f"wrote {args.json}")
+        write_cases(args.json, rows, cost=args.cost_model)
     return 0
 
 

@@ -22,11 +22,8 @@ though micro-batches over the cap are ones a GPU may not have the memory for.
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import functools
-import json
 import logging
-import platform
 import sys
 from pathlib import Path
 
@@ -36,7 +33,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from benchmarks.bench_scheduler import best_time, cpu_name  # noqa: E402
+from benchmarks.bench_scheduler import best_time, write_cases  # noqa: E402
 from costmodel.integrations.verl import (  # noqa: E402
     balanced_micro_batches,
     get_seqlen_balanced_partitions,
@@ -111,11 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         logging.disable(logging.NOTSET)  # main() may run inside a test session
     if args.json:
-        meta = dict(date=dt.date.today().isoformat(), cpu=cpu_name(),
-                    python=platform.python_version(), numpy=np.__version__,
-                    priced_by="h200/qwen3-8b", cap=CAP)
-        Path(args.json).write_text(json.dumps(dict(meta, cases=rows), indent=1) + "\n")
-        print(f"wrote {args.json}")
+        write_cases(args.json, rows, priced_by="h200/qwen3-8b", cap=CAP)
     return 0
 
 

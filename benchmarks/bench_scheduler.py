@@ -112,6 +112,15 @@ def cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
+def write_cases(path, rows: list[dict], **meta) -> None:
+    """``rows`` as JSON under ``cases``, after the date, this machine's CPU, Python and numpy
+    and ``meta`` (the layout of the grouped and one-rank benchmarks' results)."""
+    doc = dict(date=dt.date.today().isoformat(), cpu=cpu_name(),
+               python=platform.python_version(), numpy=np.__version__, **meta, cases=rows)
+    Path(path).write_text(json.dumps(doc, indent=1) + "\n")
+    print(f"wrote {path}")
+
+
 def run_case(dist, n, dp, cap, spec, cost, repeats, measure_memory):
     lengths = generate_lengths(n, dist, seed=n + dp + cap)
     flops = sequence_fwd_flops(lengths, spec)
