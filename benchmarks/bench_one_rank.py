@@ -42,7 +42,7 @@ from costmodel.model import load_cost_model  # noqa: E402
 from costmodel.scheduler import generate_lengths  # noqa: E402
 from costmodel.scheduler.baselines import first_fit_pack  # noqa: E402
 
-SIZES = (64, 256, 1024, 4096)
+SIZES = (64, 256, 1024, 4096, 16384)
 CAP = 16384
 DISTS = ("rl", "bimodal", "at-limit")
 

@@ -11,6 +11,7 @@ first guess works, fewer are tried as without groups, kept if the step is no slo
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -21,10 +22,12 @@ from costmodel.scheduler.costs import Cost, additive_bin_costs, quantise
 from costmodel.scheduler.groups import place_groups
 from costmodel.scheduler.heavy import heavy_apart
 from costmodel.scheduler.pack import (
+    BestFit,
     assign_bins,
-    best_fit_pack,
+    best_fit_decreasing,
     pack_tokens,
     search_pack,
+    spread_best_fit,
     tight_pack,
 )
 from costmodel.scheduler.sorting import members_of
@@ -70,9 +73,11 @@ def next_m(m: int, left_tokens: int, dp: int, align: int, cap: int) -> int:
 
 
 _FEWER_MAX_M = 64
-# Samples up to which the one-rank search for fewer micro-batches also tries best fit (a
-# Python loop over samples): a rank's batch in verl, tens of ms at the most.
-_TIGHT_FEWER_MAX = 4096
+# Samples up to which the one-rank search for fewer micro-batches also tries best fit: one
+# pass, a Python loop over samples (RL lengths, caps 8-32k, on the 2-core dev machine:
+# 2.5 ms at 4,096 samples, 11-14 ms at 16,384; 50-95 ms at 65,536, twice the rest of the
+# schedule, for 1-3% fewer micro-batches).
+_TIGHT_FEWER_MAX = 16384
 
 
 def bin_costs_of(lens: np.ndarray, q: np.ndarray, cost: Cost, scale: float):
@@ -145,12 +150,17 @@ def pack_and_assign(
     one_rank_sum = dp == 1 and cost.additive
     if len(tried) == 1 or one_rank_sum:
 
+        @functools.cache
+        def best_fit() -> BestFit | None:
+            return best_fit_decreasing(lens, cap, by_length) if lens.size <= _TIGHT_FEWER_MAX else None
+
         def pack_fewer(k: int) -> np.ndarray | None:
             fewer = pack_tokens(lens, dp * k, cap, by_length)[0]
-            if fewer is None and one_rank_sum and lens.size <= _TIGHT_FEWER_MAX:
-                # best fit only: the exhaustive search (~20 ms a count on a few dozen
-                # samples) at every count the bisection tries made small batches 20x slower
-                fewer = best_fit_pack(lens, k, cap, by_length)
+            if fewer is None and one_rank_sum and best_fit() is not None:
+                # best fit, once, spread over each count the bisection tries (the
+                # exhaustive search, ~20 ms a count on a few dozen samples, made small
+                # batches 20x slower)
+                fewer = spread_best_fit(best_fit(), k, lens)
             return fewer
 
         def no_worse(fewer_q: np.ndarray, k: int, q_now: np.ndarray, m_now: int) -> bool:

@@ -15,12 +15,17 @@ there). All loops are over rounds, not samples: a few dozen numpy calls in all.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 
 from costmodel.scheduler.partition import karmarkar_karp_labels
 from costmodel.scheduler.sorting import longest_first
 
-__all__ = ["assign_bins", "best_fit_pack", "pack_tokens", "search_pack", "tight_pack"]
+__all__ = [
+    "BestFit", "assign_bins", "best_fit_decreasing", "best_fit_pack", "pack_tokens", "search_pack",
+    "spread_best_fit", "tight_pack",
+]
 
 _BIG = np.iinfo(np.int64).max
 # Up to this many micro-batches per rank, ranks are balanced with Karmarkar-Karp.
@@ -189,50 +194,90 @@ def _level_round(
     return ok
 
 
-def best_fit_pack(lengths: np.ndarray, k: int, cap: int, order: np.ndarray) -> np.ndarray | None:
-    """Exactly ``k`` non-empty micro-batches under the cap by best-fit decreasing, or None.
+class BestFit(NamedTuple):
+    """A best-fit decreasing packing with as many micro-batches as it needed: sample i in
+    ``bins[i]``, ``members[b]`` the samples of micro-batch b (samples over the cap first,
+    one each)."""
 
-    The fallback when `pack_tokens` fails and no more micro-batches are allowed: levelling
-    fills can strand a sample that fits only by filling some micro-batches to the brim
-    (caps of a few samples each). Each sample, longest first (``order``), goes where it
-    leaves the least room; one over the cap takes an empty micro-batch of its own; then
-    micro-batches left empty take the shortest sample of one holding several (a sample
-    moved out only makes room). A loop over samples: only failures get here.
+    bins: np.ndarray
+    members: list[list[int]]
+
+
+def best_fit_decreasing(
+    lengths: np.ndarray, cap: int, order: np.ndarray, max_bins: int | None = None
+) -> BestFit | None:
+    """Each sample, longest first (``order``), where it leaves the least room under the
+    cap, in a new micro-batch when none has room; one over the cap takes one of its own.
+    None as soon as more than ``max_bins`` would be needed.
+
+    The count it reaches is where `best_fit_pack` starts to succeed: with ``k`` micro-batches
+    given up front, an empty one is the roomiest, so best fit takes one exactly where this
+    opens one. A loop over samples (rooms kept sorted as one integer each, room · n + id).
     """
     import bisect
 
+    n = lengths.size
     n_over = int((lengths > cap).sum())
-    open_bins = k - n_over
-    if open_bins < 0 or (open_bins == 0 and n_over < lengths.size):
+    limit = n if max_bins is None else max_bins
+    if n_over > limit:
         return None
-    bins = np.empty(lengths.size, dtype=np.int64)
-    rooms = [(cap, b) for b in range(n_over, k)]  # (room left, micro-batch), sorted
-    members: list[list[int]] = [[] for _ in range(k)]
+    bins = np.empty(n, dtype=np.int64)
+    members: list[list[int]] = [[] for _ in range(n_over)]
+    rooms: list[int] = []  # room * n + micro-batch, sorted
     over = 0
     for i in order.tolist():
         length = int(lengths[i])
         if length > cap:
             b, over = over, over + 1
         else:
-            pos = bisect.bisect_left(rooms, (length, -1))
+            pos = bisect.bisect_left(rooms, length * n)
             if pos == len(rooms):
-                return None
-            room, b = rooms.pop(pos)
-            bisect.insort(rooms, (room - length, b))
+                if len(members) == limit:
+                    return None
+                b, room = len(members), cap
+                members.append([])
+            else:
+                key = rooms.pop(pos)
+                b, room = key % n, key // n
+            bisect.insort(rooms, (room - length) * n + b)
         bins[i] = b
         members[b].append(i)
-    donors = sorted((b for b in range(k) if len(members[b]) > 1), key=lambda b: -len(members[b]))
-    for b in (b for b in range(k) if not members[b]):
-        while donors and len(members[donors[0]]) < 2:
+    return BestFit(bins, members)
+
+
+def spread_best_fit(packed: BestFit, k: int, lengths: np.ndarray) -> np.ndarray | None:
+    """``packed`` as exactly ``k`` non-empty micro-batches, or None (it needed more, or there
+    are fewer than k samples): each micro-batch beyond its own takes the shortest sample of
+    one holding several (a sample moved out only makes room). ``packed`` is left as it was."""
+    if len(packed.members) > k or lengths.size < k:
+        return None
+    bins = packed.bins.copy()
+    if len(packed.members) == k:
+        return bins
+    members = list(packed.members)  # a donor's list is copied before it changes
+    donors = sorted((b for b in range(len(members)) if len(members[b]) > 1),
+                    key=lambda b: -len(members[b]))
+    for b in range(len(packed.members), k):
+        while len(members[donors[0]]) < 2:
             donors.pop(0)
-        if not donors:
-            return None
-        src = members[donors[0]]
-        i = min(src, key=lambda j: (int(lengths[j]), j))
-        src.remove(i)
-        members[b].append(i)
+        d = donors[0]
+        if members[d] is packed.members[d]:
+            members[d] = list(members[d])
+        i = min(members[d], key=lambda j: (int(lengths[j]), j))
+        members[d].remove(i)
         bins[i] = b
     return bins
+
+
+def best_fit_pack(lengths: np.ndarray, k: int, cap: int, order: np.ndarray) -> np.ndarray | None:
+    """Exactly ``k`` non-empty micro-batches under the cap by best-fit decreasing, or None.
+
+    The fallback when `pack_tokens` fails and no more micro-batches are allowed: levelling
+    fills can strand a sample that fits only by filling some micro-batches to the brim
+    (caps of a few samples each). Only failures get here.
+    """
+    packed = best_fit_decreasing(lengths, cap, order, max_bins=k)
+    return None if packed is None else spread_best_fit(packed, k, lengths)
 
 
 # `search_pack` takes inputs of at most this many samples, and gives up after this many
