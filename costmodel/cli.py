@@ -15,6 +15,8 @@ import os
 import sys
 import traceback
 
+from costmodel import __version__
+
 # Order is the order `costmodel --help` lists them in.
 _COMMAND_MODULES = (
     "presets",
@@ -42,6 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
         ),
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="log progress details")
+    parser.add_argument("--version", action="version", version=f"costmodel {__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in _COMMAND_MODULES:
         try:

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+import costmodel
 from costmodel.calibration.device import require_cuda, resolve_gpu
 from costmodel.cli import main
 
@@ -159,6 +160,7 @@ def test_cuda_timer_measures_and_passes_flops_check():
     timer = KernelTimer(spec, attention="torch-varlen")
     fp = timer.device_fingerprint()
     assert fp["sm_count"] > 0 and fp["torch"]
+    assert fp["costmodel"] == costmodel.__version__
     for point in (SweepPoint("attention", "train", (1024,) * 4), SweepPoint("linear", "forward", (2048,)),
                   SweepPoint("head", "train", (512,)), SweepPoint("layer", "train", (300, 700)),
                   SweepPoint("stack", "forward", (100, 900), num_layers=2)):
@@ -247,6 +249,7 @@ def test_workloads_build_and_run_on_cpu(one_thread):
 
     timer = KernelTimer(_tiny("qwen3-30b-a3b"), attention="sdpa", dtype="fp32", device="cpu")
     assert timer.device_fingerprint()["dry_run"]
+    assert timer.device_fingerprint()["costmodel"] == costmodel.__version__  # whose sweep it was
     points = [
         SweepPoint("attention", "train", (8,) * 3), SweepPoint("attention", "forward", (16,)),
         SweepPoint("linear", "train", (24,)), SweepPoint("linear", "forward", (24,), moe=True),

@@ -21,6 +21,19 @@ def test_help_lists_commands(capsys):
     assert "presets" in out and "flops" in out
 
 
+def test_version_names_the_package_version(capsys):
+    """What a bug report needs first; pyproject reads the same `costmodel.__version__`."""
+    import importlib.metadata
+
+    import costmodel
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["--version"])
+    assert exit_.value.code == 0
+    assert capsys.readouterr().out.strip() == f"costmodel {costmodel.__version__}"
+    assert importlib.metadata.version("costmodel") == costmodel.__version__
+
+
 def test_import_and_help_need_no_torch():
     # Block torch and triton: `import costmodel` and `--help` must still work.
     code = (

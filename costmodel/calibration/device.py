@@ -18,6 +18,7 @@ import subprocess
 from collections.abc import Mapping
 from typing import Any
 
+import costmodel
 from costmodel.checks import import_torch
 from costmodel.gpus import GpuInfo, find_gpu_by_device_name, gpu_keys, lookup_gpu
 
@@ -109,6 +110,7 @@ def device_fingerprint(index: int | None = None) -> dict[str, Any]:
         "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
         "triton": triton_version,
         "driver": None,
+        "costmodel": costmodel.__version__,  # whose kernels and sweep were timed
     }
     fp.update({k: v for k, v in _nvidia_smi(index).items() if v is not None})
     return fp

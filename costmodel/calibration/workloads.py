@@ -29,6 +29,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+import costmodel
 from costmodel.calibration.device import device_fingerprint, require_cuda
 from costmodel.calibration.plan import SweepPoint
 from costmodel.calibration.timer import (
@@ -72,7 +73,8 @@ class KernelTimer:
 
             self.device = torch.device("cpu")
             self._fingerprint = {"name": f"CPU dry run ({platform.processor() or platform.machine()})",
-                                 "dry_run": True, "torch": torch.__version__}
+                                 "dry_run": True, "torch": torch.__version__,
+                                 "costmodel": costmodel.__version__}
         from costmodel.kernels.attention import get_attention
         from costmodel.kernels.layer import check_attention_support
 
