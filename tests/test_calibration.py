@@ -81,6 +81,23 @@ def test_flops_check_catches_impossible_speed():
         _calibrate(shape=fast, quick=True, max_len=4096)
 
 
+def test_flops_check_counts_a_training_pass_as_three_forwards():
+    """Forward + backward is 3x the forward's matmul FLOPs: a train point at twice the
+    peak is impossible though its forward FLOPs alone would be under it, and one at 0.9x
+    the peak passes."""
+    from costmodel import flops
+    from costmodel.calibration.check import flops_check
+    from costmodel.calibration.fit import Record
+
+    forward = float(flops.layer_linear_flops(4096, SPEC, moe=False))
+    at = lambda share: 3 * forward / (share * H200.peak_bf16_flops) * 1e3  # noqa: E731
+    flops_check([Record("linear", "train", (4096,), at(0.9))], SPEC,
+                peak_flops=H200.peak_bf16_flops, gpu_name="H200")
+    with pytest.raises(ValueError, match="broken measurement"):
+        flops_check([Record("linear", "train", (4096,), at(2.0))], SPEC,
+                    peak_flops=H200.peak_bf16_flops, gpu_name="H200")
+
+
 @pytest.mark.parametrize("ms", [-1.0, 0.0, float("nan")])
 def test_a_timer_returning_an_impossible_time_stops_the_sweep(ms):
     # -1 ms fitted silently (the FLOPs check passed a negative efficiency); 0 was a

@@ -45,6 +45,11 @@ def test_token_curve_keeps_a_step_and_pools_a_dip():
     before, after = float(curve(11520)) / 11520, float(curve(12032)) / 12032
     assert after / before == pytest.approx(1.06, abs=0.005)  # the step survives
     assert float(curve(16000)) == pytest.approx(16000 * 1.06e-3, rel=1e-9)
+    # A point below its left neighbour is pooled with it (their mean), not lifted to it.
+    T = [1000, 2000, 3000, 4000, 5000]
+    dip = fit_token_curve([Record("linear", "train", (t,), x, 0.01)
+                           for t, x in zip(T, [1.0, 2.1, 1.9, 3.0, 4.0])], "test")
+    assert dip.ms[1] == dip.ms[2] == pytest.approx(2.0)
 
 
 def test_best_scale_minimises_mape():

@@ -60,6 +60,12 @@ def test_rearrange_over_dp_ranks():
     assert [flat[j] for j in rev] == list(range(512))
     own, _ = balanced_micro_batches(lengths, 16384, dp_size=4, same_micro_num_in_dp=False)
     assert sorted(i for r in own for mb in r for i in mb) == list(range(512))
+    # Without the shared count each rank keeps the fewest of its own share: here one fewer.
+    shared, _ = balanced_micro_batches(lengths, 16384, dp_size=4)
+    assert [len(r) for r in shared] == [24] * 4 and [len(r) for r in own] == [23] * 4
+    for rank in own:
+        alone, _ = balanced_micro_batches(lengths[sorted(i for mb in rank for i in mb)], 16384)
+        assert len(alone) == len(rank)
 
 
 def test_rearrange_rejects_a_sequence_over_the_cap():

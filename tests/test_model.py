@@ -196,6 +196,9 @@ def test_truncated_file(tmp_path, good_doc):
         load_cost_model(p)
     with pytest.raises(ValueError, match="empty"):
         load_cost_model(_write(tmp_path, ""))
+    for cut in ('{"schema": -', '{"schema": "costmodel/1", "x": 1.5e'):  # cut mid-number
+        with pytest.raises(ValueError, match=r"not valid JSON \(truncated\?\)"):
+            load_cost_model(_write(tmp_path, cut))
 
 
 @pytest.mark.parametrize("field, value, kind", [

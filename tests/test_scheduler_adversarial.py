@@ -413,3 +413,71 @@ def test_a_cost_model_path_object_and_a_strict_flag_that_is_not_a_bool():
     assert by_path.digest() == by_name.digest()
     with pytest.raises(ValueError, match="strict must be True or False, got 'no'"):
         build_schedule(lengths, dp_size=2, max_tokens_per_microbatch=4096, strict="no")
+
+
+def test_fills_exactly_at_the_cap_stay_under_it():
+    """A check one token loose in a move (single samples, or a group's pieces) put a second
+    sample into a micro-batch already at the cap; the property tests' caps of 1000 almost
+    never fill one exactly (found by mutating the checks: these inputs catch them)."""
+    lens = [1, 4, 3, 5, 5, 5, 5, 2, 3, 4, 4, 3, 4, 2, 5, 5, 5, 5, 5, 5]
+    groups = [7, 7, 5, 1, 9, 1, 9, 2, 9, 5, 6, 3, 7, 6, 1, 9, 2, 1, 7, 6]
+    s = build_schedule(lens, dp_size=3, max_tokens_per_microbatch=5, group_ids=groups)
+    check_schedule(s, lens, dp=3, cap=5, group_ids=groups)
+    lens = generate_lengths(272, "rl", seed=10827)
+    s = build_schedule(lens, dp_size=4, max_tokens_per_microbatch=16138, cost="flops",
+                       spec="qwen3-8b")
+    check_schedule(s, lens, dp=4, cap=16138)
+
+
+def test_level_rounds_fill_to_the_cap_and_not_past_it():
+    """`pack_tokens` with few rounds (as grouped placement and pair re-packing call it) on
+    short samples whose total fills every micro-batch to within one sample of the cap."""
+    from costmodel.scheduler.pack import pack_tokens
+
+    packed = 0
+    for seed in range(200):
+        rng = np.random.default_rng(seed)
+        k, n = int(rng.integers(2, 5)), int(rng.integers(200, 1000))
+        lens = rng.integers(1, int(rng.integers(2, 6)) + 1, n)
+        cap = -(-int(lens.sum()) // k)
+        for rounds in (4, 16, 64):
+            bins, _ = pack_tokens(lens, k, cap, max_rounds=rounds)
+            if bins is not None:
+                packed += 1
+                assert np.bincount(bins, weights=lens, minlength=k).max() <= cap, (seed, rounds)
+    assert packed > 100  # the check ran
+
+
+def test_a_count_below_the_schedules_own_is_met_exactly():
+    """min_num_microbatches promises exactly that many (when they pack): asked for fewer
+    than the schedule makes by itself, not only more (verl's ranks agree on counts)."""
+    lens = generate_lengths(33, "rl", seed=2, max_response=2048)
+    free = build_schedule(lens, dp_size=3, max_tokens_per_microbatch=6954)
+    asked = build_schedule(lens, dp_size=3, max_tokens_per_microbatch=6954,
+                           min_num_microbatches=4)
+    assert (free.num_microbatches, asked.num_microbatches) == (5, 4)
+    check_schedule(asked, lens, dp=3, cap=6954)
+
+
+def test_a_broken_guarantee_is_an_error_not_a_schedule(monkeypatch):
+    """The last line of defence: were a step ever to overfill a micro-batch or empty one,
+    build_schedule raises (an OOM on a cluster, or a rank with nothing to run, otherwise)."""
+    from costmodel.scheduler import schedule as schedule_module
+
+    def overfill(st):
+        st.bin_of[:] = 0  # every sample into the first micro-batch
+        return 0
+
+    monkeypatch.setattr(schedule_module, "local_search", overfill)
+    with pytest.raises(RuntimeError, match=r"broke its own guarantee \(micro-batch 0 holds 2 "
+                                           r"samples of 12 tokens, over the cap of 10\)"):
+        build_schedule([6, 6], dp_size=1, max_tokens_per_microbatch=10)
+
+    def empty(st):
+        st.bin_of[:] = [0, 0, 2, 2]  # micro-batch 1 left empty
+        return 0
+
+    monkeypatch.setattr(schedule_module, "local_search", empty)
+    with pytest.raises(RuntimeError, match=r"micro-batch 1 is empty"):
+        build_schedule([1, 1, 1, 1], dp_size=3, max_tokens_per_microbatch=2, strict=False,
+                       min_num_microbatches=1)

@@ -427,6 +427,21 @@ def _imbalance(load: np.ndarray) -> float:
     return float(load.max()) / mean if mean > 0 else 1.0
 
 
+def _check_invariants(st: BinState, offsets: np.ndarray) -> None:
+    """Recount what every step keeps by construction: no micro-batch empty, none of several
+    samples over the cap. A step that broke it would cost an OOM on a cluster, or a rank
+    with nothing to run; here it is an error instead (a bug: report it with the input)."""
+    count = np.diff(offsets)
+    tokens = np.bincount(st.bin_of, weights=st.lengths, minlength=count.size)
+    over = np.flatnonzero((tokens > st.cap) & (count > 1))
+    if over.size or not count.all():
+        what = (f"micro-batch {int(over[0])} holds {int(count[over[0]])} samples of "
+                f"{int(tokens[over[0]])} tokens, over the cap of {st.cap}" if over.size
+                else f"micro-batch {int(np.argmin(count))} is empty")
+        raise RuntimeError(f"costmodel's scheduler broke its own guarantee ({what}): a bug; "
+                           "please report it with the lengths, dp_size, cap and cost")
+
+
 def _finish(
     st: BinState,
     cost: Cost,
@@ -438,6 +453,7 @@ def _finish(
     dp, m = st.dp, st.m
     # Members of each micro-batch, ascending sample index (a stable sort keeps index order).
     flat, offsets = members_of(st.bin_of, dp * m)
+    _check_invariants(st, offsets)
     if cost.additive:
         # Same numbers as cost.evaluate, without recomputing the per-sample costs.
         bin_costs = np.bincount(st.bin_of, weights=sample_costs, minlength=dp * m)
