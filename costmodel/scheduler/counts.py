@@ -75,7 +75,7 @@ def next_m(m: int, left_tokens: int, dp: int, align: int, cap: int) -> int:
 _FEWER_MAX_M = 64
 # Samples up to which the one-rank search for fewer micro-batches also tries best fit: one
 # pass, a Python loop over samples (RL lengths, caps 8-32k, on the 2-core dev machine:
-# 2.5 ms at 4,096 samples, 11-14 ms at 16,384; 50-95 ms at 65,536, twice the rest of the
+# 2 ms at 4,096 samples, 9-10 ms at 16,384; 45-50 ms at 65,536, more than the rest of the
 # schedule, for 1-3% fewer micro-batches).
 _TIGHT_FEWER_MAX = 16384
 

@@ -224,6 +224,8 @@ def best_fit_decreasing(
     bins = np.empty(n, dtype=np.int64)
     members: list[list[int]] = [[] for _ in range(n_over)]
     rooms: list[int] = []  # room * n + micro-batch, sorted
+    # A room under the shortest sample can never be used: left out, the list stays short.
+    shortest = int(lengths.min()) if n else 0
     over = 0
     for i in order.tolist():
         length = int(lengths[i])
@@ -239,7 +241,8 @@ def best_fit_decreasing(
             else:
                 key = rooms.pop(pos)
                 b, room = key % n, key // n
-            bisect.insort(rooms, (room - length) * n + b)
+            if room - length >= shortest:
+                bisect.insort(rooms, (room - length) * n + b)
         bins[i] = b
         members[b].append(i)
     return BestFit(bins, members)
@@ -255,12 +258,14 @@ def spread_best_fit(packed: BestFit, k: int, lengths: np.ndarray) -> np.ndarray 
     if len(packed.members) == k:
         return bins
     members = list(packed.members)  # a donor's list is copied before it changes
-    donors = sorted((b for b in range(len(members)) if len(members[b]) > 1),
-                    key=lambda b: -len(members[b]))
+    sizes = np.fromiter(map(len, members), dtype=np.int64, count=len(members))
+    donors = np.flatnonzero(sizes > 1)
+    donors = donors[np.argsort(-sizes[donors], kind="stable")].tolist()  # most samples first
+    next_donor = 0
     for b in range(len(packed.members), k):
-        while len(members[donors[0]]) < 2:
-            donors.pop(0)
-        d = donors[0]
+        while len(members[donors[next_donor]]) < 2:
+            next_donor += 1
+        d = donors[next_donor]
         if members[d] is packed.members[d]:
             members[d] = list(members[d])
         i = min(members[d], key=lambda j: (int(lengths[j]), j))
