@@ -376,3 +376,10 @@ def test_signed_digits_reads_ascii_digits_only():
     assert signed_digits("9" * 300) == ("", "9" * 300)  # the caller names a number this long
     for text in ("", "+", "8_192", "٨١٩٢", "1.0", " 12", "1e3", "--1"):
         assert signed_digits(text) is None, text
+
+
+def test_two_gpus_the_registry_does_not_know_differ_by_name():
+    """A cost model from one unknown GPU used on another must warn: names compared, not
+    'both unknown, so the same'."""
+    assert not cm_args._same_gpu("Made-Up GPU 9", "Other Card 7")
+    assert cm_args._same_gpu("Made-Up GPU 9", "made up gpu 9")

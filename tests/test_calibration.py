@@ -126,11 +126,14 @@ def test_flops_check_needs_a_real_peak(peak):
         flops_check(records, SPEC, peak_flops=peak, gpu_name="x")
 
 
-def test_drift_probe_warns(caplog):
+@pytest.mark.parametrize("drift, warns", [(0.2, True), (-0.2, True), (0.08, True), (0.02, False)])
+def test_drift_probe_warns_past_five_percent_either_way(caplog, drift, warns):
+    """A GPU that sped up over the sweep (clocks ramping from idle) is as suspect as one
+    that slowed down (thermal throttling)."""
     with caplog.at_level(logging.WARNING, logger="costmodel.calibration.pipeline"):
-        m = _calibrate(quick=True, max_len=2048, drift=0.2, expected_calls=100)
-    assert "drift probe" in caplog.text
-    assert m.provenance["drift_probe"]["warning"]
+        m = _calibrate(quick=True, max_len=2048, noise=0.002, drift=drift, expected_calls=50)
+    assert ("drift probe" in caplog.text) is warns
+    assert m.provenance["drift_probe"]["warning"] is warns
 
 
 def test_moe_model_gets_moe_curves():

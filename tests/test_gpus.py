@@ -118,3 +118,42 @@ def test_shipped_h200_profile_is_measured_and_validated():
         "validated (train, 120 micro-batches): mean error 3.8% on >= 1k tokens, 13.2% on all sizes"
     )
     assert load_cost_model("h100/qwen3-8b").validation_summary() is None  # an estimate
+
+
+# -- from a mutation check: each test fails when the code it names is broken ---------------
+
+
+def test_device_names_match_the_longest_registered_name_in_whole_words():
+    """`--gpu auto` on an H200 NVL must not read as an H200 (the longest prefix wins), an
+    'H2000' is no H200 (whole words), and the registry's own lookup takes exact names."""
+    assert find_gpu_by_device_name("NVIDIA H200 NVL 141GB", allow_suffix=True).key == "h200-nvl"
+    assert find_gpu_by_device_name("NVIDIA H2000", allow_suffix=True) is None
+    with pytest.raises(ValueError, match="unknown GPU"):
+        lookup_gpu("NVIDIA H200 144GB")
+
+
+def test_each_peak_is_the_dense_rate_its_source_cites():
+    """Vendors quote bf16 with sparsity (twice the dense rate) as often as without: each
+    peak must be the dense one its source text gives (within 2%: the L40S sheet's 733
+    sparse is not exactly twice its 362.05 dense)."""
+    import re
+
+    checked = 0
+    for g in GPUS.values():
+        found = re.search(r"([\d,.]+) TFLOPS (?:fp16/)?bf16 (sparse|dense)", g.source)
+        if found is None:
+            continue
+        tflops = float(found.group(1).replace(",", "")) / (2 if found.group(2) == "sparse" else 1)
+        assert g.peak_bf16_flops == pytest.approx(tflops * 1e12, rel=0.02), g.key
+        checked += 1
+    assert checked >= 10
+
+
+def test_the_moe_estimate_gives_each_expert_its_share_of_the_tokens():
+    """Regression values of the registry estimate for an MoE layer's experts (routed
+    experts see T·k/E rows each, not T·k); update them when the estimate is retuned on
+    purpose."""
+    m = estimate_cost_model("qwen3-30b-a3b", "h200")
+    got = [float(m.curves["train"].linear["moe"](t)) for t in (512, 2048, 8192)]
+    assert got == pytest.approx([1.420314235181167, 1.9637889024772612, 5.502816545874748],
+                                rel=1e-6)

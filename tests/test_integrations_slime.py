@@ -366,3 +366,37 @@ def test_steps_given_as_sample_lists_schedule_like_rollout_steps(flags, caplog):
 def test_bad_step_arguments_are_named(kwargs, says):
     with pytest.raises(ValueError, match=says):
         build_dp_schedule(make_args(), config(dp=4), generate_lengths(96, seed=5).tolist(), **kwargs)
+
+
+# -- from a mutation check: each test fails when the code it names is broken ---------------
+
+
+@pytest.mark.parametrize("flags", [{}, {"balance_data": True}])
+def test_the_cap_is_max_tokens_per_gpu_times_context_parallel_size(flags):
+    """slime's cap for a micro-batch is max_tokens_per_gpu × cp_size (each CP rank holds a
+    slice): 500 × 2 fits two 500-token samples, which a cap without cp would split."""
+    _, mbi, num_mbs, _ = build_dp_schedule(make_args(max_tokens_per_gpu=500, **flags),
+                                           {"dp_size": 2, "cp_size": 2}, [500] * 16,
+                                           global_batch_size=16, rollout_indices=list(range(16)))
+    assert num_mbs == [4]
+    assert all(len(mb) == 2 for rank in mbi for mb in rank)
+
+
+def test_fixed_size_micro_batches_are_dealt_to_ranks_strided():
+    """Without dynamic batch size or balancing, slime deals micro_batch_size samples to
+    each rank in turn, not contiguous blocks."""
+    args = make_args(use_dynamic_batch_size=False, micro_batch_size=2)
+    parts, _, num_mbs, _ = build_dp_schedule(args, {"dp_size": 2}, [100] * 8,
+                                             global_batch_size=8, rollout_indices=list(range(8)))
+    assert parts == [[0, 1, 4, 5], [2, 3, 6, 7]]
+    assert num_mbs == [2]
+
+
+def test_balance_data_with_part_of_a_model_shape_is_an_error():
+    """Some shape fields but not all is a config mistake, not a reason to balance tokens
+    silently (no fields at all falls back to tokens, with a warning)."""
+    args = SimpleNamespace(use_dynamic_batch_size=True, max_tokens_per_gpu=100,
+                           balance_data=True, hidden_size=4096)
+    with pytest.raises(ValueError, match="balance_data balances analytic FLOPs"):
+        build_dp_schedule(args, {"dp_size": 2}, [10] * 8, global_batch_size=8,
+                          rollout_indices=list(range(8)))

@@ -463,3 +463,25 @@ def test_scheduling_a_pass_the_model_lacks_says_which_it_has(tmp_path, good_doc)
                        r"schedule with mode 'train' \(--mode train\)"):
         build_schedule([100, 200, 300], dp_size=1, max_tokens_per_microbatch=1024, cost=model,
                        mode="forward")
+
+
+# -- from a mutation check: each test fails when the code it names is broken ---------------
+
+
+def test_a_forward_cost_uses_its_own_tables_after_a_train_cost():
+    """Per-pass tables are cached on the model: a forward evaluated after a train one
+    must be what a fresh model says, not the train pass's tables."""
+    m = estimate_cost_model("qwen3-8b", "h200")
+    train = m.microbatch_cost([4096, 1000], "train")
+    forward = m.microbatch_cost([4096, 1000], "forward")
+    fresh = estimate_cost_model("qwen3-8b", "h200").microbatch_cost([4096, 1000], "forward")
+    assert forward == pytest.approx(fresh, rel=1e-12) and forward < train
+
+
+@pytest.mark.parametrize("mode", ["train", "forward"])
+def test_breakdown_adds_up_to_the_cost_in_each_pass(mode):
+    m = estimate_cost_model("qwen3-8b", "h200")
+    lengths = [4096, 1000, 77]
+    parts = m.breakdown(lengths, mode)
+    assert parts["total"] == pytest.approx(m.microbatch_cost(lengths, mode), rel=1e-12)
+    assert parts["head"] == pytest.approx(float(m.curves[mode].head(sum(lengths))), rel=1e-12)

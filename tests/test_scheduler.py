@@ -1040,3 +1040,36 @@ def test_pack_ranks_gives_each_rank_what_pack_tokens_gives_it(seed):
     rank_of[np.argsort(-lengths, kind="stable")] = np.arange(lengths.size) % 64
     _, packed = pack_ranks(lengths, rank_of, 64, 14, 16384, 8)
     assert packed.all()
+
+
+# -- from a mutation check: each test fails when the code it names is broken ---------------
+
+
+def test_the_digest_follows_every_sample_and_the_run_order():
+    """Ranks compare digests to agree: a digest blind to a moved sample, or to the order
+    micro-batches run in, would let ranks that disagree pass."""
+    import dataclasses
+
+    lengths = generate_lengths(400, "rl", seed=5)
+    kw = dict(dp_size=4, max_tokens_per_microbatch=16384, cost="flops", spec="qwen3-8b")
+    plain = build_schedule(lengths, **kw)
+    pipeline = build_schedule(lengths, order="pipeline", **kw)
+    assert plain.microbatches != pipeline.microbatches
+    assert plain.digest() != pipeline.digest()
+    moved = [[list(mb) for mb in rank] for rank in plain.microbatches]
+    src = next(mb for rank in moved for mb in rank if len(mb) >= 2)
+    dst = next(mb for rank in moved for mb in rank if mb is not src)
+    dst.append(src.pop())  # not the first sample of its micro-batch
+    assert dataclasses.replace(plain, microbatches=moved).digest() != plain.digest()
+
+
+def test_the_pipeline_order_puts_cheap_micro_batches_at_both_ends():
+    from costmodel.scheduler.order import run_order
+
+    assert run_order(np.array([5.0, 4.0, 3.0, 2.0, 1.0]), "pipeline") == [4, 2, 0, 1, 3]
+    lengths = generate_lengths(400, "rl", seed=5)
+    s = build_schedule(lengths, dp_size=4, max_tokens_per_microbatch=16384, cost="flops",
+                       spec="qwen3-8b", order="pipeline")
+    for costs in s.microbatch_costs:
+        if len(costs) >= 3:
+            assert costs[0] < max(costs) and costs[-1] < max(costs)

@@ -137,3 +137,12 @@ def test_lengths_from_a_pipe(tmp_path):
         assert read_lengths(fifo).tolist() == [100, 200]
     finally:
         writer.join(timeout=10)
+
+
+def test_npy_lengths_are_one_dimensional_and_positive(tmp_path):
+    np.save(tmp_path / "zero.npy", np.array([5, 0, 7]))
+    with pytest.raises(ValueError, match="entry 1 is 0"):
+        read_lengths(tmp_path / "zero.npy")
+    np.save(tmp_path / "matrix.npy", np.ones((2, 3), dtype=np.int64))
+    with pytest.raises(ValueError, match="1-D integer array"):
+        read_lengths(tmp_path / "matrix.npy")

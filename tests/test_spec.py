@@ -322,3 +322,53 @@ def test_spec_takes_numpy_scalars_as_python_values():
     assert type(spec.num_layers) is int and spec.qk_norm is True
     assert spec.fingerprint() == PRESETS["qwen3-30b-a3b"].fingerprint()
     json.dumps(spec.to_dict())  # serialisable as plain JSON
+
+
+# -- from a mutation check: each test fails when the code it names is broken ---------------
+
+
+def test_hf_config_defaults_kv_heads_to_heads_and_head_dim_to_hidden_over_heads(tmp_path):
+    """As transformers reads a config without them: no num_key_value_heads is MHA, no
+    head_dim is hidden_size // num_attention_heads (896 / 14 = 64, not the usual 128)."""
+    cfg = {"model_type": "qwen2", "hidden_size": 896, "num_hidden_layers": 24,
+           "num_attention_heads": 14, "intermediate_size": 4864, "vocab_size": 151936}
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    spec = ModelSpec.from_hf_config(tmp_path)
+    assert (spec.num_kv_heads, spec.head_dim) == (14, 64)
+
+
+# layers, hidden, heads, KV heads, head dim, (dense) intermediate size, vocabulary: from each
+# model's published config.json (head dim 0: MLA, which has its own per-head dims).
+PUBLISHED = {
+    "qwen3-0.6b": (28, 1024, 16, 8, 128, 3072, 151936),
+    "qwen3-4b": (36, 2560, 32, 8, 128, 9728, 151936),
+    "qwen3-8b": (36, 4096, 32, 8, 128, 12288, 151936),
+    "qwen3-32b": (64, 5120, 64, 8, 128, 25600, 151936),
+    "qwen3-30b-a3b": (48, 2048, 32, 4, 128, 6144, 151936),
+    "qwen3-235b-a22b": (94, 4096, 64, 4, 128, 12288, 151936),
+    "llama-3.1-8b": (32, 4096, 32, 8, 128, 14336, 128256),
+    "llama-3.1-70b": (80, 8192, 64, 8, 128, 28672, 128256),
+    "qwen2.5-7b": (28, 3584, 28, 4, 128, 18944, 152064),
+    "deepseek-v3": (61, 7168, 128, 128, 0, 18432, 129280),
+}
+
+
+def test_presets_hold_the_published_numbers():
+    assert sorted(PUBLISHED) == sorted(preset_names())
+    for name, numbers in PUBLISHED.items():
+        s = ModelSpec.from_preset(name)
+        assert (s.num_layers, s.hidden_size, s.num_heads, s.num_kv_heads, s.head_dim,
+                s.intermediate_size, s.vocab_size) == numbers, name
+
+
+def test_preset_names_ignore_case():
+    assert ModelSpec.from_preset("Qwen3-8B") == ModelSpec.from_preset("qwen3-8b")
+    assert ModelSpec.from_any("Qwen3-8B") == ModelSpec.from_preset("qwen3-8b")
+
+
+def test_moe_layer_freq_counts_from_layer_zero_after_the_dense_ones():
+    """DeepSeek's rule: past the first k dense layers, layer i is MoE when i % freq == 0."""
+    s = ModelSpec(num_layers=6, hidden_size=64, num_heads=4, num_kv_heads=4, head_dim=16,
+                  intermediate_size=128, vocab_size=100, num_experts=4, num_experts_per_tok=2,
+                  moe_intermediate_size=32, first_k_dense_layers=1, moe_layer_freq=2)
+    assert s.moe_layer_ids() == (2, 4)

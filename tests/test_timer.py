@@ -237,3 +237,12 @@ def test_the_graph_keeps_its_workload_alive(fake_cuda):
     assert graph.keep_alive is fn  # the tensors its closure holds outlive the capture
     capture_cuda_graph(workload(cuda), warmup=1)
     assert cuda.log.count("side waits") == 2  # one side stream, reused
+
+
+def test_a_measurement_is_the_median_and_the_relative_spread_of_its_repeats():
+    """One slow repeat (a clock dip, a neighbour's kernel) moves a mean, not the median;
+    the spread is the 10-90% range over the median."""
+    m = timer.Measurement.from_samples([1.0, 1.0, 1.0, 1.0, 100.0])
+    assert m.median_ms == 1.0 and m.repeats == 5
+    s = timer.Measurement.from_samples([2.0 * i for i in range(1, 12)])  # p10 4, p90 20, median 12
+    assert s.spread == pytest.approx(16 / 12)
