@@ -272,3 +272,32 @@ def test_attention_summary_says_where_the_table_stopped(adopt_script):
     assert "tuning FAILED before any candidate was judged: CompilationError" in text
     assert "INTERRUPTED during the table: lengths up to 1024 timed" in text
     assert "no table" not in text
+
+
+# -- from a mutation check: each test fails when the code it names is broken ---------------
+
+
+def test_two_profiles_of_one_model_are_refused(adopt_script, tmp_path, capsys):
+    """both would go to profiles/h200/qwen3-8b.json, the later name
+    silently winning."""
+    out = tmp_path / "out"
+    out.mkdir()
+    profile = ROOT / "costmodel" / "profiles" / "h200" / "qwen3-8b.json"
+    shutil.copyfile(profile, out / "qwen3-8b.json")
+    shutil.copyfile(profile, out / "qwen3-8b-rerun.json")
+    assert adopt_script.main([str(out)]) == 1
+    assert "two of one model" in capsys.readouterr().err
+    assert not (tmp_path / "repo").exists()
+
+
+def test_bench_files_of_two_gpus_are_not_filed_under_either(adopt_script, tmp_path, capsys):
+    """without a profile, bench files that name different GPUs give no key."""
+    out = tmp_path / "out"
+    out.mkdir()
+    shutil.copyfile(RESULTS / "bench_attention_h200.json", out / "bench_attention.json")
+    schedule = json.loads((RESULTS / "bench_schedule_h200.json").read_text())
+    schedule["device"]["gpu"] = "NVIDIA H100 80GB HBM3"
+    (out / "bench_schedule.json").write_text(json.dumps(schedule))
+    assert adopt_script.main([str(out)]) == 1
+    assert "pass --gpu KEY" in capsys.readouterr().err
+    assert not (tmp_path / "repo").exists()

@@ -797,3 +797,35 @@ def test_a_backward_that_fails_keeps_the_forwards_row(load_benchmark):
         bench._time_modes(rows, args, "triton", forward_only, (q, q[:, :1], q[:, :1], None, 8),
                           None, [8], lambda step, **kw: step() or 1.0)
     assert [r["mode"] for r in rows] == ["fwd"]
+
+
+# -- from a mutation check: each test fails when the code it names is broken ---------------
+
+
+def _qkv():
+    import torch
+
+    q = torch.randn(10, 4, 64)
+    k = torch.randn(10, 2, 64)
+    return q, k, k.clone(), torch.tensor([0, 3, 10], dtype=torch.int32)
+
+
+def test_v_of_another_dtype_is_a_value_error():
+    """q, k and v must share a dtype: here only v differs."""
+    import torch
+
+    from costmodel.kernels import attention as attn
+
+    q, k, v, cu = _qkv()
+    for backend in ("sdpa", "triton"):
+        with pytest.raises(ValueError, match="share a dtype"):
+            attn.get_attention(backend)(q, k, v.to(torch.float16), cu, 7)
+
+
+def test_max_seqlen_one_short_is_a_value_error():
+    """the longest sequence is 7 tokens; max_seqlen 6 is refused."""
+    from costmodel.kernels import attention as attn
+
+    q, k, v, cu = _qkv()
+    with pytest.raises(ValueError, match="max_seqlen=6 < longest sequence .7."):
+        attn.get_attention("sdpa")(q, k, v, cu, 6)

@@ -394,3 +394,17 @@ def test_policies_are_interleaved_within_each_dp_size():
     assert order == [1000, 2000, 1001, 2001, 1010, 2010, 1011, 2011,
                      3000, 4000, 3001, 4001, 3010, 4010, 3011, 4011,
                      3020, 4020, 3021, 4021, 3030, 4030, 3031, 4031]
+
+
+# -- from a mutation check: each test fails when the code it names is broken ---------------
+
+
+def test_bench_schedule_cap_equal_to_the_longest_sample_is_allowed(tmp_path, capsys):
+    """--cap 400 with a longest sample of 400 tokens is a valid benchmark."""
+    from costmodel.commands import bench_schedule
+
+    f = tmp_path / "l.txt"
+    f.write_text("100\n200\n300\n400\n")
+    args = build_parser().parse_args(["bench-schedule", "--lengths", str(f), "--dp", "2",
+                                      "--policies", "tokens", "--cap", "400", "--repeats", "1"])
+    assert bench_schedule.run(args, measure=lambda lengths: float(sum(lengths))) == 0

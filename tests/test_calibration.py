@@ -4,6 +4,7 @@ with a synthetic timer of known shape (the same code path as the CUDA timer)."""
 import json
 import logging
 import re
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -436,3 +437,103 @@ def test_a_quick_plan_over_budget_still_thins_its_grids():
     assert plan.settings.linear_step > QUICK_SETTINGS.linear_step
     notes = make_plan(SPEC, quick=True, max_len=32768, gpu="h200", budget_s=1).notes
     assert len(notes) == len(set(notes))  # no step repeated once at its floor
+
+
+# -- from a mutation check: each test fails when the code it names is broken ---------------
+
+
+def test_plan_packs_run_from_one_to_cap_over_length_and_the_default_cap():
+    """attention packs of n = 1
+    .. max_tokens // L sequences; max_tokens defaults to max(max_len, 16384)."""
+    from costmodel.calibration.plan import make_plan
+
+    plan = make_plan(SPEC, quick=True, max_len=4096, gpu="h200")
+    assert plan.max_tokens == 16384
+    assert max(p.tokens for p in plan.points if p.kind == "linear") == 16384
+    packs: dict[int, set[int]] = {}
+    for p in plan.points:
+        if p.kind == "attention" and p.mode == "train":
+            packs.setdefault(p.length, set()).add(p.n)
+    assert max(packs) == 4096
+    for L, ns in packs.items():
+        assert min(ns) == 1 and max(ns) == 16384 // L, (L, sorted(ns))
+
+
+def test_plan_attention_lengths_are_log_spaced():
+    """about attention_per_octave lengths per octave, 64 .. max_len."""
+    from costmodel.calibration.plan import make_plan
+
+    plan = make_plan(SPEC, max_len=32768, gpu="h200")
+    per_octave = plan.settings.attention_per_octave
+    lengths = sorted({p.length for p in plan.points if p.kind == "attention"})
+    assert lengths[0] == 64 and lengths[-1] == 32768
+    assert abs(len(lengths) - (9 * per_octave + 1)) <= 1, (per_octave, lengths)
+    assert np.diff(np.log2(lengths)).max() < 1.5 / per_octave
+
+
+def test_progress_line_every_tenth_with_time_left():
+    """off a terminal, a line per 10% of the work; the time
+    left is elapsed / done x what is left."""
+    import io
+
+    from costmodel.calibration.plan import SweepPoint
+    from costmodel.calibration.progress import ProgressLine
+
+    buf = io.StringIO()
+    line = ProgressLine(buf, "calibrate")
+    point = SweepPoint("linear", "train", (1024,))
+    for done in range(1, 101):
+        line(done, 100, point, done * 0.5)
+    lines = buf.getvalue().splitlines()
+    assert len(lines) == 11
+    assert any("[  50/100]" in ln and "~  25 s left" in ln for ln in lines), lines
+
+
+def test_report_tflops_and_efficiency_columns():
+    """TFLOP/s = pass factor (train 3) x FLOPs / time, and
+    efficiency = that / the GPU's peak, for the attention and the linear tables."""
+    from costmodel import flops
+    from costmodel.calibration.report import format_report
+    from costmodel.gpus import lookup_gpu
+    from costmodel.model import load_cost_model
+
+    m = load_cost_model("h200/qwen3-8b")
+    peak = lookup_gpu("h200").peak_bf16_flops
+    train = format_report(m).split("[train]")[1].split("[forward]")[0]
+    c = m.curves["train"]
+    ms, tf, eff = map(float, re.search(r"^\s+8192\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)%", train, re.M).groups())
+    want = 3 * float(flops.attention_core_flops([8192], m.spec)[0]) / (float(c.attention(np.array([8192]))[0]) * 1e-3)
+    assert tf == pytest.approx(want / 1e12, abs=0.06) and eff / 100 == pytest.approx(want / peak, abs=6e-4)
+    row = re.search(r"^\s+8192\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)%", train, re.M)
+    ms, _, tf, eff = map(float, row.groups())
+    want = 3 * float(flops.layer_linear_flops(8192, m.spec, moe=False)) / (float(c.linear["dense"](8192)) * 1e-3)
+    assert tf == pytest.approx(want / 1e12, abs=0.06) and eff / 100 == pytest.approx(want / peak, abs=6e-4)
+
+
+def test_rank_correlation_is_spearmans():
+    """a monotone but non-linear predictor has rank correlation 1."""
+    from costmodel.calibration.validate import error_metrics
+
+    m = error_metrics(np.array([1.0, 2, 3, 4, 100]), np.array([1.0, 2, 3, 4, 5]))
+    assert m["spearman"] == pytest.approx(1.0)
+
+
+def test_the_1k_split_includes_1024_tokens():
+    """'>=1024' holds micro-batches of exactly 1024 tokens."""
+    from costmodel.calibration.validate import summarize
+
+    measured = np.array([1.0, 2, 3, 4])
+    out = summarize(measured, {"cost_model": measured}, np.array([1024, 1024, 512, 2048]))
+    assert out[">=1024"]["cost_model"]["count"] == 3
+
+
+def test_refit_keeps_the_measuring_command_and_records_its_own():
+    """a refit's file still names the command that measured; the refit's
+    command goes to provenance.refit."""
+    from costmodel.calibration.pipeline import refit
+
+    doc = json.loads((Path(__file__).resolve().parents[1] / "costmodel" / "profiles" / "h200"
+                      / "qwen3-8b.json").read_text())
+    m = refit(doc, source="x.json", command="costmodel calibrate --refit x.json -o y.json")
+    assert m.extra["command"] == doc["command"]
+    assert m.provenance["refit"]["command"] == "costmodel calibrate --refit x.json -o y.json"

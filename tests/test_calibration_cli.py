@@ -547,3 +547,21 @@ def test_report_says_a_file_was_refitted_and_which_modes_it_lost(tmp_path, capsy
     assert main(["report", str(out)]) == 0
     text = capsys.readouterr().out
     assert f"refit: from {src}" in text and "dropped mode: forward" in text
+
+
+# -- from a mutation check: each test fails when the code it names is broken ---------------
+
+
+def test_validate_count_is_checked_before_the_gpu(capsys):
+    """--count 2 is refused with its own message, not after CUDA starts."""
+    assert main(["validate", "h200/qwen3-8b", "--no-save", "--count", "2"]) == 2
+    err = capsys.readouterr().err
+    assert "--count must be at least 4" in err and "CUDA" not in err
+
+
+def test_gpu_auto_in_any_case():
+    """--gpu AUTO / ' auto' as calibrate's own plan check reads it."""
+    from costmodel.calibration.device import resolve_gpu
+
+    h200 = {"name": "NVIDIA H200"}
+    assert resolve_gpu("AUTO", h200)[0] == "h200" and resolve_gpu(" auto", h200)[0] == "h200"

@@ -248,3 +248,30 @@ def test_verbose_goes_before_or_after_the_command():
     for argv, verbose in ((["schedule", "-v"], True), (["-v", "schedule"], True),
                           (["schedule"], False), (["report", "x.json", "--verbose"], True)):
         assert parser.parse_args(argv).verbose is verbose, argv
+
+
+# -- from a mutation check: each test fails when the code it names is broken ---------------
+
+
+def test_flops_attention_share_is_core_over_total(capsys):
+    """the 'attention share' row is attention_core / total."""
+    from costmodel.flops import flops_breakdown
+    from costmodel.spec import ModelSpec
+
+    assert main(["flops", "--model", "qwen3-8b", "--lengths", "4096,32768"]) == 0
+    out = capsys.readouterr().out
+    shares = [float(x.rstrip("%")) / 100 for x in
+              next(ln for ln in out.splitlines() if ln.startswith("attention share")).split()[2:]]
+    spec = ModelSpec.from_preset("qwen3-8b")
+    for n, shown in zip((4096, 32768), shares):
+        b = flops_breakdown([n], spec)
+        assert shown == pytest.approx(b["attention_core"] / sum(b.values()), abs=6e-4)
+
+
+def test_presets_active_parameters(capsys):
+    """qwen3-8b has ~7.6B non-embedding parameters, qwen3-30b-a3b ~3.3B active."""
+    assert main(["presets"]) == 0
+    rows = {ln.split()[0]: float(ln.split()[-1].rstrip("B")) for ln in capsys.readouterr().out.splitlines()
+            if ln.endswith("B")}
+    assert 7.0 < rows["qwen3-8b"] < 8.2
+    assert 2.5 < rows["qwen3-30b-a3b"] < 4.0

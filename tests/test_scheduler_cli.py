@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -190,3 +191,62 @@ def test_one_rank_benchmark_quick_run(tmp_path, load_benchmark):
     for case in cases:
         assert case["ours"]["over_cap"] == 0 and case["ours+model"]["over_cap"] == 0
         assert case["ours"]["micro_batches"] <= case["ffd_micro_batches"]
+
+
+# -- from a mutation check: each test fails when the code it names is broken ---------------
+
+
+def _rows(out: str) -> list[list[str]]:
+    """The per-rank (or per-policy) rows of a table: lines starting with a rank number."""
+    return [line.split() for line in out.splitlines() if re.match(r"^\s+\d+\s", line)]
+
+
+def test_schedule_table_numbers_add_up(capsys):
+    """with --cost tokens the predicted column
+    is each rank's tokens, the tokens column sums to the batch, 'vs mean' is cost/mean - 1."""
+    assert main(["schedule", "--n", "64", "--dp", "3", "--cost", "tokens"]) == 0
+    out = capsys.readouterr().out
+    total = int(re.search(r"; ([\d,]+) tokens$", out.splitlines()[0]).group(1).replace(",", ""))
+    assert "predicted tokens" in out and re.search(r"makespan [\d,]+ tokens", out)
+    rows = _rows(out)
+    assert [r[0] for r in rows] == ["0", "1", "2"]
+    pred = [int(r[1].replace(",", "")) for r in rows]
+    toks = [int(r[2].replace(",", "")) for r in rows]
+    vs = [float(r[3].rstrip("%")) / 100 for r in rows]
+    assert sum(toks) == total and pred == toks
+    for p, v in zip(pred, vs):
+        assert v == pytest.approx(p / (total / 3) - 1, abs=1e-5)
+
+
+def test_schedule_and_simulate_json_record_their_input(tmp_path, capsys):
+    """the JSON says what was scheduled and under what."""
+    out = tmp_path / "s.json"
+    assert main(["schedule", "--n", "64", "--dp", "2", "--cost", "h200/qwen3-8b",
+                 "--json", str(out)]) == 0
+    assert json.loads(out.read_text())["input"] == {
+        "source": "64 samples, distribution 'rl', seed 0", "model": "qwen3-8b",
+        "cost": "qwen3-8b on NVIDIA H200 (measured)"}
+    out = tmp_path / "sim.json"
+    assert main(["simulate", "--n", "64", "--dp", "2", "--max-tokens", "8192", "--json", str(out)]) == 0
+    assert {k: v for k, v in json.loads(out.read_text())["input"].items()
+            if k in ("dp", "max_tokens", "mode")} == {"dp": 2, "max_tokens": 8192, "mode": "train"}
+
+
+def test_simulate_vs_tokens_column_is_relative_to_token_balance(tmp_path, capsys):
+    """'vs tokens' is each makespan over the tokens row's, minus 1."""
+    out = tmp_path / "sim.json"
+    assert main(["simulate", "--n", "256", "--dp", "4", "--json", str(out)]) == 0
+    text = capsys.readouterr().out
+    rows = {r["policy"]: r["makespan_ms"] for r in json.loads(out.read_text())["policies"]}
+    for policy, ms in rows.items():
+        line = next(ln for ln in text.splitlines() if ln.startswith(f"{policy} "))
+        shown = float(line.split()[-6].rstrip("%")) / 100
+        assert shown == pytest.approx(ms / rows["tokens"] - 1, abs=5e-5), line
+
+
+def test_simulate_does_not_call_a_sample_of_exactly_the_cap_longer(tmp_path, capsys):
+    """a sample of exactly --max-tokens fits; no 'longer than the cap' note."""
+    f = tmp_path / "ln.txt"
+    f.write_text("1000\n" * 4 + "100\n" * 8)
+    assert main(["simulate", "--lengths", str(f), "--dp", "2", "--max-tokens", "1000"]) == 0
+    assert "longer than the cap" not in capsys.readouterr().out

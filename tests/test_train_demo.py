@@ -540,3 +540,22 @@ def test_train_demo_without_torch_is_one_line(monkeypatch):
     monkeypatch.setattr(builtins, "__import__", broken_torch)
     with pytest.raises(RuntimeError, match="importing torch failed: libcudnn.so.9: cannot open"):
         launch.launch(argparse.Namespace(), 2)
+
+
+# -- from a mutation check: each test fails when the code it names is broken ---------------
+
+
+def test_a_file_of_exactly_one_step_and_samples_at_the_cap_train(tmp_path):
+    """a lengths file of exactly --samples-per-step lengths,
+    and samples of exactly --max-tokens-per-gpu tokens, are valid."""
+    from costmodel.training.config import prepare
+
+    f = tmp_path / "l.txt"
+    f.write_text("100\n50\n100\n30\n")
+    from costmodel.cli import build_parser
+
+    args = build_parser().parse_args(["train-demo", "--device", "cpu", "--lengths-file", str(f),
+                                      "--samples-per-step", "4", "--steps", "1",
+                                      "--max-tokens-per-gpu", "100"])
+    plan = prepare(args, 2)
+    assert len(plan.schedules) == 1 and plan.schedules[0].cap_violations == 0
