@@ -3,6 +3,7 @@ that an adversarial search turned up (the input that triggered it is the test's 
 
 from __future__ import annotations
 
+import logging
 import re
 
 import numpy as np
@@ -481,3 +482,64 @@ def test_a_broken_guarantee_is_an_error_not_a_schedule(monkeypatch):
     with pytest.raises(RuntimeError, match=r"micro-batch 1 is empty"):
         build_schedule([1, 1, 1, 1], dp_size=3, max_tokens_per_microbatch=2, strict=False,
                        min_num_microbatches=1)
+
+
+# -- from a mutation check: each test fails when the code it names is broken ---------------
+
+
+def test_a_sample_near_a_share_among_many_moderately_heavy_ones():
+    """16 over-cap samples of 2000 tokens are each heavier than an average micro-batch
+    (d >= dp: that start is skipped); the 0.9-share sample is set apart only by the
+    half-share start. Without it: 1.72x the lower bound."""
+    rng = np.random.default_rng(0)
+    short = rng.integers(1, 101, 16383)
+    share = int(short.sum()) / 16
+    lengths = np.r_[short, np.full(16, 2000), [int(0.9 * share)]]
+    logging.disable(logging.WARNING)
+    try:
+        s = build_schedule(lengths, dp_size=16, max_tokens_per_microbatch=1024)
+    finally:
+        logging.disable(logging.NOTSET)
+    assert s.makespan_over_lower_bound <= 1.001
+
+
+def _short_and_one_heavy(fraction):
+    rng = np.random.default_rng(0)
+    short = rng.integers(1, 101, 16383)
+    share = int(short.sum()) / 16
+    return np.r_[short, [int(fraction * share / (1 - fraction / 16))]]
+
+
+def _fixed_cost():
+    from costmodel.scheduler.costs import AdditiveCost
+
+    return AdditiveCost("tokens+50", lambda x: x.astype(np.float64), fixed=50.0)
+
+
+def test_a_heavy_samples_rank_gets_the_rest_of_a_share_under_a_fixed_cost():
+    """the heavy rank got only one shortest sample per other micro-batch, and the other
+    ranks three micro-batches more each (54 instead of 51): 1.0034x the lower bound
+    instead of 1.0007x when every micro-batch pays a fixed cost."""
+    lengths = _short_and_one_heavy(0.1)
+    logging.disable(logging.WARNING)
+    try:
+        s = build_schedule(lengths, dp_size=16, max_tokens_per_microbatch=1024, cost=_fixed_cost())
+    finally:
+        logging.disable(logging.NOTSET)
+    assert s.stats["microbatches_per_rank"] == s.stats["min_microbatches_per_rank"]
+    assert s.makespan_over_lower_bound <= 1.002
+
+
+@pytest.mark.parametrize("fraction, bound", [(0.5, 1.003), (0.7, 1.004), (0.9, 1.005)])
+def test_a_heavy_sample_of_most_of_a_share_under_a_fixed_cost_balances(fraction, bound):
+    """The heavy layout took the first count that built, where the rest only just fits the
+    other ranks' caps and they cannot take the heavy rank's excess: 1.020x, 1.027x and
+    1.034x the lower bound; one micro-batch more per rank is tried too now (a mutation
+    check's finding)."""
+    lengths = _short_and_one_heavy(fraction)
+    logging.disable(logging.WARNING)
+    try:
+        s = build_schedule(lengths, dp_size=16, max_tokens_per_microbatch=1024, cost=_fixed_cost())
+    finally:
+        logging.disable(logging.NOTSET)
+    assert s.makespan_over_lower_bound <= bound
