@@ -485,3 +485,11 @@ def test_breakdown_adds_up_to_the_cost_in_each_pass(mode):
     parts = m.breakdown(lengths, mode)
     assert parts["total"] == pytest.approx(m.microbatch_cost(lengths, mode), rel=1e-12)
     assert parts["head"] == pytest.approx(float(m.curves[mode].head(sum(lengths))), rel=1e-12)
+
+
+def test_token_curve_marginal_per_token_is_the_secant_slope():
+    """the secant over [T/2, 3T/2] divided by half its width."""
+    from costmodel.curves import TokenCurve
+
+    t = TokenCurve([16, 1024], [0.2, 0.5])
+    assert t.marginal_per_token(512) == pytest.approx(0.3 / 1008)

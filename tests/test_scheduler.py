@@ -1073,3 +1073,110 @@ def test_the_pipeline_order_puts_cheap_micro_batches_at_both_ends():
     for costs in s.microbatch_costs:
         if len(costs) >= 3:
             assert costs[0] < max(costs) and costs[-1] < max(costs)
+
+
+def test_flops_cost_counts_three_passes_in_training():
+    """flops_cost lost the x3 of training (forward + backward)."""
+    from costmodel.flops import sequence_fwd_flops
+    from costmodel.scheduler.costs import as_cost
+    from costmodel.spec import ModelSpec
+
+    spec = ModelSpec.from_any("qwen3-8b")
+    fwd = float(sequence_fwd_flops(np.array([1000]), spec)[0])
+    assert as_cost("flops", "qwen3-8b", "train").microbatch_cost([1000]) == pytest.approx(3 * fwd)
+    assert as_cost("flops", "qwen3-8b", "forward").microbatch_cost([1000]) == pytest.approx(fwd)
+    s = build_schedule([1000], dp_size=1, max_tokens_per_microbatch=2000, cost="flops",
+                       spec="qwen3-8b")
+    assert s.makespan == pytest.approx(3 * fwd)
+
+
+def test_quantise_refuses_a_single_value_past_the_limit():
+    """only an all-overflowing batch was refused; one overflowing value wrapped."""
+    from costmodel.scheduler.costs import quantise
+
+    with pytest.raises(ValueError, match="over 500,000 times"):
+        quantise(np.array([1.0, 2.0**63]), 1.0, "steep")
+    assert quantise(np.array([1.0, 2.0]), 4.0, "ok").tolist() == [4, 8]
+
+
+def test_generic_lower_bound_counts_the_costliest_sample_alone():
+    """a non-additive cost's lower bound dropped the costliest-sample term."""
+    def cost(x):
+        return float(x.sum()) + 100.0 + float((x.astype(float) ** 2).sum()) / 1e6
+
+    lengths = [5000] + [10] * 30
+    s = build_schedule(lengths, dp_size=4, max_tokens_per_microbatch=1000, cost=cost)
+    assert s.lower_bound == pytest.approx(cost(np.array([5000])))
+    assert s.makespan_over_lower_bound == pytest.approx(1.0)
+
+
+def test_local_search_moves_a_sample_where_no_swap_helps():
+    """without moves, equal samples (no swap changes anything) stay 4 against 1."""
+    from costmodel.scheduler.costs import as_cost
+    from costmodel.scheduler.refine import BinState, local_search
+
+    lengths = np.full(5, 100, dtype=np.int64)
+    st_ = BinState(lengths, lengths.copy(), np.array([0, 0, 0, 0, 1]), 2, 1, 1000,
+                   as_cost("tokens"), 1.0)
+    assert st_.load.tolist() == [400, 100]
+    assert local_search(st_) > 0
+    assert sorted(st_.load.tolist()) == [200, 300]
+
+
+@pytest.mark.parametrize("dp", [4, 16])  # the list path (dp <= 8) and the numpy path
+def test_assign_bins_balances_many_micro_batches_per_rank(dp):
+    """with m past the Karmarkar-Karp limit, the rounds stopped going to the least
+    loaded rank."""
+    from costmodel.scheduler.pack import assign_bins
+
+    m = 100
+    bin_q = np.random.default_rng(0).exponential(1000, dp * m).astype(np.int64) + 1
+    ranks = assign_bins(bin_q, dp, m)
+    assert np.bincount(ranks, minlength=dp).tolist() == [m] * dp
+    loads = np.bincount(ranks, weights=bin_q, minlength=dp)
+    # LPT rounds: 73 (dp 4) and 216 (dp 16) apart, max item 8129/8152; unbalanced ~7k.
+    assert loads.max() - loads.min() <= bin_q.max() / 10
+
+
+def test_baseline_splits_the_micro_batch_with_the_most_tokens_into_balanced_halves():
+    """bl2 (splits the smallest) and bl5 (unbalanced halves)."""
+    from costmodel.scheduler.baselines import expand_bins_by_splitting
+
+    bins = [[0, 1], [2, 3]]
+    expand_bins_by_splitting(bins, 3, [1, 1, 5, 5])
+    assert bins == [[0, 1], [3], [2]] or bins == [[0, 1], [2], [3]]
+    bins = [[0, 1, 2, 3]]
+    lengths = [4, 3, 3, 2]
+    expand_bins_by_splitting(bins, 2, lengths)
+    assert sorted(sum(lengths[i] for i in b) for b in bins) == [6, 6]
+
+
+def test_baseline_gives_every_rank_the_same_number_of_micro_batches():
+    """Karmarkar-Karp over micro-batches without equal_size (slime needs equal counts)."""
+    from costmodel.scheduler.baselines import baseline_microbatches
+
+    # First fit: [4000], [100 x5], [3900]; aligned to 4 by splitting the 100s (3 + 2).
+    lengths = [4000, 100, 100, 100, 100, 100, 3900]
+    out = baseline_microbatches(lengths, dp_size=2, max_tokens_per_microbatch=4000,
+                                sample_flops=np.asarray(lengths, dtype=float) ** 2)
+    assert sorted(i for r in out for mb in r for i in mb) == list(range(len(lengths)))
+    assert len({len(r) for r in out}) == 1
+
+
+def test_kk_samples_baseline_uses_the_ceiling_of_tokens_over_the_cap():
+    """floor(Σ tokens / cap) micro-batches."""
+    from costmodel.scheduler.baselines import baseline_microbatches
+
+    out = baseline_microbatches([60, 60, 60], dp_size=1, max_tokens_per_microbatch=100,
+                                sample_flops=np.ones(3), variant="kk-samples")
+    assert len(out[0]) == 2
+
+
+def test_evaluate_schedule_bounds_over_its_ranks():
+    """the lower bound of a given schedule ignored its number of ranks (caught only by
+    the CLI benchmark's quick run before)."""
+    from costmodel.scheduler import evaluate_schedule
+
+    s = evaluate_schedule([[[0], [1]], [[2], [3]]], [10, 20, 30, 40], max_tokens_per_microbatch=100)
+    assert s.lower_bound == pytest.approx(50.0)
+    assert s.makespan == 70
