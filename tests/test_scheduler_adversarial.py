@@ -543,3 +543,21 @@ def test_a_heavy_sample_of_most_of_a_share_under_a_fixed_cost_balances(fraction,
     finally:
         logging.disable(logging.NOTSET)
     assert s.makespan_over_lower_bound <= bound
+
+
+@pytest.mark.parametrize("cost, bound", [("flops", 1.05), ("tokens", 1.001)])
+def test_a_heavy_sample_among_samples_near_the_cap_gets_its_rank(cost, bound):
+    """1,024 samples of up to 999 tokens at a cap of 1,024 level into micro-batches only
+    with ~5% spare: the heavy layout was tried at two steps above the fewest count for the
+    rest and never built, and the heavy sample's rank also got a full share (1.62x and
+    1.31x the lower bound)."""
+    short = np.random.default_rng(0).integers(1, 1000, 1024)
+    lengths = np.r_[short, [int(0.48 * short.sum() / 4) + 1025]]
+    logging.disable(logging.WARNING)
+    try:
+        s = build_schedule(lengths, dp_size=4, max_tokens_per_microbatch=1024, cost=cost,
+                           spec="qwen3-8b")
+    finally:
+        logging.disable(logging.NOTSET)
+    check_schedule(s, lengths, dp=4, cap=1024)
+    assert s.makespan_over_lower_bound <= bound
