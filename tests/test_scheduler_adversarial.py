@@ -13,6 +13,15 @@ from test_scheduler import check_schedule
 from costmodel.scheduler import build_schedule, generate_lengths
 
 
+def _schedule_quietly(lengths, **kw):
+    """build_schedule without its over-cap warning (said once per batch, noise here)."""
+    logging.disable(logging.WARNING)
+    try:
+        return build_schedule(lengths, **kw)
+    finally:
+        logging.disable(logging.NOTSET)
+
+
 @pytest.mark.parametrize(
     "lengths, group_ids, dp, align, m",
     [
@@ -348,16 +357,10 @@ def test_a_sample_over_the_cap_that_outweighs_a_rank_gets_the_rank_to_itself(cos
     """Level packing gave the rank of a 64k sample (cap 16k) full micro-batches beside it,
     which the local search moved off one sample per sweep: 1.50x the lower bound after 64
     sweeps (a fuzzing review). Its rank now runs it and one short sample per other slot."""
-    import logging
 
     lengths = np.random.default_rng(3).integers(1, 101, 8192)
     lengths[123] = 65536
-    logging.disable(logging.WARNING)  # the over-cap note
-    try:
-        s = build_schedule(lengths, dp_size=16, max_tokens_per_microbatch=16384, cost=cost,
-                           spec="qwen3-8b")
-    finally:
-        logging.disable(logging.NOTSET)
+    s = _schedule_quietly(lengths, dp_size=16, max_tokens_per_microbatch=16384, cost=cost, spec="qwen3-8b")
     check_schedule(s, lengths, dp=16, cap=16384)
     rank = next(r for r, mbs in enumerate(s.microbatches) if any(123 in mb for mb in mbs))
     assert [len(mb) for mb in s.microbatches[rank]] == [1] * s.stats["microbatches_per_rank"]
@@ -367,15 +370,9 @@ def test_a_sample_over_the_cap_that_outweighs_a_rank_gets_the_rank_to_itself(cos
 def test_a_dominant_sample_gets_one_more_micro_batch_per_rank_when_the_rest_needs_room():
     """At the fewest count the other ranks cannot hold everything else, so the start with
     the dominant sample alone was skipped: 1.50x the lower bound (a fuzzing review)."""
-    import logging
-
     rng = np.random.default_rng(2)
     lengths = np.r_[rng.integers(1, 2000, 65535), [2_000_000]]
-    logging.disable(logging.WARNING)
-    try:
-        s = build_schedule(lengths, dp_size=64, max_tokens_per_microbatch=16384)
-    finally:
-        logging.disable(logging.NOTSET)
+    s = _schedule_quietly(lengths, dp_size=64, max_tokens_per_microbatch=16384)
     assert s.makespan_over_lower_bound <= 1.001
     assert s.stats["microbatches_per_rank"] == s.stats["min_microbatches_per_rank"] + 1
 
@@ -386,17 +383,12 @@ def test_a_sample_over_the_cap_under_a_share_gets_the_rest_of_one(fraction):
     micro-batches beside it, 1.79x the lower bound (a review); one of a tenth of a share
     (20k tokens over a 16k cap) 1.015x after 64 sweeps. Now its rank gets the rest of a
     share beside it."""
-    import logging
 
     rng = np.random.default_rng(0)
     short = rng.integers(1, 101, 16383)
     share = int(short.sum()) / 16
     huge = int(fraction * share / (1 - fraction / 16))
-    logging.disable(logging.WARNING)
-    try:
-        s = build_schedule(np.r_[short, [huge]], dp_size=16, max_tokens_per_microbatch=1024)
-    finally:
-        logging.disable(logging.NOTSET)
+    s = _schedule_quietly(np.r_[short, [huge]], dp_size=16, max_tokens_per_microbatch=1024)
     check_schedule(s, np.r_[short, [huge]], dp=16, cap=1024)
     assert s.makespan_over_lower_bound <= 1.001
 
@@ -495,11 +487,7 @@ def test_a_sample_near_a_share_among_many_moderately_heavy_ones():
     short = rng.integers(1, 101, 16383)
     share = int(short.sum()) / 16
     lengths = np.r_[short, np.full(16, 2000), [int(0.9 * share)]]
-    logging.disable(logging.WARNING)
-    try:
-        s = build_schedule(lengths, dp_size=16, max_tokens_per_microbatch=1024)
-    finally:
-        logging.disable(logging.NOTSET)
+    s = _schedule_quietly(lengths, dp_size=16, max_tokens_per_microbatch=1024)
     assert s.makespan_over_lower_bound <= 1.001
 
 
@@ -521,11 +509,7 @@ def test_a_heavy_samples_rank_gets_the_rest_of_a_share_under_a_fixed_cost():
     ranks three micro-batches more each (54 instead of 51): 1.0034x the lower bound
     instead of 1.0007x when every micro-batch pays a fixed cost."""
     lengths = _short_and_one_heavy(0.1)
-    logging.disable(logging.WARNING)
-    try:
-        s = build_schedule(lengths, dp_size=16, max_tokens_per_microbatch=1024, cost=_fixed_cost())
-    finally:
-        logging.disable(logging.NOTSET)
+    s = _schedule_quietly(lengths, dp_size=16, max_tokens_per_microbatch=1024, cost=_fixed_cost())
     assert s.stats["microbatches_per_rank"] == s.stats["min_microbatches_per_rank"]
     assert s.makespan_over_lower_bound <= 1.002
 
@@ -537,11 +521,7 @@ def test_a_heavy_sample_of_most_of_a_share_under_a_fixed_cost_balances(fraction,
     1.034x the lower bound; one micro-batch more per rank is tried too now (a mutation
     check's finding)."""
     lengths = _short_and_one_heavy(fraction)
-    logging.disable(logging.WARNING)
-    try:
-        s = build_schedule(lengths, dp_size=16, max_tokens_per_microbatch=1024, cost=_fixed_cost())
-    finally:
-        logging.disable(logging.NOTSET)
+    s = _schedule_quietly(lengths, dp_size=16, max_tokens_per_microbatch=1024, cost=_fixed_cost())
     assert s.makespan_over_lower_bound <= bound
 
 
@@ -553,11 +533,6 @@ def test_a_heavy_sample_among_samples_near_the_cap_gets_its_rank(cost, bound):
     1.31x the lower bound)."""
     short = np.random.default_rng(0).integers(1, 1000, 1024)
     lengths = np.r_[short, [int(0.48 * short.sum() / 4) + 1025]]
-    logging.disable(logging.WARNING)
-    try:
-        s = build_schedule(lengths, dp_size=4, max_tokens_per_microbatch=1024, cost=cost,
-                           spec="qwen3-8b")
-    finally:
-        logging.disable(logging.NOTSET)
+    s = _schedule_quietly(lengths, dp_size=4, max_tokens_per_microbatch=1024, cost=cost, spec="qwen3-8b")
     check_schedule(s, lengths, dp=4, cap=1024)
     assert s.makespan_over_lower_bound <= bound
