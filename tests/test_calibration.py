@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import costmodel
 from costmodel.calibration.pipeline import calibrate
 from costmodel.calibration.plan import QUICK_SETTINGS, make_plan
 from costmodel.calibration.report import format_report, plot_report
@@ -179,6 +180,7 @@ def test_report_and_plot(tmp_path, fitted):
     text = format_report(fitted)
     assert "synthetic: qwen3-8b on NVIDIA H200" in text and "FLOPs check: passed" in text
     assert "ESTIMATE" not in text
+    assert f"costmodel={costmodel.__version__}" in text  # whose sweep it was
     assert fitted.label.endswith("(synthetic)")  # simulate's "judged by:" line: no "measured"
     # the attention call's own cost by length, one line per pass, from the fit's record
     assert len(re.findall(r"attention per-call cost a\(L\).*: 64: [0-9.]+, ", text)) == 2, text

@@ -475,6 +475,14 @@ def test_a_broken_guarantee_is_an_error_not_a_schedule(monkeypatch):
         build_schedule([1, 1, 1, 1], dp_size=3, max_tokens_per_microbatch=2, strict=False,
                        min_num_microbatches=1)
 
+    def lost(st):
+        st.bin_of[0] = st.bin_of.max() + 1  # a micro-batch no rank runs
+        return 0
+
+    monkeypatch.setattr(schedule_module, "local_search", lost)
+    with pytest.raises(RuntimeError, match=r"a sample is in micro-batch 2, of 0\.\.1\)"):
+        build_schedule([1, 1], dp_size=2, max_tokens_per_microbatch=2)
+
 
 # -- from a mutation check: each test fails when the code it names is broken ---------------
 
@@ -536,3 +544,14 @@ def test_a_heavy_sample_among_samples_near_the_cap_gets_its_rank(cost, bound):
     s = _schedule_quietly(lengths, dp_size=4, max_tokens_per_microbatch=1024, cost=cost, spec="qwen3-8b")
     check_schedule(s, lengths, dp=4, cap=1024)
     assert s.makespan_over_lower_bound <= bound
+
+
+def test_a_heavy_layout_built_on_its_last_try_still_gets_the_next_count(monkeypatch):
+    """The count after the first that builds is tried even where that first one came on
+    the last try (it was not: the loop ran out)."""
+    from costmodel.scheduler import heavy
+
+    monkeypatch.setattr(heavy, "_COUNTS_TRIED", 1)  # the first count is the last try
+    lengths = _short_and_one_heavy(0.5)
+    s = _schedule_quietly(lengths, dp_size=16, max_tokens_per_microbatch=1024, cost=_fixed_cost())
+    assert s.makespan_over_lower_bound <= 1.003  # 1.020x at the first count alone

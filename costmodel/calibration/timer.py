@@ -33,6 +33,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
+import costmodel
 from costmodel.calibration.plan import SweepPoint
 
 logger = logging.getLogger(__name__)
@@ -348,5 +349,6 @@ class SyntheticTimer:
             "torch": None,
             "triton": None,
             "cuda": None,
+            "costmodel": costmodel.__version__,  # whose sweep it was, as on a GPU
         }
 

@@ -17,6 +17,8 @@ tokens add up, one by one, to twice what their micro-batches cost.
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 
 from costmodel.scheduler.pack import assign_bins, pack_tokens
@@ -87,9 +89,9 @@ def heavy_apart(
         # at the next).
         settled = not any(fractions)
         m, built_at = first, None
-        for tries in range(1, _COUNTS_TRIED + 1):
-            if m > m_hi:
-                break
+        for tries in itertools.count(1):
+            if m > m_hi or (tries > _COUNTS_TRIED and built_at is None):
+                break  # (a layout built on the last try still gets its next count)
             built = _apart(lens, heavy, by_length, fractions, dp, m, cap, bin_costs)
             if built is not None:
                 layouts.append((*built, m))

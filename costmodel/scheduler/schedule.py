@@ -427,17 +427,23 @@ def _imbalance(load: np.ndarray) -> float:
     return float(load.max()) / mean if mean > 0 else 1.0
 
 
-def _check_invariants(st: BinState, offsets: np.ndarray) -> None:
-    """Recount what every step keeps by construction: no micro-batch empty, none of several
-    samples over the cap. A step that broke it would cost an OOM on a cluster, or a rank
-    with nothing to run; here it is an error instead (a bug: report it with the input)."""
-    count = np.diff(offsets)
-    tokens = np.bincount(st.bin_of, weights=st.lengths, minlength=count.size)
-    over = np.flatnonzero((tokens > st.cap) & (count > 1))
-    if over.size or not count.all():
+def _check_invariants(st: BinState) -> None:
+    """Recount what every step keeps by construction: every sample in one of the dp x m
+    micro-batches, none empty, none of several samples over the cap. A step that broke it
+    would cost an OOM on a cluster, or a rank with nothing to run; here it is an error
+    instead (a bug: report it with the input)."""
+    k = st.dp * st.m
+    lowest, highest = (int(st.bin_of.min()), int(st.bin_of.max())) if st.bin_of.size else (0, 0)
+    if lowest < 0 or highest >= k:
+        what = f"a sample is in micro-batch {lowest if lowest < 0 else highest}, of 0..{k - 1}"
+    else:
+        count = np.bincount(st.bin_of, minlength=k)
+        tokens = np.bincount(st.bin_of, weights=st.lengths, minlength=k)
+        over = np.flatnonzero((tokens > st.cap) & (count > 1))
         what = (f"micro-batch {int(over[0])} holds {int(count[over[0]])} samples of "
                 f"{int(tokens[over[0]])} tokens, over the cap of {st.cap}" if over.size
-                else f"micro-batch {int(np.argmin(count))} is empty")
+                else f"micro-batch {int(np.argmin(count))} is empty" if not count.all() else "")
+    if what:
         raise RuntimeError(f"costmodel's scheduler broke its own guarantee ({what}): a bug; "
                            "please report it with the lengths, dp_size, cap and cost")
 
@@ -451,9 +457,9 @@ def _finish(
     stats: dict[str, Any],
 ) -> Schedule:
     dp, m = st.dp, st.m
+    _check_invariants(st)
     # Members of each micro-batch, ascending sample index (a stable sort keeps index order).
     flat, offsets = members_of(st.bin_of, dp * m)
-    _check_invariants(st, offsets)
     if cost.additive:
         # Same numbers as cost.evaluate, without recomputing the per-sample costs.
         bin_costs = np.bincount(st.bin_of, weights=sample_costs, minlength=dp * m)
