@@ -135,25 +135,43 @@ def _pack_tokens(
         key[sel] = fill[sel] * k + sel
         bin_sorted[placed] = sel
         pos += c
-    if waiting:
-        rest = np.concatenate(waiting)
-        open_ids = ids[key != _BIG]
-        if int(lo[rest].sum()) > int((cap - fill[open_ids]).sum()):
-            return None, int(lo[rest].sum()), leveled
-        while rest.size:
-            room = cap - fill[open_ids]
-            roomiest = open_ids[np.lexsort((open_ids, -room))]
-            c = min(rest.size, roomiest.size)
-            ok = lo[rest[:c]] <= cap - fill[roomiest[:c]]
-            if not ok.any():
-                return None, int(lo[rest].sum()), leveled
-            b = roomiest[:c][ok]
-            fill[b] += lo[rest[:c][ok]]
-            bin_sorted[rest[:c][ok]] = b
-            rest = np.concatenate([rest[:c][~ok], rest[c:]])
+    if waiting and not _place_waiting(lo, np.concatenate(waiting), fill, key, bin_sorted, k, cap):
+        return None, int(lo[np.flatnonzero(bin_sorted < 0)].sum()), leveled
     bin_of = np.empty(n, dtype=np.int64)
     bin_of[order] = bin_sorted
     return bin_of, 0, leveled
+
+
+def _place_waiting(lo, rest, fill, key, bin_sorted, k, cap) -> bool:
+    """Place the samples their round left waiting (sorted positions ``rest``, longest
+    first): in passes, each to the micro-batch with the most room, as long as any fits.
+    Where few micro-batches have room for many (half the samples at the cap, the rest of a
+    few tokens: one pass placed as many as there were such micro-batches, 2 s for 65,536
+    samples), the rest are water-filled into those instead. False where some cannot fit."""
+    open_ids = np.flatnonzero(key != _BIG)
+    if int(lo[rest].sum()) > int((cap - fill[open_ids]).sum()):
+        return False
+    while rest.size:
+        room = cap - fill[open_ids]
+        useful = room >= lo[rest[-1]]  # could take the shortest waiting sample
+        roomiest = open_ids[useful][np.lexsort((open_ids[useful], -room[useful]))]
+        if not roomiest.size or lo[rest[0]] > cap - fill[roomiest[0]]:
+            return False  # the longest fits nowhere, and rooms only shrink
+        c = min(rest.size, roomiest.size)
+        ok = lo[rest[:c]] <= cap - fill[roomiest[:c]]
+        if 2 * int(ok.sum()) < c or c < rest.size // 2:  # pairing stalls: water-fill
+            level_key = np.full(k, _BIG, dtype=np.int64)  # only those with room take part
+            level_key[roomiest] = fill[roomiest] * k + roomiest
+            ok = _level_round(lo[rest], rest, fill, level_key, bin_sorted, k, cap)
+            if not ok.any():  # cannot happen (the longest fits the emptiest): no endless loop
+                return False
+            rest = rest[~ok]
+            continue
+        b = roomiest[:c][ok]
+        fill[b] += lo[rest[:c][ok]]
+        bin_sorted[rest[:c][ok]] = b
+        rest = np.concatenate([rest[:c][~ok], rest[c:]])
+    return True
 
 
 def _level_round(
