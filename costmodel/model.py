@@ -115,7 +115,7 @@ class CostModel:
         self.provenance = dict(provenance or {})
         self.reference_tokens = int(reference_tokens)
         self.extra: dict[str, Any] = dict(extra or {})
-        # Fingerprints of other model shapes this model was loaded for with
+        # Shape keys (`ModelSpec.shape_key`) of other model shapes this model was loaded for with
         # allow_other_shape=True: the scheduler accepts it for those, and refuses others.
         self.accepted_shapes: set[str] = set()
         self._tables: dict[str, _Tables] = {}
@@ -123,8 +123,8 @@ class CostModel:
     def accept_shape_of(self, spec: ModelSpec | None) -> None:
         """Accept ``spec``'s shape too: the caller loaded this model for it on purpose
         (``allow_other_shape=True``), so a scheduler given both balances by it."""
-        if spec is not None and spec.fingerprint() != self.spec.fingerprint():
-            self.accepted_shapes.add(spec.fingerprint())
+        if spec is not None and spec.shape_key() != self.spec.shape_key():
+            self.accepted_shapes.add(spec.shape_key())
 
     # ---- introspection --------------------------------------------------------------------
     @property
@@ -430,11 +430,11 @@ def load_cost_model(
     except ValueError as err:
         raise _not_a_name(text, _NOT_A_FILE + str(err)) from None
     if not m:  # a GPU alone: its profile of the spec's shape, whatever the model is called
-        shipped = profile_for_shape(info.key, spec.fingerprint())
+        shipped = profile_for_shape(info.key, spec.shape_key())
     else:
         shipped = profile_path(info.key, model_name)
         if shipped is None and spec is not None and spec.name.lower() == model_name.lower():
-            shipped = profile_for_shape(info.key, spec.fingerprint())  # a config.json's own name
+            shipped = profile_for_shape(info.key, spec.shape_key())  # a config.json's own name
     if shipped is not None:
         doc = read_document(shipped)
         return CostModel.from_dict(
@@ -447,7 +447,7 @@ def load_cost_model(
             model_spec = ModelSpec.from_preset(model_name)
         except ValueError as err:  # "h200/qwen3-8bb": a typo in the model part of the name
             raise _not_a_name(text, _NOT_A_FILE + str(err)) from None
-        if spec is not None and spec.fingerprint() != model_spec.fingerprint() and not allow_other_shape:
+        if spec is not None and spec.shape_key() != model_spec.shape_key() and not allow_other_shape:
             raise ValueError(
                 f"cost model {text!r} is for model {model_spec.name!r} (shape "
                 f"{model_spec.fingerprint()}), not {spec.name!r} (shape {spec.fingerprint()}); "

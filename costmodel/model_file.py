@@ -350,7 +350,7 @@ def from_document(
             f"spec_fingerprint {fingerprint} does not match its own spec "
             f"({file_spec.fingerprint()}): the file was edited or is corrupt",
         )
-    if spec is not None and spec.fingerprint() != file_spec.fingerprint():
+    if spec is not None and spec.shape_key() != file_spec.shape_key():
         if not allow_other_shape:
             raise _fail(
                 source,

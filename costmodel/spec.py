@@ -22,6 +22,10 @@ _DTYPES = ("bf16", "fp16", "fp32")
 _ACTIVATIONS = ("swiglu",)
 
 
+# Megatron's vocabulary padding stays within this grain up to TP 8 (see `shape_key`).
+_VOCAB_GRAIN = 1024
+
+
 @dataclass(frozen=True, kw_only=True)
 class ModelSpec:
     """A decoder-only transformer's shape. Every count is per model, not per rank."""
@@ -203,8 +207,20 @@ class ModelSpec:
 
     def fingerprint(self) -> str:
         """A short hash of everything that changes cost (not the name)."""
+        return self._hash(self.vocab_size)
+
+    def shape_key(self) -> str:
+        """What a cost model is matched to a model by: `fingerprint` with the vocabulary
+        rounded up to a multiple of 1,024. Megatron pads the vocabulary to a multiple of
+        128 x the tensor-parallel size (Qwen3-8B's 151,936 to 152,064 at TP 2), which up to
+        TP 8 never passes the next multiple of 1,024: a padded run and its config.json share
+        a cost model (the padding moves the LM head's cost by under 1%)."""
+        return self._hash(-(-self.vocab_size // _VOCAB_GRAIN) * _VOCAB_GRAIN)
+
+    def _hash(self, vocab_size: int) -> str:
         shape = self.to_dict()
         shape.pop("name")
+        shape["vocab_size"] = vocab_size
         shape["moe_layers"] = list(self.moe_layer_ids())
         for field in ("first_k_dense_layers", "moe_layer_freq"):
             shape.pop(field)  # folded into moe_layers: equal layouts hash equal

@@ -13,6 +13,7 @@ import pytest
 from costmodel.estimate import estimate_cost_model
 from costmodel.integrations import args as cm_args
 from costmodel.integrations.args import add_arguments, scheduler_from_args, validate_args
+from costmodel.scheduler import generate_lengths
 from costmodel.spec import ModelSpec
 
 SPEC = ModelSpec.from_preset("qwen3-0.6b")
@@ -332,6 +333,25 @@ def test_slime_style_namespace():
     assert scheduler_from_args(args)["cost"] is model
     with pytest.raises(ValueError, match="allow-other-shape"):
         validate_args(megatron_args(balance_by_flops=True, cost_model="h200/qwen3-8b"))
+
+
+def test_a_megatron_run_with_a_padded_vocabulary_takes_its_models_profile():
+    """Megatron pads Qwen3-8B's 151,936 tokens to 152,064 at TP 2: the shipped profile
+    of its config.json was refused as another model's (an audit's finding)."""
+    from costmodel.integrations.slime import build_dp_schedule
+
+    args = megatron_args(balance_by_flops=True, cost_model="h200/qwen3-8b")
+    vars(args).update(num_layers=36, hidden_size=4096, num_attention_heads=32,
+                      num_query_groups=8, ffn_hidden_size=12288,
+                      untie_embeddings_and_output_weights=True,
+                      vocab_size=151936, padded_vocab_size=152064)
+    model = validate_args(args)
+    assert model.gpu == "NVIDIA H200" and not model.is_estimate  # the measured profile
+    assert scheduler_from_args(args)["cost"] is model
+    lengths = generate_lengths(64, "rl", seed=0, max_response=4096).tolist()
+    partitions, *_ = build_dp_schedule(args, dict(dp_size=2, cp_size=2), lengths,
+                                       step_sample_indices=[list(range(64))])
+    assert sorted(i for rank in partitions for i in rank) == list(range(64))
 
 
 @pytest.mark.parametrize(("change", "message"), [

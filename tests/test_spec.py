@@ -30,6 +30,7 @@ def test_round_trip_and_fingerprint():
         assert again == spec and again.fingerprint() == spec.fingerprint()
     fps = {s.fingerprint() for s in PRESETS.values()}
     assert len(fps) == len(PRESETS)
+    assert len({s.shape_key() for s in PRESETS.values()}) == len(PRESETS)
     renamed = ModelSpec.from_dict({**PRESETS["qwen3-8b"].to_dict(), "name": "other"})
     assert renamed.fingerprint() == PRESETS["qwen3-8b"].fingerprint()
 
@@ -372,3 +373,16 @@ def test_moe_layer_freq_counts_from_layer_zero_after_the_dense_ones():
                   intermediate_size=128, vocab_size=100, num_experts=4, num_experts_per_tok=2,
                   moe_intermediate_size=32, first_k_dense_layers=1, moe_layer_freq=2)
     assert s.moe_layer_ids() == (2, 4)
+
+
+@pytest.mark.parametrize("tp, padded", [(1, 151936), (2, 152064), (4, 152064), (8, 152576)])
+def test_megatrons_vocab_padding_keeps_the_shape_key(tp, padded):
+    """Megatron pads the vocabulary to a multiple of 128 x TP: the padded model matches the
+    cost model of its config.json, and a vocabulary 1,024 larger does not."""
+    spec = PRESETS["qwen3-8b"]
+    assert -(-spec.vocab_size // (128 * tp)) * 128 * tp == padded
+    padded_spec = ModelSpec.from_dict({**spec.to_dict(), "vocab_size": padded})
+    assert padded_spec.shape_key() == spec.shape_key()
+    assert (padded_spec.fingerprint() == spec.fingerprint()) == (tp == 1)
+    other = ModelSpec.from_dict({**spec.to_dict(), "vocab_size": spec.vocab_size + 1024})
+    assert other.shape_key() != spec.shape_key()

@@ -329,7 +329,7 @@ def scheduler_from_args(
     if _switch(args, "balance_by_flops"):
         model = getattr(args, _LOADED_ATTR)
         if (model is not None and spec is not None
-                and as_spec(spec).fingerprint() != model.spec.fingerprint()
+                and as_spec(spec).shape_key() != model.spec.shape_key()
                 and not _switch(args, "cost_model_allow_other_shape")):
             validate_args(args, spec=spec)  # validated for another spec: raises naming both
             model = getattr(args, _LOADED_ATTR)

@@ -28,16 +28,18 @@ def shipped_profiles() -> list[str]:
     )
 
 
-def profile_for_shape(gpu_key: str, fingerprint: str) -> Path | None:
-    """The shipped file for this GPU key whose model has this shape (`ModelSpec.fingerprint`),
+def profile_for_shape(gpu_key: str, shape_key: str) -> Path | None:
+    """The shipped file for this GPU key whose model has this shape (`ModelSpec.shape_key`),
     or None: a model given as a config.json under another name still gets the measured
     profile of its shape."""
+    from costmodel.spec import ModelSpec
+
     for path in sorted((PROFILES_DIR / gpu_key.lower()).glob("*.json")):
         try:
             with path.open(encoding="utf-8") as f:
-                stored = json.load(f).get("spec_fingerprint")
-        except (OSError, ValueError, AttributeError):
+                stored = ModelSpec.from_dict(json.load(f)["spec"]).shape_key()
+        except (OSError, ValueError, AttributeError, KeyError, TypeError):
             continue  # a broken file is reported when it is loaded by name, not here
-        if stored == fingerprint:
+        if stored == shape_key:
             return path
     return None

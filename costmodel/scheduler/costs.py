@@ -355,17 +355,17 @@ def _check_shape(model: Any, spec: Any) -> None:
     """A cost model object with a ``spec`` of another model shape is refused, as a cost model
     named by path or name is, unless it was loaded with allow_other_shape for that spec."""
     model_spec = getattr(model, "spec", None)
-    if spec is None or not hasattr(model_spec, "fingerprint"):
+    if spec is None or not hasattr(model_spec, "shape_key"):
         return
     from costmodel.spec import as_spec
 
     spec = as_spec(spec)
-    wanted = spec.fingerprint()
-    if wanted == model_spec.fingerprint() or wanted in getattr(model, "accepted_shapes", ()):
+    wanted = spec.shape_key()
+    if wanted == model_spec.shape_key() or wanted in getattr(model, "accepted_shapes", ()):
         return
     raise ValueError(
         f"cost model for {model_spec.name!r} (shape {model_spec.fingerprint()}) given with "
-        f"spec {spec.name!r} (shape {wanted}): give the cost model of the model being "
+        f"spec {spec.name!r} (shape {spec.fingerprint()}): give the cost model of the model being "
         f"scheduled, or load this one with load_cost_model(..., spec=spec, "
         f"allow_other_shape=True) to use its curves anyway"
     )
