@@ -273,13 +273,18 @@ def preset_names() -> list[str]:
     return list(PRESETS)
 
 
-def as_spec(spec: ModelSpec | str | Path) -> ModelSpec:
-    """`spec` itself, or the preset / HF config.json it names; ValueError otherwise."""
+def as_spec(spec: ModelSpec | str | Path | Any) -> ModelSpec:
+    """`spec` itself, the preset / HF config.json it names, or the shape Megatron-style
+    arguments describe (slime passes its ``args`` where a model is wanted, as in its own
+    ``calculate_fwd_flops(seqlens, args)``); ValueError otherwise."""
     if isinstance(spec, ModelSpec):
         return spec
     if isinstance(spec, (str, Path)):
         return ModelSpec.from_any(spec)
-    raise ValueError(f"spec must be a ModelSpec, a preset name or a config.json path; got "
+    if all(hasattr(spec, key) for key in ("num_layers", "hidden_size", "num_attention_heads")):
+        return ModelSpec.from_megatron_args(spec)
+    raise ValueError(f"spec must be a ModelSpec, a preset name, a config.json path or Megatron "
+                     f"args (num_layers, hidden_size, num_attention_heads, ...); got "
                      f"{type(spec).__name__} {spec!r:.60}")
 
 

@@ -512,6 +512,15 @@ def test_refit_with_a_model_says_refit_keeps_the_measured_model(tmp_path, capsys
     assert "drop --model" in capsys.readouterr().err
 
 
+def test_refit_takes_a_shipped_profile_by_name(tmp_path, capsys):
+    """report and validate take h200/qwen3-8b; --refit said 'no such file' (an audit)."""
+    out = tmp_path / "o.json"
+    assert main(["calibrate", "--refit", "h200/qwen3-8b", "-o", str(out)]) == 0
+    assert "profiles/h200/qwen3-8b.json" in capsys.readouterr().out and out.is_file()
+    assert main(["calibrate", "--refit", "h200/qwen3-9b", "-o", str(out)]) == 2
+    assert "or a shipped profile's name such as h200/qwen3-8b" in capsys.readouterr().err
+
+
 def test_refit_refuses_measuring_flags_and_other_schemas(tmp_path, capsys):
     """A calibration walkthrough: --gpu/--max-len/--quick were silently ignored by --refit,
     and a file of an unknown schema was refitted into a costmodel/1 file."""

@@ -243,3 +243,17 @@ def test_spec_by_name_and_a_clear_error_for_anything_else():
             calculate_fwd_flops([1000], bad)
     with pytest.raises(ValueError, match="made for model 'qwen3-8b'"):
         load_cost_model("h200/qwen3-8b", spec="llama-3.1-8b")
+
+
+def test_megatron_args_as_the_model_as_slime_calls_it():
+    """slime's own calculate_fwd_flops(seqlens, args) takes Megatron's namespace: so does
+    this one (and so does every spec= argument)."""
+    import argparse
+
+    args = argparse.Namespace(num_layers=36, hidden_size=4096, num_attention_heads=32,
+                              group_query_attention=True, num_query_groups=8, kv_channels=128,
+                              ffn_hidden_size=12288, vocab_size=151936, qk_layernorm=True,
+                              untie_embeddings_and_output_weights=True)
+    assert calculate_fwd_flops([512, 4096], args) == calculate_fwd_flops([512, 4096], "qwen3-8b")
+    with pytest.raises(ValueError, match="Megatron args"):
+        calculate_fwd_flops([512], argparse.Namespace(num_layers=2))

@@ -303,6 +303,16 @@ def test_errors_name_the_step_and_bad_lengths():
         )
 
 
+def test_errors_say_the_schedulers_terms_in_slimes():
+    """The scheduler's 'align' is slime's microbatch_group_size_per_vp_stage (an audit:
+    slime has no 'align')."""
+    cfg = dict(dp_size=4, cp_size=1, vpp_size=2, microbatch_group_size_per_vp_stage=4)
+    with pytest.raises(ValueError, match=r"16 micro-batches.*\(in slime's terms: align is "
+                                         r"microbatch_group_size_per_vp_stage"):
+        build_dp_schedule(make_args(balance_data=True), cfg, [100] * 8, global_batch_size=8,
+                          rollout_indices=list(range(8)))
+
+
 def test_packing_safety_margin_and_unsupported_flags():
     lengths = [400] * 16
     for margin in (0.5, np.float32(0.5)):  # a numpy float from a config is a margin too

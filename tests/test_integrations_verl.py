@@ -225,6 +225,8 @@ def test_rearrange_agrees_on_the_count_across_a_dp_group(tmp_path):
     assert basic == [8, 8]
     assert tight_case == [16, 16]
     assert "this rank cannot make the 8 micro-batches" in short[0]
+    # in the caller's terms: it passed no min_num_micro_batch
+    assert "it holds only 2 sequences" in short[0] and "min_num_micro_batch" not in short[0]
     assert "rank 0 of the data-parallel group could not" in short[1]  # names the one that failed
     # It raised before the first all-reduce, and the other rank waited there for good.
     assert "rank 1 of the data-parallel group could not" in over[0]
@@ -387,3 +389,24 @@ def test_older_verls_spelling_and_errors_in_verls_terms():
     with pytest.raises(ValueError, match="needs at least 8 micro-batches.*in verl's terms: "
                        "max_tokens_per_microbatch is max_token_len, align is num_batches_div"):
         balanced_micro_batches([3000] * 7, 4096, num_batches_divided_by=2)
+
+
+def test_log_prob_calls_can_price_the_forward_pass(monkeypatch):
+    """compute_log_prob runs forward only, whose curves differ from training's: the
+    drop-ins take mode= (bindable with functools.partial), and hand it to the scheduler
+    and to the run order of grouped rows."""
+    from costmodel.integrations import verl as cm_verl
+
+    seen = []
+    real_build, real_as_cost = cm_verl.build_schedule, cm_verl.as_cost
+    monkeypatch.setattr(cm_verl, "build_schedule",
+                        lambda *a, **kw: seen.append(kw["mode"]) or real_build(*a, **kw))
+    monkeypatch.setattr(cm_verl, "as_cost",
+                        lambda *a, **kw: seen.append(kw["mode"]) or real_as_cost(*a, **kw))
+    lengths = np.minimum(generate_lengths(24, "rl", seed=3), 4000).tolist()
+    for group in (1, 2):
+        rearrange_micro_batches(_padded_batch(lengths, 4000), 8192, same_micro_num_in_dp=False,
+                                force_group_size=group, cost="h200/qwen3-8b", mode="forward")
+    assert seen == ["forward"] * 3
+    with pytest.raises(ValueError, match="mode"):
+        balanced_micro_batches(lengths, 8192, cost="h200/qwen3-8b", mode="backward")

@@ -1180,3 +1180,13 @@ def test_evaluate_schedule_bounds_over_its_ranks():
     s = evaluate_schedule([[[0], [1]], [[2], [3]]], [10, 20, 30, 40], max_tokens_per_microbatch=100)
     assert s.lower_bound == pytest.approx(50.0)
     assert s.makespan == 70
+
+
+def test_a_schedules_repr_is_a_summary_not_every_index():
+    """Logged as is, the dataclass repr listed every sample (tens of KB per step)."""
+    s = build_schedule(generate_lengths(4096, "rl", seed=0), dp_size=8,
+                       max_tokens_per_microbatch=16384)
+    text = repr(s)
+    assert len(text) < 200, text
+    assert text.startswith("Schedule(dp_size=8, num_microbatches=") and "samples=4096" in text
+    assert f"imbalance={s.imbalance:.4f}" in text

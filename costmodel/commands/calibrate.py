@@ -74,7 +74,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    "after measuring, what was measured goes to OUTPUT-stem.partial.json")
     p.add_argument("--refit", metavar="FILE", default=None,
                    help="no measuring: fit again from the measurements in FILE (a calibrated or "
-                   ".partial.json file; no GPU needed) and write -o")
+                   ".partial.json file, or a shipped profile's name; no GPU needed) and write -o")
     p.set_defaults(func=run)
 
 
@@ -165,11 +165,16 @@ def _sweep_flags_given(args: argparse.Namespace) -> list[str]:
 def _refit(source: str, output: Path, command: str) -> int:
     from costmodel.calibration.pipeline import refit
     from costmodel.model_file import read_document
+    from costmodel.profiles import profile_path
 
     path = Path(source)
+    gpu, _, model_name = source.strip().partition("/")
+    if not path.exists() and model_name and profile_path(gpu, model_name):
+        path = profile_path(gpu, model_name)  # a shipped profile by name, as report takes it
     if not path.is_file():
         what = "is a folder, not a file" if path.is_dir() else "no such file"
-        raise FileNotFoundError(f"--refit {source}: {what}; give a calibrated or .partial.json file")
+        raise FileNotFoundError(f"--refit {source}: {what}; give a calibrated or .partial.json "
+                                "file, or a shipped profile's name such as h200/qwen3-8b")
     model = refit(read_document(path), source=str(path), command=command)
     model.save(output)
     print(f"wrote {output}: refitted from {len(model.extra['measurements'])} measurements in {path}")

@@ -55,6 +55,7 @@ Differences from slime, all on purpose:
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -294,7 +295,7 @@ def build_dp_schedule(
                     step_lengths, dp, align, int(args.micro_batch_size), cost, spec, balance
                 )
         except ValueError as err:
-            raise ValueError(f"step {step} ({len(samples)} samples): {err}") from err
+            raise ValueError(f"step {step} ({len(samples)} samples): {err}{_in_slimes_terms(err)}") from err
         num_microbatches.append(len(per_rank[0]))
         global_batch_sizes.append(step_size)
         for r in range(dp):
@@ -303,6 +304,16 @@ def build_dp_schedule(
                 partitions[r].extend(samples[i] for i in mb)
                 micro_batch_indices[r].append(list(range(start, start + len(mb))))
     return partitions, micro_batch_indices, num_microbatches, global_batch_sizes
+
+
+def _in_slimes_terms(err: ValueError) -> str:
+    """The scheduler's parameter names an error uses, said in slime's."""
+    said = str(err)
+    terms = [(name, slimes) for name, slimes in (
+        ("align", "microbatch_group_size_per_vp_stage (with vpp_size > 1)"),
+        ("max_tokens_per_microbatch", "max_tokens_per_gpu x cp_size x packing_safety_margin"),
+    ) if re.search(rf"\b{name}\b", said)]
+    return (" (in slime's terms: " + "; ".join(f"{a} is {b}" for a, b in terms) + ")") if terms else ""
 
 
 def _first_fit_strided(lengths: np.ndarray, dp: int, align: int, cap: int) -> list[list[list[int]]]:

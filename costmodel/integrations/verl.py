@@ -41,6 +41,10 @@ reaches it through seqlen_balancing's own prepare_dynamic_batch). The same goes 
 `get_seqlen_balanced_partitions`, which verl's trainers (the DP balancing of a step's
 batch) and slime import by name; slime's training-side fallback (no rollout-side
 schedule) partitions with it too, so patching it there reaches that path.
+
+A cost model prices training passes by default; forward-only ones (log-probs, the reference
+model) have their own curves: ``mode="forward"`` where a call site only computes log-probs
+(one swapped-in function serves both kinds of call in dp_actor: the training curves there).
 """
 
 from __future__ import annotations
@@ -158,6 +162,7 @@ def rearrange_micro_batches(
     *,
     cost: Any = None,
     spec: Any = None,
+    mode: str = "train",
     num_batches_devided_by: int | None = None,
 ) -> tuple[list, list[list[int]]]:
     """verl's `rearrange_micro_batches`, packing under the cap (see the module docstring).
@@ -179,6 +184,8 @@ def rearrange_micro_batches(
             sequence parts (tokens, FLOPs, verl's workload, a cost model), so its choices
             are exact; a plain callable is priced approximately. Run order by true cost.
         cost, spec: what to balance (keyword-only extensions; default verl's workload).
+        mode: the pass a cost model prices, "train" (forward+backward: actor updates) or
+            "forward" (log-probs: ``compute_log_prob``, the reference model).
         num_batches_devided_by: older verl's spelling of ``num_batches_divided_by``.
 
     Returns:
@@ -195,7 +202,7 @@ def rearrange_micro_batches(
     group = _token_count(force_group_size, "force_group_size")
     kwargs = dict(num_batches_divided_by=num_batches_divided_by,
                   use_dynamic_bsz_balance=use_dynamic_bsz_balance and group == 1, cost=cost,
-                  spec=spec)
+                  spec=spec, mode=mode)
 
     @functools.cache
     def lengths_and_units() -> tuple[np.ndarray, np.ndarray]:
@@ -215,7 +222,7 @@ def rearrange_micro_batches(
         if group == 1:
             return micro_bsz_idx
         rows = [[unit * group + r for unit in mb for r in range(group)] for mb in micro_bsz_idx]
-        return _pipeline_order(rows, lengths, cost, spec) if use_dynamic_bsz_balance else rows
+        return _pipeline_order(rows, lengths, cost, spec, mode) if use_dynamic_bsz_balance else rows
 
     if same_micro_num_in_dp:
         micro_bsz_idx = _agree_on_count(schedule, min_num_micro_batch, dp_group)
@@ -265,10 +272,13 @@ def _agree_on_count(schedule, min_count: int | None, group: Any) -> list:
                 micro_bsz_idx = schedule(most)
                 count = len(micro_bsz_idx)
             except ValueError as exc:  # too few samples for `most`: say so, on every rank
+                # (in the caller's terms: the count asked for here is not its parameter)
+                why = (f"it holds only {exc.have} sequences, and a micro-batch holds at least "
+                       "one" if isinstance(exc, TooFewSequences) else str(exc))
                 failed = ValueError(
                     f"same_micro_num_in_dp (the same micro-batch count across DP ranks): this "
                     f"rank cannot make the {most} micro-batches another rank of the "
-                    f"data-parallel group needs ({exc}); give every rank "
+                    f"data-parallel group needs ({why}); give every rank "
                     "enough samples, raise max_token_len, or set same_micro_num_in_dp=False"
                 )
             except Exception as exc:  # anything else: raised after the next all-reduce
@@ -299,11 +309,19 @@ def _check_enough_sequences(
         return
     where = " per rank" if dp_size > 1 else ""
     given = " and ".join(f"{name}={value}" for name, value in asking.items())
-    raise ValueError(
+    raise TooFewSequences(
         f"{given} ask{'s' if len(asking) == 1 else ''} for {need} micro-batches{where}, but "
         f"there are only {have} sequences{where} (a micro-batch holds at least one): lower "
-        f"{' or '.join(asking)}, or bring more sequences"
+        f"{' or '.join(asking)}, or bring more sequences", have=have,
     )
+
+
+class TooFewSequences(ValueError):
+    """Fewer sequences than the micro-batches asked for (``have`` per rank)."""
+
+    def __init__(self, message: str, *, have: int):
+        super().__init__(message)
+        self.have = have
 
 
 def _group_lengths(lengths: np.ndarray, group: int, max_token_len: Any) -> np.ndarray:
@@ -324,11 +342,11 @@ def _group_lengths(lengths: np.ndarray, group: int, max_token_len: Any) -> np.nd
 
 
 def _pipeline_order(rows: list[list[int]], lengths: np.ndarray, cost: Any,
-                    spec: Any) -> list[list[int]]:
+                    spec: Any, mode: str) -> list[list[int]]:
     """Micro-batches of rows in verl's pipeline order by their cost: cheap ones at both
     ends (the scheduler ordered whole groups, each priced as one sequence)."""
     offsets = np.cumsum([0] + [len(mb) for mb in rows])
-    costs = as_cost(VERL_WORKLOAD if cost is None else cost, spec=spec).evaluate(
+    costs = as_cost(VERL_WORKLOAD if cost is None else cost, spec=spec, mode=mode).evaluate(
         lengths[np.concatenate(rows)], offsets)
     return [rows[i] for i in run_order(costs, "pipeline")]
 
@@ -423,6 +441,7 @@ def balanced_micro_batches(
     use_dynamic_bsz_balance: bool = True,
     cost: Any = None,
     spec: Any = None,
+    mode: str = "train",
 ) -> tuple[list, list[int]]:
     """Micro-batches (index lists) under ``max_token_len``, and the reverse index, for a
     plain list of lengths.
@@ -440,6 +459,7 @@ def balanced_micro_batches(
             (verl's ordering, for pipeline bubbles); else the order they were packed in.
         cost: what to balance; default verl's workload ``24576·L + L²``.
         spec: model for ``cost="flops"``.
+        mode: the pass a cost model prices: "train" or "forward" (log-probs).
 
     Returns:
         With ``dp_size == 1``: ``(micro_bsz_idx, reverse_idx)``: lists of indices into
@@ -467,6 +487,7 @@ def balanced_micro_batches(
         max_tokens_per_microbatch=max_token_len,
         cost=VERL_WORKLOAD if cost is None else cost,
         spec=spec,
+        mode=mode,
         align=num_batches_divided_by or 1,
         order=order,
         strict=True,

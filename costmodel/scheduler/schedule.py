@@ -74,7 +74,7 @@ _QUANT_BITS = 44
 _AT_THE_BOUND = 5e-4
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class Schedule:
     """Per-rank micro-batches, in execution order, with their predicted costs.
 
@@ -156,6 +156,14 @@ class Schedule:
             cost_name=cost_name,
             stats=stats or {},
         )
+
+    def __repr__(self) -> str:
+        # A summary: the dataclass's repr listed every sample index (tens of KB in a log line).
+        samples = sum(len(mb) for rank in self.microbatches for mb in rank)
+        return (f"Schedule(dp_size={self.dp_size}, num_microbatches={self.num_microbatches}, "
+                f"samples={samples}, cap={self.max_tokens_per_microbatch}, "
+                f"cost={self.cost_name!r}, makespan={self.makespan:.6g}, "
+                f"imbalance={self.imbalance:.4f})") if self.rank_costs else "Schedule(empty)"
 
     def digest(self) -> str:
         """A stable hash of the assignment (rank → micro-batches → samples), for checking
