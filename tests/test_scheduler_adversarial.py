@@ -229,6 +229,31 @@ def test_local_search_gives_up_when_the_makespan_is_pinned(monkeypatch):
     assert len(sweeps) <= refine._PATIENCE + 1
 
 
+def test_a_start_that_cannot_catch_up_with_another_at_its_pace_stops():
+    """A start whose makespan falls too slowly to reach another start's result in the
+    sweeps left, even at its average pace so far, stops (its result would be dropped);
+    one that can still get there, or with nothing to beat, sweeps on."""
+    import types
+
+    import costmodel.scheduler.refine as refine
+
+    def run(beat):
+        st = types.SimpleNamespace(dp=2, load=np.array([1000, 0]))
+        sweeps = []
+
+        def one_step_down(st_, tol, fold):  # moves one unit off the top rank per sweep
+            st_.load = st_.load + np.array([-1, 1])
+            sweeps.append(1)
+            return 1
+
+        refine._sweeps(st, one_step_down, 64, beat)
+        return len(sweeps)
+
+    assert run(None) == 64
+    assert run(500) == refine._PACE_SWEEPS  # 996 after 4 sweeps: 60 more reach 936 at most
+    assert run(950) == 64  # reachable at one a sweep
+
+
 @pytest.mark.parametrize("microbatches, says", [
     ([[[0, -1]]], "sample index -1 is not in 0..1"),  # wrapped to the last sample: 109 tokens
     ([[[0, 0]]], "sample 0 is in more than one micro-batch"),  # counted twice

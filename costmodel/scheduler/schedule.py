@@ -389,7 +389,9 @@ def build_schedule(
     for bin_of, m, bin_q in layouts:  # the local search from each; the lowest maximum wins
         tried = BinState(lens, q, bin_of, dp, m, cap, cost_obj, scale, bin_q)
         tried_imbalance = _imbalance(tried.load)
-        tried_steps = local_search(tried) if groups is None else group_local_search(tried, groups)
+        beat = None if state is None else int(state.load.max())
+        tried_steps = (local_search(tried, beat=beat) if groups is None
+                       else group_local_search(tried, groups))
         if state is None or int(tried.load.max()) < int(state.load.max()):
             state, greedy_imbalance, steps = tried, tried_imbalance, tried_steps
         if state.load.max() <= lb * scale * (1 + _AT_THE_BOUND):
