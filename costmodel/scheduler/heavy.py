@@ -21,7 +21,8 @@ import itertools
 
 import numpy as np
 
-from costmodel.scheduler.pack import assign_bins, pack_tokens
+from costmodel.scheduler.pack import MAX_ROUNDS, assign_bins, pack_tokens
+from costmodel.scheduler.pack_ranks import pack_ranks
 from costmodel.scheduler.sorting import longest_first
 
 __all__ = ["heavy_apart"]
@@ -137,18 +138,34 @@ def _apart(lens, heavy, by_length, fractions, dp, m, cap, bin_costs):
         return None
     bins[bulk] = bulk_bins
     # Heavy rank j holds bins k_bulk + j*m (its sample) and + 1 .. + m - 1 (its riders).
-    for j, (x, mine) in enumerate(zip(heavy.tolist(), riders)):
-        bins[x] = k_bulk + j * m
-        if m > 1:
-            packed, _ = pack_tokens(lens[mine], m - 1, cap, np.arange(mine.size))
-            if packed is None:
-                return None
-            bins[mine] = k_bulk + j * m + 1 + packed
+    bins[heavy] = k_bulk + np.arange(d) * m
+    if m > 1 and not _pack_riders(lens, riders, m - 1, cap, bins, k_bulk + 1, m):
+        return None
     bin_q = bin_costs(bins, dp * m)
     rank_of_bin = np.empty(dp * m, dtype=np.int64)
     rank_of_bin[:k_bulk] = assign_bins(bin_q[:k_bulk], dp - d, m)
     rank_of_bin[k_bulk:] = dp - d + np.arange(d * m) // m
     return bins, rank_of_bin, bin_q
+
+
+def _pack_riders(lens, riders, k, cap, bins, first_bin, stride) -> bool:
+    """Pack each heavy rank's riders into its ``k`` micro-batches: rank j's into bins
+    ``first_bin + j * stride + 0 .. k - 1`` (in ``bins``, in place). All ranks in one numpy
+    pass where `pack_ranks` can (the same micro-batches as `pack_tokens` rank by rank: at
+    dp 1,024 with 0.5% of 65,536 samples over the cap, 1,614 calls were 0.3 s); False
+    where some rank's do not pack."""
+    sizes = [r.size for r in riders]
+    flat = np.concatenate(riders) if riders else np.zeros(0, dtype=np.int64)
+    rank_of = np.repeat(np.arange(len(riders)), sizes)
+    slots, packed = pack_ranks(lens[flat], rank_of, len(riders), k, cap, MAX_ROUNDS)
+    bins[flat] = first_bin + rank_of * stride + slots
+    for j in np.flatnonzero(~packed).tolist():  # the ranks pack_ranks leaves, one by one
+        mine = riders[j]
+        slots_j, _ = pack_tokens(lens[mine], k, cap, np.arange(mine.size))
+        if slots_j is None:
+            return False
+        bins[mine] = first_bin + j * stride + slots_j
+    return True
 
 
 def _riders(by_length: np.ndarray, fractions: list[float], slots: int) -> list[np.ndarray]:
