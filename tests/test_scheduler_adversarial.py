@@ -482,7 +482,7 @@ def test_a_broken_guarantee_is_an_error_not_a_schedule(monkeypatch):
     build_schedule raises (an OOM on a cluster, or a rank with nothing to run, otherwise)."""
     from costmodel.scheduler import schedule as schedule_module
 
-    def overfill(st):
+    def overfill(st, beat=None):
         st.bin_of[:] = 0  # every sample into the first micro-batch
         return 0
 
@@ -491,7 +491,7 @@ def test_a_broken_guarantee_is_an_error_not_a_schedule(monkeypatch):
                                            r"samples of 12 tokens, over the cap of 10\)"):
         build_schedule([6, 6], dp_size=1, max_tokens_per_microbatch=10)
 
-    def empty(st):
+    def empty(st, beat=None):
         st.bin_of[:] = [0, 0, 2, 2]  # micro-batch 1 left empty
         return 0
 
@@ -500,7 +500,7 @@ def test_a_broken_guarantee_is_an_error_not_a_schedule(monkeypatch):
         build_schedule([1, 1, 1, 1], dp_size=3, max_tokens_per_microbatch=2, strict=False,
                        min_num_microbatches=1)
 
-    def lost(st):
+    def lost(st, beat=None):
         st.bin_of[0] = st.bin_of.max() + 1  # a micro-batch no rank runs
         return 0
 
