@@ -617,3 +617,33 @@ def test_grouped_pairs_near_half_the_cap_take_the_fewest_micro_batches_that_bala
     check_schedule(s, lengths, dp=8, cap=4096)
     assert s.num_microbatches <= 345
     assert s.makespan_over_lower_bound <= 1.0005
+
+
+@pytest.mark.parametrize("cost, bound", [("flops", 1.002), ("h200/qwen3-8b", 1.005)])
+def test_groups_far_over_a_share_get_ranks_with_little_beside_them(cost, bound):
+    """5 of 8 ranks each hold a pair with a sample of 1M tokens (cap 65,536): at the fewest
+    count the other ranks' token room ran out and the heavy ranks carried full micro-batches
+    (1.04x / 1.02x the lower bound); with enough micro-batches per rank for the rest to fit
+    the other three, they hold one short sample each. (At 65,536 samples the count also
+    grew 1% a try for 80 tries, 6 s, filling the light ranks to the brim each time.)"""
+    rng = np.random.default_rng(570)
+    lengths = rng.integers(1, 2000, 8192)
+    lengths[rng.choice(8192, 5, replace=False)] = 1_000_000
+    s = _schedule_quietly(lengths, dp_size=8, max_tokens_per_microbatch=65536, cost=cost,
+                          spec="qwen3-8b", group_ids=np.arange(8192) // 2)
+    check_schedule(s, lengths, dp=8, cap=65536)
+    assert s.makespan_over_lower_bound <= bound
+
+
+def test_a_rank_short_of_samples_gets_as_many_groups_as_it_needs():
+    """_fix_counts stopped after 4·dp + 16 moves, one group each: a rank holding only a
+    heavy group that needs hundreds of samples beside it was left short, and the placement
+    fell back to balancing sample counts."""
+    from costmodel.scheduler.groups import _fix_counts, _Units
+
+    units = _Units(cost=np.r_[[10**6], np.ones(300, dtype=np.int64)],
+                   tokens=np.ones(301, dtype=np.int64), count=np.ones(301, dtype=np.int64))
+    rank_of_unit = np.r_[[0], np.ones(150, dtype=np.int64), np.full(150, 2)]
+    assert _fix_counts(rank_of_unit, units, 3, 100)
+    assert np.bincount(rank_of_unit, minlength=3).tolist() == [100, 100, 101]
+    assert rank_of_unit[0] == 0  # the heavy group stays

@@ -224,24 +224,57 @@ def _sweep(
 
 
 def _fix_counts(rank_of_unit: np.ndarray, units: _Units, dp: int, min_count: int) -> bool:
-    """Give every rank at least ``min_count`` samples by moving small groups. False if not."""
+    """Give every rank at least ``min_count`` samples by moving small groups (in place).
+    False if no rank can spare one more.
+
+    Short ranks in order, each until it has enough; every move takes, from the ranks with
+    the most samples, the cheapest group (ties by index) whose rank keeps ``min_count``.
+    Heaps, not a pass over every group per move: a rank holding a sample far over a share
+    gets nothing from the greedy and may need hundreds of groups (it stopped after 4·dp + 16
+    moves, and the placement fell back to balancing sample counts: 1.2x the lower bound),
+    and at dp 1,024 those passes took seconds.
+    """
     uq, _, uc = units
-    for _ in range(4 * dp + 16):
-        cnt = np.bincount(rank_of_unit, weights=uc, minlength=dp).astype(np.int64)
-        short = np.flatnonzero(cnt < min_count)
-        if short.size == 0:
-            return True
-        r = int(short[0])
-        spare = cnt[rank_of_unit] - uc >= min_count  # groups whose rank can give them up
-        spare &= rank_of_unit != r
-        if not spare.any():
-            return False
-        cand = np.flatnonzero(spare)
-        # The cheapest group from the rank with the most samples.
-        donor = cand[cnt[rank_of_unit[cand]] == cnt[rank_of_unit[cand]].max()]
-        u = donor[np.lexsort((donor, uq[donor]))[0]]
-        rank_of_unit[u] = r
-    return False
+    counts = np.bincount(rank_of_unit, weights=uc, minlength=dp).astype(np.int64).tolist()
+    short = [r for r in range(dp) if counts[r] < min_count]
+    if not short:
+        return True
+    cost, size = uq.tolist(), uc.tolist()
+    order = np.lexsort((np.arange(uq.size), uq, rank_of_unit))  # by rank, cheapest first
+    bounds = np.searchsorted(rank_of_unit[order], np.arange(dp + 1)).tolist()
+    mine = [order[bounds[r] : bounds[r + 1]].tolist() for r in range(dp)]
+    seen = [0] * dp  # mine[r][:seen[r]]: moved away, or more than r can spare (it only loses)
+    heap: list[tuple[int, int, int, int]] = []  # (-count, cost, group, rank) of a rank's best
+
+    def offer(r: int) -> None:
+        groups, i = mine[r], seen[r]
+        while i < len(groups) and (rank_of_unit[groups[i]] != r
+                                   or counts[r] - size[groups[i]] < min_count):
+            i += 1
+        seen[r] = i
+        if i < len(groups):
+            heapq.heappush(heap, (-counts[r], cost[groups[i]], groups[i], r))
+
+    for r in range(dp):
+        offer(r)
+    for r in short:
+        while counts[r] < min_count:
+            while heap:
+                neg, _, u, d = heapq.heappop(heap)
+                if -neg == counts[d] and rank_of_unit[u] == d and counts[d] - size[u] >= min_count:
+                    break
+                offer(d)  # stale: offer what the rank has now
+            else:
+                return False
+            rank_of_unit[u] = r
+            counts[d] -= size[u]
+            counts[r] += size[u]
+            offer(d)
+        # r has enough now and may spare groups to the next ones: all of its groups again.
+        mine[r] = sorted(np.flatnonzero(rank_of_unit == r).tolist(), key=lambda g: (cost[g], g))
+        seen[r] = 0
+        offer(r)
+    return True
 
 
 def place_groups(

@@ -52,6 +52,7 @@ from costmodel.scheduler.costs import Cost, as_cost, quantise
 from costmodel.scheduler.counts import (
     Grouped,
     bin_costs_of,
+    heavy_groups_apart,
     pack_and_assign,
     place_grouped,
     start_m,
@@ -382,24 +383,26 @@ def build_schedule(
         )
     else:
         grouped = Grouped(lens, q, groups, dp, align, cap, short)
-        layouts = [(*place_grouped(grouped, (m_lb, m_start, m_max),
-                                   bin_costs_of(lens, q, cost_obj, scale), exact), None)]
+        placed = place_grouped(grouped, (m_lb, m_start, m_max),
+                               bin_costs_of(lens, q, cost_obj, scale), exact)
+        apart = None if exact else heavy_groups_apart(grouped, placed[1], m_max)
+        layouts = [(*layout, None) for layout in (placed, apart) if layout is not None]
     lb = lower_bound(cost_obj, lens, cap, dp, order=by_length, sample_costs=s)
     state = None
     for bin_of, m, bin_q in layouts:  # the local search from each; the lowest maximum wins
         tried = BinState(lens, q, bin_of, dp, m, cap, cost_obj, scale, bin_q)
         tried_imbalance = _imbalance(tried.load)
         beat = None if state is None else int(state.load.max())
-        tried_steps = (local_search(tried, beat=beat) if groups is None
-                       else group_local_search(tried, groups))
+        if groups is None:
+            tried_steps = local_search(tried, beat=beat)
+        else:  # each start repacked too: it can change which start ends lower
+            tried_steps = group_local_search(tried, groups) + pair_repack(tried, groups)
         if state is None or int(tried.load.max()) < int(state.load.max()):
             state, greedy_imbalance, steps = tried, tried_imbalance, tried_steps
         if state.load.max() <= lb * scale * (1 + _AT_THE_BOUND):
             break  # at a true bound no start does better (for a callable's reference: close)
     if groups is None:
         steps += batch_search(state)  # on the chosen start only: it cannot end above it
-    else:
-        steps += pair_repack(state, groups)
 
     return _finish(
         state,
