@@ -156,6 +156,20 @@ def test_rearrange_reads_nested_input_ids():
         assert rows["input_ids"].offsets().diff().tolist() == [lengths[i] for i in mb]
 
 
+def test_a_plain_dict_batch_with_nested_input_ids():
+    """The docstring allows a plain dict of tensors; its jagged input_ids raised
+    NotImplementedError when indexed with a tensor of rows (an audit)."""
+    torch = pytest.importorskip("torch")
+    lengths = [300, 50, 700, 20, 900]
+    batch = {"input_ids": torch.nested.nested_tensor([torch.full((n,), n) for n in lengths],
+                                                     layout=torch.jagged),
+             "score": torch.tensor(lengths)}
+    micro_batches, idx = rearrange_micro_batches(batch, 1000, same_micro_num_in_dp=False)
+    for mb, rows in zip(idx, micro_batches):
+        assert [int(t[0]) for t in rows["input_ids"].unbind()] == [lengths[i] for i in mb]
+        assert rows["score"].tolist() == [lengths[i] for i in mb]
+
+
 _TWO_RANKS = """
 import json
 import sys

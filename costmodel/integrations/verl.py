@@ -388,7 +388,13 @@ def _select_rows(batch: Any, idx: list[int]) -> Any:
 
     if isinstance(batch, dict):  # a plain dict of tensors: each one's rows
         rows = torch.as_tensor(idx, dtype=torch.long)
-        return {k: v[rows] if hasattr(v, "__getitem__") else v for k, v in batch.items()}
+
+        def select(v: Any) -> Any:
+            if getattr(v, "is_nested", False):  # jagged tensors take no index tensor
+                return torch.nested.as_nested_tensor([v[i] for i in idx], layout=v.layout)
+            return v[rows] if hasattr(v, "__getitem__") else v
+
+        return {k: select(v) for k, v in batch.items()}
     try:
         from verl.utils.tensordict_utils import index_select_tensor_dict
     except ImportError:
