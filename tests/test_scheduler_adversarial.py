@@ -254,6 +254,26 @@ def test_a_start_that_cannot_catch_up_with_another_at_its_pace_stops():
     assert run(950) == 64  # reachable at one a sweep
 
 
+def test_sweeps_that_gain_next_to_nothing_count_as_stale():
+    """dp 2, 65,536 samples and one 64x the cap: every sweep lowered the top rank by ~6e-8
+    of it, so none was stale and the three starts and the batch round ran 64 sweeps each
+    (1.7 s for 0.0008%)."""
+    import types
+
+    import costmodel.scheduler.refine as refine
+
+    st = types.SimpleNamespace(dp=2, load=np.array([10**12, 0]))
+    sweeps = []
+
+    def a_little_down(st_, tol, fold):
+        st_.load = st_.load + np.array([-1000, 1000])  # 1e-9 of the top per sweep
+        sweeps.append(1)
+        return 1
+
+    refine._sweeps(st, a_little_down, 64)
+    assert len(sweeps) == refine._PATIENCE  # stopped at the 8th check without a real gain
+
+
 @pytest.mark.parametrize("microbatches, says", [
     ([[[0, -1]]], "sample index -1 is not in 0..1"),  # wrapped to the last sample: 109 tokens
     ([[[0, 0]]], "sample 0 is in more than one micro-batch"),  # counted twice
