@@ -255,5 +255,6 @@ def test_megatron_args_as_the_model_as_slime_calls_it():
                               ffn_hidden_size=12288, vocab_size=151936, qk_layernorm=True,
                               untie_embeddings_and_output_weights=True)
     assert calculate_fwd_flops([512, 4096], args) == calculate_fwd_flops([512, 4096], "qwen3-8b")
-    with pytest.raises(ValueError, match="Megatron args"):
-        calculate_fwd_flops([512], argparse.Namespace(num_layers=2))
+    for partial in (argparse.Namespace(num_layers=2), argparse.Namespace(hidden_size=64)):
+        with pytest.raises(ValueError, match="spec must be a ModelSpec.*or Megatron args"):
+            calculate_fwd_flops([512], partial)

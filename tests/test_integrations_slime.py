@@ -313,6 +313,13 @@ def test_errors_say_the_schedulers_terms_in_slimes():
                           rollout_indices=list(range(8)))
 
 
+def test_only_the_whole_word_gets_slimes_terms():
+    from costmodel.integrations.slime import _in_slimes_terms
+
+    assert _in_slimes_terms(ValueError("ranks are not aligned")) == ""
+    assert "microbatch_group_size_per_vp_stage" in _in_slimes_terms(ValueError("lower align"))
+
+
 def test_packing_safety_margin_and_unsupported_flags():
     lengths = [400] * 16
     for margin in (0.5, np.float32(0.5)):  # a numpy float from a config is a margin too

@@ -386,3 +386,14 @@ def test_megatrons_vocab_padding_keeps_the_shape_key(tp, padded):
     assert (padded_spec.fingerprint() == spec.fingerprint()) == (tp == 1)
     other = ModelSpec.from_dict({**spec.to_dict(), "vocab_size": spec.vocab_size + 1024})
     assert other.shape_key() != spec.shape_key()
+
+
+def test_a_padded_vocabulary_gets_a_registry_estimate_of_its_model_too():
+    """No shipped H100 profile: the estimate is built for the preset named, and a padded
+    vocabulary of the same model is that model's shape."""
+    from costmodel.model import load_cost_model
+
+    padded = ModelSpec.from_dict({**PRESETS["qwen3-8b"].to_dict(), "vocab_size": 152064,
+                                  "name": "megatron"})
+    model = load_cost_model("h100/qwen3-8b", spec=padded)
+    assert model.is_estimate and model.spec.name == "qwen3-8b"
