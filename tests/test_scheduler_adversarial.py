@@ -770,13 +770,14 @@ def test_packing_riders_that_do_not_fit_says_so():
     assert not _pack_riders(lens, riders, 2, 1000, bins, 10, 3)
     # where they fit, the micro-batches pack_tokens gives each rank alone, at its offset
     rng = np.random.default_rng(3)
-    lens = rng.integers(1, 400, 300)
+    lens = rng.integers(1, 400, 3000)  # many a micro-batch: water-filled rounds
     # each rank's riders longest first, ties by index, as heavy_apart deals them
-    riders = [part[np.lexsort((part, -lens[part]))] for part in (np.arange(100), np.arange(100, 300))]
-    bins = np.full(300, -1)
-    assert _pack_riders(lens, riders, 40, 1024, bins, 5, 50)
+    riders = [part[np.lexsort((part, -lens[part]))]
+              for part in (np.arange(1000), np.arange(1000, 3000))]
+    bins = np.full(3000, -1)
+    assert _pack_riders(lens, riders, 40, 16384, bins, 5, 50)
     for j, mine in enumerate(riders):
-        alone, _ = pack_tokens(lens[mine], 40, 1024, np.arange(mine.size))
+        alone, _ = pack_tokens(lens[mine], 40, 16384, np.arange(mine.size))
         assert (bins[mine] == 5 + j * 50 + alone).all()
 
 
@@ -850,3 +851,13 @@ def test_the_roomier_retry_waits_for_failed_counts():
     s = _schedule_quietly(lengths.astype(np.int64), dp_size=8, max_tokens_per_microbatch=2048,
                           cost="tokens", group_ids=np.arange(512) // 4)
     assert s.makespan_over_lower_bound <= 1.001
+
+
+def test_grouped_fewer_micro_batches_under_a_fixed_cost_only_when_no_slower():
+    """The 1% slack for fewer micro-batches is for costs without a fixed part, whose totals
+    tie; under the H200 profile a lower total decides, and a placement up to 1% slower was
+    taken with the slack (0.9% slower after the group search here)."""
+    lengths = np.minimum(generate_lengths(512, "bimodal", seed=1217), 8192)
+    s = build_schedule(lengths, dp_size=8, max_tokens_per_microbatch=8192,
+                       cost="h200/qwen3-8b", group_ids=np.arange(512) // 4)
+    assert s.makespan_over_lower_bound <= 1.047
