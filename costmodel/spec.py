@@ -22,7 +22,7 @@ _DTYPES = ("bf16", "fp16", "fp32")
 _ACTIVATIONS = ("swiglu",)
 
 
-# Megatron's vocabulary padding stays within this grain up to TP 8 (see `shape_key`).
+# Megatron's vocabulary padding stays within this grain at TP 1, 2, 4, 8 (see `shape_key`).
 _VOCAB_GRAIN = 1024
 
 
@@ -212,9 +212,10 @@ class ModelSpec:
     def shape_key(self) -> str:
         """What a cost model is matched to a model by: `fingerprint` with the vocabulary
         rounded up to a multiple of 1,024. Megatron pads the vocabulary to a multiple of
-        128 x the tensor-parallel size (Qwen3-8B's 151,936 to 152,064 at TP 2), which up to
-        TP 8 never passes the next multiple of 1,024: a padded run and its config.json share
-        a cost model (the padding moves the LM head's cost by under 1%)."""
+        128 x the tensor-parallel size (Qwen3-8B's 151,936 to 152,064 at TP 2), which at TP
+        1, 2, 4 or 8 never passes the next multiple of 1,024: a padded run and its
+        config.json share a cost model (the padding moves the LM head's cost by under 1%).
+        Other TP sizes (6: multiples of 768) can pass it: then the shapes differ."""
         return self._hash(-(-self.vocab_size // _VOCAB_GRAIN) * _VOCAB_GRAIN)
 
     def _hash(self, vocab_size: int) -> str:

@@ -861,3 +861,56 @@ def test_grouped_fewer_micro_batches_under_a_fixed_cost_only_when_no_slower():
     s = build_schedule(lengths, dp_size=8, max_tokens_per_microbatch=8192,
                        cost="h200/qwen3-8b", group_ids=np.arange(512) // 4)
     assert s.makespan_over_lower_bound <= 1.047
+
+
+def test_a_cost_object_whose_fixed_cost_takes_no_mode():
+    """A review: asking whether micro-batches pay a fixed cost called fixed_cost(mode=...)
+    on a duck-typed model whose fixed_cost() takes none: a TypeError, where the schedule
+    was built before."""
+    class Model:
+        def microbatch_cost(self, lengths):
+            return 1.0 + float((np.asarray(lengths, dtype=float) ** 2).sum()) * 1e-6
+
+        def fixed_cost(self):
+            return 1.0
+
+    s = build_schedule([100] * 8 + [50] * 8, dp_size=2, max_tokens_per_microbatch=400,
+                       cost=Model())
+    assert sorted(i for rank in s.microbatches for mb in rank for i in mb) == list(range(16))
+
+
+def test_water_filled_waiting_samples_that_strand_one_retry_by_pairing():
+    """A review's differential fuzz: water-filling the samples left waiting can strand one
+    where rooms are tight (waiting 3,3,3,3,3,2,2,2 into rooms of 8,8,8), where placing them
+    longest first into the roomiest packs them all."""
+    from costmodel.scheduler.pack import pack_tokens
+
+    lengths = np.array([1, 14, 14, 14, 14, 3, 2, 3, 14, 15, 14, 3, 14, 1, 2, 15, 15, 3, 2, 3,
+                        1, 15, 3, 1, 16, 2, 3, 15, 2, 3, 2, 15, 16, 15, 1, 3, 15, 2, 3, 2, 3,
+                        15, 16, 16, 16, 16, 1, 15, 2, 1, 1, 15])
+    bins, left = pack_tokens(lengths, 27, 16)
+    assert bins is not None and left == 0
+    assert np.bincount(bins, weights=lengths, minlength=27).max() <= 16
+    s = build_schedule(lengths, dp_size=9, max_tokens_per_microbatch=16, cost="tokens")
+    assert s.num_microbatches == 3
+
+
+def test_the_roomier_retry_leaves_room_under_the_cap():
+    from costmodel.scheduler.counts import _median_fitting
+
+    assert _median_fitting(np.array([4096, 4096, 4096, 10]), 4096) == 4095
+
+
+def test_too_few_sequences_for_another_ranks_count_with_runs_of_rows(monkeypatch):
+    """force_group_size > 1 wraps the scheduler's error: the count message still says how
+    many sequences (runs) the rank holds, not a min_num_micro_batch it never set."""
+    from costmodel.integrations import verl as cm_verl
+
+    monkeypatch.setattr(cm_verl, "_count_extremes",
+                        lambda count, failed, group: (count + 10, count, None) if not failed
+                        else (count, count, 0))
+    torch = pytest.importorskip("torch")
+    batch = {"attention_mask": torch.ones(4, 8, dtype=torch.long)}
+    with pytest.raises(ValueError, match=r"it holds only 2 sequences") as err:
+        cm_verl.rearrange_micro_batches(batch, 64, force_group_size=2)
+    assert "min_num_micro_batch=" not in str(err.value)

@@ -169,8 +169,9 @@ def _refit(source: str, output: Path, command: str) -> int:
 
     path = Path(source)
     gpu, _, model_name = source.strip().partition("/")
-    if not path.exists() and model_name and profile_path(gpu, model_name):
-        path = profile_path(gpu, model_name)  # a shipped profile by name, as report takes it
+    shipped = profile_path(gpu, model_name) if model_name and not path.exists() else None
+    if shipped is not None:
+        path = shipped  # a shipped profile by name, as report takes it
     if not path.is_file():
         what = "is a folder, not a file" if path.is_dir() else "no such file"
         raise FileNotFoundError(f"--refit {source}: {what}; give a calibrated or .partial.json "

@@ -273,8 +273,9 @@ def _agree_on_count(schedule, min_count: int | None, group: Any) -> list:
                 count = len(micro_bsz_idx)
             except ValueError as exc:  # too few samples for `most`: say so, on every rank
                 # (in the caller's terms: the count asked for here is not its parameter)
-                why = (f"it holds only {exc.have} sequences, and a micro-batch holds at least "
-                       "one" if isinstance(exc, TooFewSequences) else str(exc))
+                few = exc if isinstance(exc, TooFewSequences) else exc.__cause__
+                why = (f"it holds only {few.have} sequences, and a micro-batch holds at least "
+                       "one" if isinstance(few, TooFewSequences) else str(exc))
                 failed = ValueError(
                     f"same_micro_num_in_dp (the same micro-batch count across DP ranks): this "
                     f"rank cannot make the {most} micro-batches another rank of the "

@@ -81,6 +81,9 @@ _FEWER_MAX_M = 64
 # places every group again, and fewer left whole groups less room (in 150 random grouped
 # batches with samples over the cap: 20 better, 15 worse by up to 0.8%, 70% more time).
 _BISECT_FROM = 100
+# A bisection tries the floor first where the count that packed is 1/_FLOOR_FIRST_FROM or
+# more above it (see `_fewer_if_no_worse`).
+_FLOOR_FIRST_FROM = 4
 # Grouped placements of a cost without a fixed part take fewer micro-batches where their
 # makespan before the group search is within this of the mean (see `_fewer_placed`).
 _FEWER_SLACK = 0.01
@@ -146,8 +149,8 @@ def pack_and_assign(
         # profile: 9 per rank failed, 10 packed, 1.040x the lower bound against 1.005x at
         # 9 with best fit). Without a fixed part, fewer micro-batches save nothing the cost
         # sees, and best fit's uneven fills balanced worse (7% once, in 200 random batches).
-        at_floor = m == m_floor and lens.size <= _TIGHT_FEWER_MAX and _pays_per_microbatch(cost)
-        if bins is None and (m >= m_max or (exact and m == m_start) or at_floor):
+        if bins is None and (m >= m_max or (exact and m == m_start) or (
+                m == m_floor and lens.size <= _TIGHT_FEWER_MAX and _pays_per_microbatch(cost))):
             bins = tight_pack(lens, dp * m, cap, by_length)
         if bins is not None:
             break
@@ -226,10 +229,10 @@ def _by_rank(
 
 def _pays_per_microbatch(cost: Cost) -> bool:
     """Whether every micro-batch costs something of its own (a plain callable, or a
-    cost-model object without ``fixed_cost``, may)."""
+    cost-model object whose ``fixed_cost`` is missing or takes no ``mode``, may)."""
     try:
         return cost.fixed_cost() > 0
-    except (NotImplementedError, AttributeError):
+    except (NotImplementedError, AttributeError, TypeError):
         return True
 
 
@@ -241,9 +244,9 @@ def _fewer_if_no_worse(pack, costs, packed, m_floor: int, align: int, no_worse,
     Two steps down, while one micro-batch per rank is worth a pass over every sample (past
     _FEWER_MAX_M per rank, one fewer saves under 1/64 of the fixed costs). If both were
     worth it the trend goes on, so the fewest count that packs is bisected for, down to
-    ``m_floor``; also, at any count, when the guess is ``1 / bisect_from`` or more above
-    ``m_floor`` (it asks for room a level fill of equal samples never needs: samples of
-    half the cap got one per micro-batch), and at once with ``straight_to_fewest`` (the
+    ``m_floor``; also, past _FEWER_MAX_M, when the guess is ``1 / bisect_from`` or more
+    above ``m_floor`` (it asks for room a level fill of equal samples never needs: samples
+    of half the cap got one per micro-batch), and at once with ``straight_to_fewest`` (the
     caller knows fewer cannot cost more). ``pack(m)``: bins or None; ``costs(bins, m)``;
     ``packed``: (bins, costs, m) at the count that packed.
     """
@@ -269,7 +272,7 @@ def _fewer_if_no_worse(pack, costs, packed, m_floor: int, align: int, no_worse,
     # (65,536 of exactly half of it, in pairs) pack there, and the bisection took a dozen
     # tries to find it (grouped: 14 placements of every group, 0.55 s).
     lo, hi, fewest = m_floor, m, None
-    if 5 * m_floor <= 4 * m and m_floor < m:
+    if (m - m_floor) * _FLOOR_FIRST_FROM >= m_floor:
         found = pack(m_floor)
         if found is None:
             lo = m_floor + align
@@ -397,14 +400,15 @@ def heavy_groups_apart(g: Grouped, m: int, m_max: int) -> tuple[np.ndarray, int]
     return None if isinstance(placed, str) else (placed, m_apart)
 
 
-# "tokens" failures in a row before a count is also tried with room for a median sample.
+# Counts that failed before one is also tried with room for a median sample.
 _ROOMIER_AFTER = 3
 
 
 def _median_fitting(lens: np.ndarray, cap: int) -> int:
     """The median length of the samples within the cap (0 if none)."""
     fitting = lens[lens <= cap]
-    return int(np.median(fitting)) if fitting.size else 0
+    # under the cap, as start_m's room: room for a whole cap would leave a budget of m tokens
+    return min(int(np.median(fitting)), cap - 1) if fitting.size else 0
 
 
 def _fewer_placed(g: Grouped, placed: np.ndarray, m: int, m_floor: int, bin_costs):

@@ -67,24 +67,31 @@ def pack_tokens(
         return np.zeros(lengths.size, dtype=np.int64), 0
     if order is None:
         order = longest_first(lengths)
-    bins, left, leveled = _pack_tokens(lengths, k, cap, order, max_rounds=max_rounds)
+    bins, left, leveled, watered = _pack_tokens(lengths, k, cap, order, max_rounds=max_rounds)
+    if bins is None and watered:
+        # Water-filling the waiting samples can strand one that pairing would place, where
+        # rooms are tight (1 in ~40,000 fuzzed inputs): those retry with pairing alone.
+        bins, left, leveled, _ = _pack_tokens(lengths, k, cap, order, max_rounds=max_rounds,
+                                              water=False)
     if bins is None and leveled:
         # Water-filled rounds can fail on a cap with no room to spare where one sample per
         # round fits (5 of 5000 fuzzed inputs): those few retry the slow way.
-        bins, left, _ = _pack_tokens(lengths, k, cap, order, max_rounds=0)
+        bins, left, _, _ = _pack_tokens(lengths, k, cap, order, max_rounds=0, water=False)
     return bins, left
 
 
 def _pack_tokens(
-    lengths: np.ndarray, k: int, cap: int, order: np.ndarray, *, max_rounds: int
-) -> tuple[np.ndarray | None, int, bool]:
-    """`pack_tokens`, and whether a `_level_round` ran (never with ``max_rounds`` 0)."""
+    lengths: np.ndarray, k: int, cap: int, order: np.ndarray, *, max_rounds: int,
+    water: bool = True,
+) -> tuple[np.ndarray | None, int, bool, bool]:
+    """`pack_tokens`, whether a `_level_round` ran in the rounds (never with ``max_rounds``
+    0), and whether waiting samples were water-filled (never without ``water``)."""
     n = lengths.size
     lo = lengths[order]
     n_over = int((lo > cap).sum())
     leveled = False
     if n_over > k or n < k:
-        return None, int(lo[k:].sum()) if n_over > k else 0, leveled
+        return None, int(lo[k:].sum()) if n_over > k else 0, leveled, False
     fill = np.zeros(k, dtype=np.int64)
     bin_sorted = np.full(n, -1, dtype=np.int64)
     bin_sorted[:n_over] = np.arange(n_over)
@@ -95,7 +102,7 @@ def _pack_tokens(
     key[:n_over] = _BIG
     open_bins = k - n_over
     if open_bins == 0 and n > n_over:
-        return None, int(lo[n_over:].sum()), leveled  # every micro-batch holds an oversized one
+        return None, int(lo[n_over:].sum()), leveled, False  # all hold an oversized one
     # First round: the open_bins longest samples, one into each empty micro-batch.
     first = min(open_bins, n - n_over)
     bin_sorted[n_over : n_over + first] = ids[n_over : n_over + first]
@@ -135,43 +142,52 @@ def _pack_tokens(
         key[sel] = fill[sel] * k + sel
         bin_sorted[placed] = sel
         pos += c
-    if waiting and not _place_waiting(lo, np.concatenate(waiting), fill, key, bin_sorted, k, cap):
-        return None, int(lo[np.flatnonzero(bin_sorted < 0)].sum()), leveled
+    watered = False
+    if waiting:
+        placed, watered = _place_waiting(lo, np.concatenate(waiting), fill, key, bin_sorted, k,
+                                         cap, water)
+        if not placed:
+            return None, int(lo[bin_sorted < 0].sum()), leveled, watered
     bin_of = np.empty(n, dtype=np.int64)
     bin_of[order] = bin_sorted
-    return bin_of, 0, leveled
+    return bin_of, 0, leveled, watered
 
 
-def _place_waiting(lo, rest, fill, key, bin_sorted, k, cap) -> bool:
+def _place_waiting(lo, rest, fill, key, bin_sorted, k, cap, water) -> tuple[bool, bool]:
     """Place the samples their round left waiting (sorted positions ``rest``, longest
     first): in passes, each to the micro-batch with the most room, as long as any fits.
     Where few micro-batches have room for many (half the samples at the cap, the rest of a
     few tokens: one pass placed as many as there were such micro-batches, 2 s for 65,536
-    samples), the rest are water-filled into those instead. False where some cannot fit."""
+    samples), they are water-filled into those instead, if ``water``. Returns (all placed,
+    water-filled)."""
     open_ids = np.flatnonzero(key != _BIG)
+    watered = False
     if int(lo[rest].sum()) > int((cap - fill[open_ids]).sum()):
-        return False
+        return False, watered
     while rest.size:
         room = cap - fill[open_ids]
         useful = room >= lo[rest[-1]]  # could take the shortest waiting sample
         roomiest = open_ids[useful][np.lexsort((open_ids[useful], -room[useful]))]
         if not roomiest.size or lo[rest[0]] > cap - fill[roomiest[0]]:
-            return False  # the longest fits nowhere, and rooms only shrink
+            return False, watered  # the longest fits nowhere, and rooms only shrink
         c = min(rest.size, roomiest.size)
         ok = lo[rest[:c]] <= cap - fill[roomiest[:c]]
-        if 2 * int(ok.sum()) < c or c < rest.size // 2:  # pairing stalls: water-fill
+        # Over twice as many waiting as micro-batches with room, or a pass that would place
+        # under half of those it pairs: water-fill.
+        if water and (2 * int(ok.sum()) < c or c < rest.size // 2):
+            watered = True
             level_key = np.full(k, _BIG, dtype=np.int64)  # only those with room take part
             level_key[roomiest] = fill[roomiest] * k + roomiest
             ok = _level_round(lo[rest], rest, fill, level_key, bin_sorted, k, cap)
             if not ok.any():  # cannot happen (the longest fits the emptiest): no endless loop
-                return False
+                return False, watered
             rest = rest[~ok]
             continue
         b = roomiest[:c][ok]
         fill[b] += lo[rest[:c][ok]]
         bin_sorted[rest[:c][ok]] = b
         rest = np.concatenate([rest[:c][~ok], rest[c:]])
-    return True
+    return True, watered
 
 
 def _level_round(

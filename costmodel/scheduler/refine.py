@@ -505,7 +505,7 @@ def _move(st: BinState, i: int, dst: int) -> None:
 _PATIENCE = 8
 # A sweep that lowers the most loaded rank by less than this fraction counts as stale too:
 # dp 2 with a sample 64x the cap gained ~6e-8 a sweep for 128 sweeps (1.7 s for 0.0008%).
-# (The 2.5e-4 tolerance as that threshold lost up to 0.09%; the measurements are below.)
+# (The 2.5e-4 tolerance as that threshold lost up to 0.09%, as _PATIENCE's note says.)
 _STALE_GAIN = 1e-6
 MAX_SWEEPS = 64  # per local search (and per group placement)
 _REL_TOL = 2.5e-4  # see local_search

@@ -447,15 +447,18 @@ def _check_invariants(st: BinState) -> None:
     instead (a bug: report it with the input)."""
     k = st.dp * st.m
     lowest, highest = (int(st.bin_of.min()), int(st.bin_of.max())) if st.bin_of.size else (0, 0)
+    what = ""
     if lowest < 0 or highest >= k:
         what = f"a sample is in micro-batch {lowest if lowest < 0 else highest}, of 0..{k - 1}"
     else:
         count = np.bincount(st.bin_of, minlength=k)
         tokens = np.bincount(st.bin_of, weights=st.lengths, minlength=k)
         over = np.flatnonzero((tokens > st.cap) & (count > 1))
-        what = (f"micro-batch {int(over[0])} holds {int(count[over[0]])} samples of "
-                f"{int(tokens[over[0]])} tokens, over the cap of {st.cap}" if over.size
-                else f"micro-batch {int(np.argmin(count))} is empty" if not count.all() else "")
+        if over.size:
+            what = (f"micro-batch {int(over[0])} holds {int(count[over[0]])} samples of "
+                    f"{int(tokens[over[0]])} tokens, over the cap of {st.cap}")
+        elif not count.all():
+            what = f"micro-batch {int(np.argmin(count))} is empty"
     if what:
         raise RuntimeError(f"costmodel's scheduler broke its own guarantee ({what}): a bug; "
                            "please report it with the lengths, dp_size, cap and cost")
