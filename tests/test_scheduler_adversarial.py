@@ -914,3 +914,35 @@ def test_too_few_sequences_for_another_ranks_count_with_runs_of_rows(monkeypatch
     with pytest.raises(ValueError, match=r"it holds only 2 sequences") as err:
         cm_verl.rearrange_micro_batches(batch, 64, force_group_size=2)
     assert "min_num_micro_batch=" not in str(err.value)
+
+
+def _grpo_batch(seed, prompts, group, max_response, truncated, prompt_median):
+    """RL groups: a prompt's responses share its length, many cut at the maximum."""
+    rng = np.random.default_rng(seed)
+    prompt = np.clip(rng.lognormal(np.log(prompt_median), 0.6, prompts).astype(int), 16,
+                     8 * prompt_median)
+    lengths = []
+    for p in prompt.tolist():
+        mu = rng.uniform(0.1, 0.9) * max_response
+        x = np.clip(rng.normal(mu, 0.3 * mu, group), 1, None).astype(int)
+        x[rng.random(group) < truncated * rng.uniform(0, 2)] = max_response
+        lengths += list(p + np.minimum(x, max_response))
+    return np.array(lengths), np.repeat(np.arange(prompts), group)
+
+
+def test_grouped_counts_grow_faster_after_failures_and_bisect_back(monkeypatch):
+    """GRPO-like groups with many responses cut at a maximum just over half the cap: the
+    count grew one step a try, 28 placements of every group (0.56 s here, 1.3 s at
+    65,536 samples); the step doubles after three failures and the gap is bisected."""
+    from costmodel.scheduler import counts
+
+    tries = []
+    place = counts.Grouped.place
+    monkeypatch.setattr(counts.Grouped, "place",
+                        lambda self, m, *a, **k: tries.append(m) or place(self, m, *a, **k))
+    lengths, groups = _grpo_batch(368924337, 768, 32, 32768, 0.6, 100)
+    s = _schedule_quietly(lengths, dp_size=256, max_tokens_per_microbatch=65536,
+                          cost="tokens", group_ids=groups)
+    check_schedule(s, lengths, dp=256, cap=65536)
+    assert s.num_microbatches == 73 and len(tries) <= 18, tries
+    assert s.makespan_over_lower_bound <= 1.012

@@ -348,8 +348,9 @@ def place_grouped(
     failed: list[tuple[int, str]] = []  # (m, why) of every try so far
     shrunk = False
     roomier = dataclasses.replace(g, short=max(g.short, _median_fitting(g.lens, cap)))
-    while True:
-        placed = g.place(m)
+
+    def place(k: int) -> np.ndarray | str:
+        placed = g.place(k)
         if (isinstance(placed, str) and placed == "tokens" and roomier.short > g.short
                 and len(failed) >= _ROOMIER_AFTER):
             # Ranks filled to the brim (the greedy gives the least loaded ranks all the
@@ -358,9 +359,29 @@ def place_grouped(
             # sample far over a share filled the other 3 so at every count, and the count
             # grew 2.7x (80 tries, 6 s). Not at once: where the next count places, the
             # full room balances better (up to 19% in random batches with heavy groups).
-            placed = roomier.place(m)
+            placed = roomier.place(k)
+        return placed
+
+    tokens_failed = 0
+    while True:
+        placed = place(m)
         if not isinstance(placed, str):
-            return (placed, m) if failed else _fewer_placed(g, placed, m, lo, bin_costs)
+            if not failed:
+                return _fewer_placed(g, placed, m, lo, bin_costs)
+            # Counts grown past after failures by tokens: bisect back for the fewest that
+            # places, kept where no worse (`_grouped_no_worse`).
+            fewest, k = placed, m
+            while lo < k:
+                mid = lo + (k - lo) // (2 * align) * align
+                fewer = place(mid)
+                if isinstance(fewer, str):
+                    lo = mid + align
+                else:
+                    fewest, k = fewer, mid
+            if k < m and _grouped_no_worse(dp, bin_costs(fewest, dp * k), k,
+                                           bin_costs(placed, dp * m), m):
+                return fewest, k
+            return placed, m
         failed.append((m, placed))
         if placed == "samples":
             hi, shrunk = m - align, True
@@ -371,7 +392,12 @@ def place_grouped(
         if placed == "samples" or shrunk:
             m = lo + (hi - lo) // (2 * align) * align  # bisect what is left
         else:
-            m = min(next_m(m, 0, dp, align, cap), hi)
+            # Growing one count a try, RL groups with many responses cut at the maximum
+            # length (over half the cap each) took 26-36 placements (1.3 s at dp 512);
+            # the step doubles after _GROW_AFTER failures and the gap is bisected after.
+            tokens_failed += 1
+            step = next_m(m, 0, dp, align, cap) - m
+            m = min(m + step * 2 ** max(0, tokens_failed - _GROW_AFTER), hi)
 
 
 def heavy_groups_apart(g: Grouped, m: int, m_max: int) -> tuple[np.ndarray, int] | None:
@@ -402,6 +428,8 @@ def heavy_groups_apart(g: Grouped, m: int, m_max: int) -> tuple[np.ndarray, int]
 
 # Counts that failed before one is also tried with room for a median sample.
 _ROOMIER_AFTER = 3
+# Counts failed for tokens, one step apart, before the step doubles each failure.
+_GROW_AFTER = 3
 
 
 def _median_fitting(lens: np.ndarray, cap: int) -> int:
@@ -413,9 +441,7 @@ def _median_fitting(lens: np.ndarray, cap: int) -> int:
 
 def _fewer_placed(g: Grouped, placed: np.ndarray, m: int, m_floor: int, bin_costs):
     """`_fewer_if_no_worse` for whole groups: the first count tried placed them. Scored by
-    the makespan: placed groups are final (no local search moves them), and fewer
-    micro-batches per rank leave whole groups less room to balance, so a lower total can
-    still be a slower step."""
+    the makespan (`_grouped_no_worse`)."""
 
     def place(k: int) -> np.ndarray | None:
         fewer = g.place(k)
@@ -424,26 +450,31 @@ def _fewer_placed(g: Grouped, placed: np.ndarray, m: int, m_floor: int, bin_cost
     def costs(bins: np.ndarray, k: int) -> np.ndarray:
         return bin_costs(bins, g.dp * k)
 
-    def makespan(bin_q: np.ndarray, k: int) -> int:  # micro-batch ids are rank * k + slot
-        return int(bin_q.reshape(g.dp, k).sum(axis=1).max())
-
     def no_worse(fewer_q: np.ndarray, k: int, q_now: np.ndarray, m_now: int) -> bool:
-        fewer = makespan(fewer_q, k)
-        if fewer <= makespan(q_now, m_now):
-            return True
-        # A cost without a fixed part (tokens, FLOPs) totals the same at every count, so
-        # its makespans differ only by how finely whole groups balance; fewer micro-batches
-        # within 1% of the mean are taken then (each costs a GPU a fixed time that such a
-        # cost does not see; the group search closes most of that 1%). Pairs of RL samples
-        # at cap 4,096 kept 29-34% more micro-batches than placed, for placements 0.2-0.9%
-        # more even; with the fewest, the group search ended within 0.013% of the bound.
-        # (Taking the fewest on every tie cost 2% once: 52 -> 50 per rank, groups of 8.)
-        total = int(q_now.sum())
-        return int(fewer_q.sum()) == total and fewer * g.dp <= total * (1 + _FEWER_SLACK)
+        return _grouped_no_worse(g.dp, fewer_q, k, q_now, m_now)
 
     bins, _, m = _fewer_if_no_worse(place, costs, (placed, costs(placed, m), m), m_floor,
                                      g.align, no_worse)
     return bins, m
+
+
+def _grouped_no_worse(dp: int, fewer_q: np.ndarray, k: int, q_now: np.ndarray, m_now: int) -> bool:
+    """Whether whole groups placed at ``k`` micro-batches per rank (costs ``fewer_q``, ids
+    rank * k + slot) are no worse than at ``m_now`` (``q_now``): placed groups are final
+    (no local search moves single samples), and fewer micro-batches per rank leave whole
+    groups less room to balance, so a lower total can still be a slower step."""
+    fewer = int(fewer_q.reshape(dp, k).sum(axis=1).max())
+    if fewer <= int(q_now.reshape(dp, m_now).sum(axis=1).max()):
+        return True
+    # A cost without a fixed part (tokens, FLOPs) totals the same at every count, so
+    # its makespans differ only by how finely whole groups balance; fewer micro-batches
+    # within 1% of the mean are taken then (each costs a GPU a fixed time that such a
+    # cost does not see; the group search closes most of that 1%). Pairs of RL samples
+    # at cap 4,096 kept 29-34% more micro-batches than placed, for placements 0.2-0.9%
+    # more even; with the fewest, the group search ended within 0.013% of the bound.
+    # (Taking the fewest on every tie cost 2% once: 52 -> 50 per rank, groups of 8.)
+    total = int(q_now.sum())
+    return int(fewer_q.sum()) == total and fewer * dp <= total * (1 + _FEWER_SLACK)
 
 
 def _place_grouped_tight(
