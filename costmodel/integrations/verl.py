@@ -459,7 +459,9 @@ def balanced_micro_batches(
             verl.
         dp_size: ranks to spread the batch over.
         same_micro_num_in_dp: every rank runs the same number of micro-batches (always so
-            within one call; False lets each rank keep its own fewest).
+            within one call; False schedules each rank's share again on its own: the fewest
+            that pack under a cost that sums per sample, and what a cost model prices
+            lowest, which can be more; one scheduler call per rank).
         num_batches_divided_by: micro-batch count a multiple of this (virtual pipeline).
         min_num_micro_batch: at least this many micro-batches (per rank).
         use_dynamic_bsz_balance: cheap micro-batches at both ends of a rank's run order
@@ -509,7 +511,7 @@ def balanced_micro_batches(
                          "align is num_batches_divided_by)") from exc
     per_rank = s.microbatches
     if dp_size > 1 and not same_micro_num_in_dp:
-        # Each rank keeps its own fewest micro-batches for its share of the batch.
+        # Each rank's share scheduled again on its own, as verl's per-rank call would.
         per_rank = []
         for rank_mbs in s.microbatches:
             own = sorted(i for mb in rank_mbs for i in mb)
