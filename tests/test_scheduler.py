@@ -790,7 +790,7 @@ def test_ranks_packed_one_by_one_share_the_rounds(monkeypatch):
     micro-batches took rounds of 4 samples, 16,000 numpy rounds (130 ms). The ranks now
     share one packing's round budget, in water-filled rounds (checked here where ranks are
     packed one by one; `pack_ranks` takes the same rounds for all at once)."""
-    from costmodel.scheduler import groups, pack
+    from costmodel.scheduler import groups, pack, pack_ranks
 
     rounds = {"level": 0, "all": 0}
     level_round, argpartition = pack._level_round, np.argpartition
@@ -806,7 +806,7 @@ def test_ranks_packed_one_by_one_share_the_rounds(monkeypatch):
     monkeypatch.setattr(pack, "_level_round", counted_level)
     monkeypatch.setattr(pack.np, "argpartition", counted_argpartition)
     # Ranks one by one, as where `pack_ranks` leaves a rank to `pack_tokens`.
-    monkeypatch.setattr(groups, "pack_ranks", lambda lens, rank_of, dp, m, cap, rounds: (
+    monkeypatch.setattr(pack_ranks, "pack_ranks", lambda lens, rank_of, dp, m, cap, rounds: (
         np.zeros(lens.size, dtype=np.int64), np.zeros(dp, dtype=bool)))
     lengths = np.random.default_rng(0).integers(1, 257, 65536)
     s = build_schedule(lengths, dp_size=64, max_tokens_per_microbatch=16384,

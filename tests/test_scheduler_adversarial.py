@@ -702,16 +702,22 @@ def test_levelling_that_fails_by_a_hair_at_the_fewest_count_gets_best_fit_there(
     assert s.makespan_over_lower_bound <= 1.01
 
 
+def _count_placements(monkeypatch) -> list[int]:
+    """The counts each grouped placement is tried at, as the scheduler tries them."""
+    from costmodel.scheduler import counts
+
+    tries: list[int] = []
+    place = counts.Grouped.place
+    monkeypatch.setattr(counts.Grouped, "place",
+                        lambda self, m, *a, **k: tries.append(m) or place(self, m, *a, **k))
+    return tries
+
+
 def test_samples_that_tile_the_cap_find_the_fewest_count_at_once(monkeypatch):
     """Samples of exactly half the cap in pairs: the first guess leaves room for one more
     per micro-batch (twice the fewest), and the bisection down took a dozen placements of
     every group (0.55 s at 65,536 samples); the floor is tried first now."""
-    from costmodel.scheduler import counts
-
-    tries = []
-    place = counts.Grouped.place
-    monkeypatch.setattr(counts.Grouped, "place",
-                        lambda self, m, *a, **k: tries.append(m) or place(self, m, *a, **k))
+    tries = _count_placements(monkeypatch)
     lengths = np.full(4096, 4096)
     s = build_schedule(lengths, dp_size=8, max_tokens_per_microbatch=8192,
                        cost="h200/qwen3-8b", group_ids=np.arange(4096) // 2)
@@ -828,12 +834,7 @@ def test_brim_filled_ranks_are_retried_with_room_after_a_few_counts(monkeypatch)
     ranks to the brim at every count, and the count grew one at a time (26 placements at
     8,192 samples, 80 and 6 s at 65,536); with room for a median sample after three
     failures, a handful."""
-    from costmodel.scheduler import counts
-
-    tries = []
-    place = counts.Grouped.place
-    monkeypatch.setattr(counts.Grouped, "place",
-                        lambda self, m, *a, **k: tries.append(m) or place(self, m, *a, **k))
+    tries = _count_placements(monkeypatch)
     rng = np.random.default_rng(570)
     lengths = rng.integers(1, 2000, 8192)
     lengths[rng.choice(8192, 5, replace=False)] = 1_000_000
@@ -934,12 +935,7 @@ def test_grouped_counts_grow_faster_after_failures_and_bisect_back(monkeypatch):
     """GRPO-like groups with many responses cut at a maximum just over half the cap: the
     count grew one step a try, 28 placements of every group (0.56 s here, 1.3 s at
     65,536 samples); the step doubles after three failures and the gap is bisected."""
-    from costmodel.scheduler import counts
-
-    tries = []
-    place = counts.Grouped.place
-    monkeypatch.setattr(counts.Grouped, "place",
-                        lambda self, m, *a, **k: tries.append(m) or place(self, m, *a, **k))
+    tries = _count_placements(monkeypatch)
     lengths, groups = _grpo_batch(368924337, 768, 32, 32768, 0.6, 100)
     s = _schedule_quietly(lengths, dp_size=256, max_tokens_per_microbatch=65536,
                           cost="tokens", group_ids=groups)

@@ -227,6 +227,19 @@ def _by_rank(
     return new_id[bins], m, renumbered_q
 
 
+def _fewest_that_packs(pack, lo: int, hi: int, align: int, found=None):
+    """Bisect [lo, hi) for the fewest count ``pack`` takes: ``lo`` untried, ``hi`` packs
+    (as ``found``, where known). Returns (its bins or ``found``, that count)."""
+    while lo < hi:
+        mid = lo + (hi - lo) // (2 * align) * align
+        bins = pack(mid)
+        if bins is None:
+            lo = mid + align
+        else:
+            hi, found = mid, bins
+    return found, hi
+
+
 def _pays_per_microbatch(cost: Cost) -> bool:
     """Whether every micro-batch costs something of its own (a plain callable, or a
     cost-model object whose ``fixed_cost`` is missing or takes no ``mode``, may)."""
@@ -278,13 +291,7 @@ def _fewer_if_no_worse(pack, costs, packed, m_floor: int, align: int, no_worse,
             lo = m_floor + align
         else:
             hi, fewest = m_floor, found
-    while lo < hi:
-        mid = lo + (hi - lo) // (2 * align) * align
-        found = pack(mid)
-        if found is None:
-            lo = mid + align
-        else:
-            hi, fewest = mid, found
+    fewest, hi = _fewest_that_packs(pack, lo, hi, align, fewest)
     if fewest is not None:
         take_if_no_worse(hi, fewest)
     return bins, bin_q, m
@@ -370,14 +377,7 @@ def place_grouped(
                 return _fewer_placed(g, placed, m, lo, bin_costs)
             # Counts grown past after failures by tokens: bisect back for the fewest that
             # places, kept where no worse (`_grouped_no_worse`).
-            fewest, k = placed, m
-            while lo < k:
-                mid = lo + (k - lo) // (2 * align) * align
-                fewer = place(mid)
-                if isinstance(fewer, str):
-                    lo = mid + align
-                else:
-                    fewest, k = fewer, mid
+            fewest, k = _fewest_that_packs(lambda c: _or_none(place(c)), lo, m, align, placed)
             if k < m and _grouped_no_worse(dp, bin_costs(fewest, dp * k), k,
                                            bin_costs(placed, dp * m), m):
                 return fewest, k
@@ -439,13 +439,17 @@ def _median_fitting(lens: np.ndarray, cap: int) -> int:
     return min(int(np.median(fitting)), cap - 1) if fitting.size else 0
 
 
+def _or_none(placed: np.ndarray | str) -> np.ndarray | None:
+    """A placement, or None for the reason one failed."""
+    return None if isinstance(placed, str) else placed
+
+
 def _fewer_placed(g: Grouped, placed: np.ndarray, m: int, m_floor: int, bin_costs):
     """`_fewer_if_no_worse` for whole groups: the first count tried placed them. Scored by
     the makespan (`_grouped_no_worse`)."""
 
     def place(k: int) -> np.ndarray | None:
-        fewer = g.place(k)
-        return None if isinstance(fewer, str) else fewer
+        return _or_none(g.place(k))
 
     def costs(bins: np.ndarray, k: int) -> np.ndarray:
         return bin_costs(bins, g.dp * k)

@@ -26,7 +26,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from costmodel.scheduler.pack import MAX_ROUNDS, best_fit_pack, pack_tokens
-from costmodel.scheduler.pack_ranks import pack_ranks
+from costmodel.scheduler.pack_ranks import pack_each_rank
 from costmodel.scheduler.refine import MAX_SWEEPS, first_min_per_pair, pair_ranks, swap_partners
 from costmodel.scheduler.sorting import longest_first, members_of
 
@@ -354,19 +354,11 @@ def _pack_ranks(
     # A tight try packs as `_Packs.fit` judged each rank: with the full rounds (fewer can
     # fail where more succeed, and the other way round).
     rounds = MAX_ROUNDS if tight else max(_RANK_ROUNDS, MAX_ROUNDS // dp)
-    if dp >= _BATCH_MIN_DP:  # most ranks at once: 64 ranks of 64 samples 8.5 -> 1.3 ms
-        slots, packed = pack_ranks(lens, rank_of, dp, m, cap, rounds)
-    else:
-        slots, packed = np.zeros(lens.size, dtype=np.int64), np.zeros(dp, dtype=bool)
-    bin_of = rank_of * m + slots
-    by_rank, bounds = members_of(rank_of, dp)
-    for r in np.flatnonzero(~packed).tolist():  # the ranks pack_ranks leaves, one by one
-        idx = by_rank[bounds[r] : bounds[r + 1]]
-        bins = _pack_rank(lens[idx], m, cap, tight, rounds)
-        if bins is None:
-            return None
-        bin_of[idx] = r * m + bins
-    return bin_of
+    # Most ranks at once from _BATCH_MIN_DP: 64 ranks of 64 samples 8.5 -> 1.3 ms.
+    slots = pack_each_rank(lens, rank_of, dp, m, cap, rounds,
+                           lambda mine: _pack_rank(mine, m, cap, tight, rounds),
+                           batched=dp >= _BATCH_MIN_DP)
+    return None if slots is None else rank_of * m + slots
 
 
 class _Packs:

@@ -17,9 +17,30 @@ from __future__ import annotations
 
 import numpy as np
 
-from costmodel.scheduler.sorting import running_sums, segments
+from costmodel.scheduler.sorting import members_of, running_sums, segments
 
-__all__ = ["pack_ranks"]
+__all__ = ["pack_each_rank", "pack_ranks"]
+
+
+def pack_each_rank(
+    lengths: np.ndarray, rank_of: np.ndarray, dp: int, m: int, cap: int, max_rounds: int,
+    pack_one, *, batched: bool = True,
+) -> np.ndarray | None:
+    """Each sample's micro-batch on its rank (0..m-1), or None where a rank's do not pack:
+    `pack_ranks` for the ranks it packs (``batched``), ``pack_one(lengths of one rank, in
+    sample order)`` -> slots or None for the others, one by one."""
+    if batched:
+        slots, packed = pack_ranks(lengths, rank_of, dp, m, cap, max_rounds)
+    else:
+        slots, packed = np.zeros(lengths.size, dtype=np.int64), np.zeros(dp, dtype=bool)
+    by_rank, bounds = members_of(rank_of, dp)
+    for r in np.flatnonzero(~packed).tolist():
+        idx = by_rank[bounds[r] : bounds[r + 1]]
+        mine = pack_one(lengths[idx])
+        if mine is None:
+            return None
+        slots[idx] = mine
+    return slots
 
 
 def pack_ranks(
