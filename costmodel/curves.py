@@ -30,6 +30,8 @@ from typing import Any
 import numpy as np
 from numpy.typing import ArrayLike
 
+from costmodel import portable
+
 __all__ = ["MODES", "AttentionCurve", "ModeCurves", "TokenCurve"]
 
 MODES = ("train", "forward")
@@ -76,7 +78,8 @@ class AttentionCurve:
 
     def __init__(self, lengths: ArrayLike, ms: ArrayLike, *, what: str = "attention curve"):
         self.lengths, self.ms = _knots(lengths, ms, "lengths", what)
-        self._lx, self._ly = np.log(self.lengths), np.log(self.ms)
+        # portable, not numpy's exp/log: every rank must price a sample to the same bit.
+        self._lx, self._ly = portable.log(self.lengths), portable.log(self.ms)
         # scipy.interpolate costs ~0.4 s to import: only when a curve is built, not at
         # `import costmodel` (every training process, `costmodel --help`).
         from scipy.interpolate import PchipInterpolator
@@ -92,9 +95,9 @@ class AttentionCurve:
         lo, hi = self.lengths[0], self.lengths[-1]
         below, above = lo > L, hi < L
         inside = ~(below | above)
-        out[inside] = np.exp(self._pchip(np.log(L[inside])))
-        out[below] = self.ms[0] * (L[below] / lo) ** self.low_exponent
-        out[above] = self.ms[-1] * (L[above] / hi) ** self.tail_exponent
+        out[inside] = portable.exp(self._pchip(portable.log(L[inside])))
+        out[below] = self.ms[0] * portable.power(L[below] / lo, self.low_exponent)
+        out[above] = self.ms[-1] * portable.power(L[above] / hi, self.tail_exponent)
         return out
 
     def to_dict(self) -> dict[str, Any]:

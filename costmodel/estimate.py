@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from costmodel import flops
+from costmodel import flops, portable
 from costmodel.curves import MODES, AttentionCurve, ModeCurves, TokenCurve
 from costmodel.gpus import GpuInfo, lookup_gpu
 from costmodel.model import CostModel
@@ -44,12 +44,15 @@ _ATTN_EFF_MAX, _ATTN_HALF_LEN = 0.36, 768.0
 _ATTN_TRAIN_TIME_FACTOR = 3.7  # forward + backward, in forward times
 _BW_EFF = 0.85
 _SOFTMAX_P = 4.0  # smooth max of launch floor and GPU time
-_TOKEN_GRID = np.unique(np.round(np.geomspace(16, 262144, 8 * 14 + 1)).astype(np.int64))
-_LENGTH_GRID = np.unique(np.round(np.geomspace(16, 131072, 4 * 13 + 1)).astype(np.int64))
+# The grids and powers are `portable`'s: the same bits on every CPU (every rank prices a
+# sample alike; numpy's own differ in the last bit between AVX-512 and other CPUs).
+_TOKEN_GRID = np.unique(np.round(portable.geomspace(16, 262144, 8 * 14 + 1)).astype(np.int64))
+_LENGTH_GRID = np.unique(np.round(portable.geomspace(16, 131072, 4 * 13 + 1)).astype(np.int64))
 
 
-def _smooth_max(a: np.ndarray | float, b: np.ndarray) -> np.ndarray:
-    return (np.asarray(a) ** _SOFTMAX_P + b**_SOFTMAX_P) ** (1.0 / _SOFTMAX_P)
+def _smooth_max(a: float, b: np.ndarray) -> np.ndarray:
+    p = _SOFTMAX_P
+    return portable.power(a ** p + portable.power(b, p), 1.0 / p)
 
 
 def _gemm_efficiency(rows: np.ndarray) -> np.ndarray:

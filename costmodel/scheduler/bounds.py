@@ -7,6 +7,7 @@ import math
 
 import numpy as np
 
+from costmodel import portable
 from costmodel.scheduler.costs import Cost
 from costmodel.scheduler.sorting import longest_first
 
@@ -181,7 +182,7 @@ def _cheapest_per_token(cost: Cost, top: int) -> float:
     cheapest = float(np.min(cost.token_costs(fill) / fill))
     if top > _EXACT_FILLS:
         cells = math.ceil(math.log(top / _EXACT_FILLS) / math.log(_CELL_RATIO))
-        edges = np.unique(np.floor(np.geomspace(_EXACT_FILLS, top, cells + 1)))
+        edges = np.unique(np.floor(portable.geomspace(_EXACT_FILLS, top, cells + 1)))
         edges[-1] = top  # geomspace's last point can round below it
         cheapest = min(cheapest, float(np.min(cost.token_costs(edges[:-1]) / edges[1:])))
     return cheapest

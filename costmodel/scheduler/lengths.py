@@ -15,6 +15,7 @@ same lengths everywhere):
 from __future__ import annotations
 
 import json
+import math
 import re
 from pathlib import Path
 
@@ -45,10 +46,11 @@ def generate_lengths(
         raise ValueError(f"seed must be an integer >= 0, got {seed!r}")
     rng = np.random.default_rng(seed)
     prompt = rng.integers(200, 1501, size=n)
+    # math.log, not np.log: the same bits on every CPU (see costmodel.portable).
     if dist == "rl":
-        response = rng.lognormal(mean=np.log(1500.0), sigma=1.0, size=n)
+        response = rng.lognormal(mean=math.log(1500.0), sigma=1.0, size=n)
     elif dist == "bimodal":
-        short = rng.lognormal(mean=np.log(400.0), sigma=0.6, size=n)
+        short = rng.lognormal(mean=math.log(400.0), sigma=0.6, size=n)
         long_ = rng.uniform(0.75 * max_response, max_response, size=n)
         is_long = rng.random(n) < 0.10
         response = np.where(is_long, long_, short)
