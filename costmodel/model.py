@@ -50,7 +50,7 @@ from costmodel.model_file import (
     utc_timestamp,
     write_json_atomic,
 )
-from costmodel.profiles import profile_for_shape, profile_path
+from costmodel.profiles import profile_for_shape, profile_path, shipped_profiles
 from costmodel.spec import ModelSpec, as_spec, preset_names
 
 __all__ = [
@@ -376,12 +376,14 @@ def separable_microbatch_costs(
 
 def _not_a_name(text: str, why: str) -> UnknownCostModel:
     """``text`` is no file, nor a name of a cost model (``why``), or just a model preset."""
+    measured = f"; measured profiles shipped: {', '.join(shipped_profiles()) or 'none'}"
     if text.strip().lower() in preset_names():  # the model alone: which GPU is not said
         return UnknownCostModel(
             f"{text!r} is a model preset, not a cost model: name one as GPU/MODEL, e.g. "
-            f"'h200/{text.strip().lower()}' (known GPUs: {', '.join(gpus.gpu_keys())})"
+            f"'h200/{text.strip().lower()}' (known GPUs: {', '.join(gpus.gpu_keys())}; any "
+            f"other than a measured profile's gives the registry estimate){measured}"
         )
-    return UnknownCostModel(f"{text!r} {why}")
+    return UnknownCostModel(f"{text!r} {why}{measured}")
 
 
 def load_cost_model(

@@ -348,7 +348,7 @@ def test_separable_local_search_keeps_exact_books():
     rank_slot[np.argsort(-fills, kind="stable")] = np.arange(dp * m)
     bin_of = rank_slot[packed]
     scale = 2.0**30
-    q = np.rint(cost.sample_costs(lengths) * scale).astype(np.int64)
+    q = np.rint(cost.model.sample_cost(lengths) * scale).astype(np.int64)
     st_ = BinState(lengths, q, bin_of.copy(), dp, m, cap, cost, scale)
     before = int(st_.load.max())
     assert local_search(st_) > 0 and int(st_.load.max()) < before

@@ -82,8 +82,10 @@ def test_names_a_user_mixes_up_across_commands(tmp_path, capsys, monkeypatch):
     assert main(["schedule", "--lengths", "./rl", "--dp", "2"]) == 0
     assert "16 lengths from ./rl" in capsys.readouterr().out
     assert main(["simulate", "--n", "64", "--cost-model", "qwen3-8b"]) == 2
+    err = capsys.readouterr().err
     assert ("'qwen3-8b' is a model preset, not a cost model: name one as GPU/MODEL, e.g. "
-            "'h200/qwen3-8b'") in capsys.readouterr().err
+            "'h200/qwen3-8b'") in err
+    assert err.rstrip().endswith("measured profiles shipped: h200/qwen3-8b")  # what a name can be
 
 
 def test_schedule_user_errors_are_one_line(tmp_path, capsys):

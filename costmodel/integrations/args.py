@@ -331,7 +331,9 @@ def scheduler_from_args(
         if (model is not None and spec is not None
                 and as_spec(spec).shape_key() != model.spec.shape_key()
                 and not _switch(args, "cost_model_allow_other_shape")):
-            validate_args(args, spec=spec)  # validated for another spec: raises naming both
+            # Validated for another spec: again for this one (a file or GPU/MODEL name of
+            # another shape raises naming both; a GPU key alone resolves to this spec's).
+            validate_args(args, spec=spec)
             model = getattr(args, _LOADED_ATTR)
         if model is not None:
             cost: Any = model

@@ -305,9 +305,7 @@ def _check_enough_sequences(
         return  # enough, or too few for dp_size itself: build_schedule's message names it
     asking = {name: value for name, value in (("min_num_micro_batch", min_count),
                                               ("num_batches_divided_by", divided_by))
-              if value is not None and value > 1}
-    if not asking:
-        return
+              if value is not None and value > 1}  # need > 1: one of them is
     where = " per rank" if dp_size > 1 else ""
     given = " and ".join(f"{name}={value}" for name, value in asking.items())
     raise TooFewSequences(

@@ -139,7 +139,6 @@ class TransformerLayer(nn.Module):
             self.num_kv_heads = spec.num_heads  # MLA expands the latent to every head
             self.qk_head_dim = spec.qk_nope_head_dim + spec.qk_rope_head_dim
             self.v_head_dim = spec.v_head_dim
-            self.rope_dim = spec.qk_rope_head_dim
             q_out = spec.num_heads * self.qk_head_dim
             if spec.q_lora_rank > 0:
                 self.w_q_a = init_weight(spec.q_lora_rank, hidden, **kw)
@@ -154,7 +153,7 @@ class TransformerLayer(nn.Module):
             )
         else:
             self.num_kv_heads = spec.num_kv_heads
-            self.qk_head_dim = self.v_head_dim = self.rope_dim = spec.head_dim
+            self.qk_head_dim = self.v_head_dim = spec.head_dim
             qkv_out = (spec.num_heads + 2 * spec.num_kv_heads) * spec.head_dim
             self.w_qkv = init_weight(qkv_out, hidden, **kw)
             if spec.qk_norm:

@@ -5,8 +5,9 @@ samples that alone would blow the time budget). Every cost becomes a `Cost` with
 
 - ``microbatch_costs(lengths, offsets)``: the cost of many micro-batches at once, laid out
   CSR-style (``lengths`` concatenated, micro-batch k = ``lengths[offsets[k]:offsets[k+1]]``);
-- ``sample_costs(lengths)``: the marginal cost of each sample inside a micro-batch, the
-  weight the greedy packer balances before the true micro-batch costs take over.
+- ``marginal_costs(lengths, fill_tokens)``: the cost each sample adds to a micro-batch of
+  about ``fill_tokens`` tokens, the weight the greedy packer balances before the true
+  micro-batch costs take over (exact for additive costs: their ``sample_costs``).
 
 Accepted ``cost`` values (see `as_cost`):
 
@@ -100,6 +101,7 @@ class Cost:
         raise NotImplementedError
 
     def sample_costs(self, lengths: np.ndarray) -> np.ndarray:
+        """Each sample's cost (additive costs only: a micro-batch costs ``fixed`` + their sum)."""
         raise NotImplementedError
 
     def microbatch_cost(self, lengths) -> float:
@@ -300,14 +302,6 @@ class ModelCost(Cost):
     def token_costs(self, tokens: np.ndarray) -> np.ndarray:
         return np.asarray(self.model.token_costs(tokens, mode=self.mode), dtype=np.float64)
 
-    def sample_costs(self, lengths: np.ndarray) -> np.ndarray:
-        fn = getattr(self.model, "sample_cost", None)
-        if fn is None:
-            return self.marginal_costs(lengths, int(np.max(lengths, initial=1)))
-        if _accepts_mode(fn):
-            return np.asarray(fn(lengths, mode=self.mode), dtype=np.float64)
-        return np.asarray(fn(lengths), dtype=np.float64)
-
 
 class CallableCost(Cost):
     """A plain function of one micro-batch's lengths. Called once per micro-batch."""
@@ -325,9 +319,6 @@ class CallableCost(Cost):
                 raise CostError(f"cost {self.name!r} failed on a micro-batch "
                                 f"({type(err).__name__}: {err})") from err
         return out
-
-    def sample_costs(self, lengths: np.ndarray) -> np.ndarray:
-        return self.marginal_costs(lengths, int(np.max(lengths, initial=1)))
 
 
 def tokens_cost() -> AdditiveCost:

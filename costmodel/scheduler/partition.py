@@ -89,7 +89,7 @@ def _kk_labels(w: np.ndarray, k: int, equal_size: bool) -> np.ndarray:
     # Ascending by weight, ties by index: the order the method consumes items in.
     order = np.lexsort((np.arange(n), w))
     dtype = w.dtype
-    left = np.full(n, -1, dtype=np.int64)  # union nodes n.. : children
+    left = np.full(n, -1, dtype=np.int64)  # union nodes n.. : children (n - 1 at most)
     right = np.full(n, -1, dtype=np.int64)
     next_node = n
 
@@ -144,11 +144,6 @@ def _kk_labels(w: np.ndarray, k: int, equal_size: bool) -> np.ndarray:
         c = int(both.sum())
         if c:
             ids = np.arange(next_node, next_node + c, dtype=np.int64)
-            need = next_node + c - n
-            if need > left.size:
-                grow = max(need, left.size * 2) - left.size
-                left = np.concatenate([left, np.full(grow, -1, dtype=np.int64)])
-                right = np.concatenate([right, np.full(grow, -1, dtype=np.int64)])
             left[next_node - n : next_node - n + c] = na[both]
             right[next_node - n : next_node - n + c] = nb[both]
             new_nodes[both] = ids
