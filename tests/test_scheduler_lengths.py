@@ -120,6 +120,9 @@ def test_a_text_file_named_npy_is_not_sent_to_pickle(tmp_path):
     with pytest.raises(ValueError, match=r"lengths\.npy: not a \.npy array of lengths \(not a "
                        r"\.npy file\); save an integer array with numpy\.save, or give the lengths as a text"):
         read_lengths(tmp_path / "lengths.npy")
+    np.save(tmp_path / "objects.npy", np.array([100, "x"], dtype=object), allow_pickle=True)
+    with pytest.raises(ValueError, match=r"not a \.npy array of lengths \(an array of Python objects\)"):
+        read_lengths(tmp_path / "objects.npy")
 
 
 def test_lengths_from_a_pipe(tmp_path):

@@ -14,6 +14,7 @@ same lengths everywhere):
 
 from __future__ import annotations
 
+import io
 import json
 import math
 import re
@@ -132,12 +133,18 @@ def read_lengths(path: str | Path) -> np.ndarray:
     return parse_lengths(text, str(p))
 
 
+_NPY_MAGIC = b"\x93NUMPY"
+
+
 def _read_npy(p: Path) -> np.ndarray:
     try:
-        values = np.load(p, allow_pickle=False)
-    except (ValueError, OSError, EOFError) as err:  # not .npy, or an object array
-        # numpy says a text file "contains pickled data" and suggests allow_pickle: not that.
-        reason = "not a .npy file" if "contains pickled" in str(err) else str(err)
+        data = p.read_bytes()  # read once: a named pipe cannot be opened twice
+        # numpy calls any other file "pickled data" and suggests allow_pickle: not that.
+        if not data.startswith(_NPY_MAGIC):
+            raise ValueError("not a .npy file")
+        values = np.load(io.BytesIO(data), allow_pickle=False)
+    except (ValueError, OSError, EOFError) as err:  # not .npy, truncated, an object array
+        reason = "an array of Python objects" if "pickle" in str(err) else str(err)
         raise ValueError(f"{p}: not a .npy array of lengths ({reason}); save an integer array "
                          "with numpy.save, or give the lengths as a text file (one per line)") from None
     if values.ndim != 1 or not np.issubdtype(values.dtype, np.integer):
