@@ -1,0 +1,445 @@
+"""build_schedule's rarer paths, each on the smallest input found to reach it (a coverage
+audit's list): a plain callable cost with groups, one rank under a callable, samples over
+the cap that outweigh a rank, and the inputs the scheduler refuses. Checked for what a user
+needs, not only that the path runs: the guarantees (`check_schedule`), the predicted costs
+being the cost's own, and, these inputs being tiny, the best schedule by brute force: a
+refusal must mean no legal schedule exists, and a schedule's makespan is compared with
+the best one. Also evaluate_schedule on an empty step and under a plain callable, a
+cost-model object whose batched method takes no mode, the baseline given a preset name,
+and the integrations' cost-model paths without a model shape on args.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import itertools
+import logging
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+from test_integrations_slime import check as check_slime
+from test_integrations_slime import config, make_args
+from test_scheduler import check_schedule
+
+from costmodel.integrations.args import add_arguments, scheduler_from_args, validate_args
+from costmodel.integrations.slime import build_dp_schedule
+from costmodel.scheduler import build_schedule, evaluate_schedule, generate_lengths
+from costmodel.scheduler.baselines import first_fit_then_karmarkar_karp
+from costmodel.scheduler.costs import as_cost
+from costmodel.spec import ModelSpec
+
+
+def quadratic(lengths: np.ndarray) -> float:
+    """A plain callable cost (the scheduler cannot see that it is additive): a fixed 3 per
+    micro-batch, and per sample its tokens and a little more for attention."""
+    return 3 + float(np.sum(lengths + lengths.astype(float) ** 2 / 512))
+
+
+def tokens(lengths: np.ndarray) -> float:
+    return float(lengths.sum())
+
+
+@functools.cache
+def h200_qwen3_8b():
+    return as_cost("h200/qwen3-8b", "qwen3-8b", "train").microbatch_cost
+
+
+def _by_name(cost):
+    """(the cost as a function of a micro-batch's lengths, what build_schedule takes)."""
+    return {"quadratic": (quadratic, quadratic), "tokens": (tokens, "tokens"),
+            "h200": (h200_qwen3_8b(), "h200/qwen3-8b")}[cost]
+
+
+def _partitions(items: tuple):
+    """Every set partition of ``items`` into blocks."""
+    if not items:
+        yield []
+        return
+    first, rest = items[0], items[1:]
+    for part in _partitions(rest):
+        yield [[first], *part]
+        for k in range(len(part)):
+            yield [*part[:k], [first, *part[k]], *part[k + 1:]]
+
+
+def best_schedule(lengths, dp, cap, cost, group_ids=None):
+    """By brute force, the lowest makespan of any schedule build_schedule may return (every
+    sample once; a micro-batch of several samples within the cap; the same number, at least
+    one, of micro-batches on every rank; a group on one rank) and its micro-batches; (None,
+    None) where there is none. For a handful of samples only."""
+    lengths = np.asarray(lengths)
+    n = lengths.size
+    gids = list(range(n)) if group_ids is None else list(group_ids)
+    groups = sorted(set(gids))
+
+    @functools.cache
+    def cheapest_by_count(samples: tuple) -> dict:  # count -> (cost, micro-batches)
+        best: dict = {}
+        for part in _partitions(samples):
+            if any(len(b) > 1 and int(lengths[b].sum()) > cap for b in part):
+                continue
+            c = sum(cost(lengths[sorted(b)]) for b in part)
+            if len(part) not in best or c < best[len(part)][0]:
+                best[len(part)] = (c, sorted(sorted(b) for b in part))
+        return best
+
+    best = (None, None)
+    for ranks in itertools.product(range(dp), repeat=len(groups)):
+        rank_of = dict(zip(groups, ranks))
+        mine = [tuple(i for i in range(n) if rank_of[gids[i]] == r) for r in range(dp)]
+        if not all(mine):
+            continue
+        tables = [cheapest_by_count(s) for s in mine]
+        for m in set.intersection(*(set(t) for t in tables)):
+            span = max(t[m][0] for t in tables)
+            if best[0] is None or span < best[0]:
+                best = (span, [t[m][1] for t in tables])
+    return best
+
+
+def check_costs(s, lengths, cost) -> None:
+    """The schedule's predicted costs are the cost's own, micro-batch by micro-batch."""
+    lengths = np.asarray(lengths)
+    for rank_mbs, rank_costs, total in zip(s.microbatches, s.microbatch_costs, s.rank_costs):
+        assert rank_costs == pytest.approx([cost(lengths[mb]) for mb in rank_mbs], rel=1e-9)
+        assert total == pytest.approx(sum(rank_costs), rel=1e-9)
+
+
+# -- every tiny batch, against brute force ----------------------------------------------
+
+# Tiny batches where the schedule is above the best one (found by this sweep; why: see
+# ABOVE_THE_BEST): (lengths, ranks, cap) -> makespan / best.
+KNOWN_ABOVE_THE_BEST = {
+    "tokens": {((2, 2, 2, 5), 2, 6): 7 / 6},
+    "quadratic": {
+        ((2, 2, 2, 3, 3), 2, 6): 1.3321, ((2, 2, 2, 3, 3), 1, 6): 1.1662,
+        ((1, 3, 4, 4), 1, 6): 1.1424, ((1, 2, 3, 3, 3), 1, 4): 1.1247,
+        ((1, 3, 4, 4, 4), 1, 6): 1.1068, ((1, 3, 4, 4, 5), 1, 6): 1.1030,
+        ((1, 3, 4, 5, 5), 1, 6): 1.0996, ((1, 2, 5, 5, 5), 1, 6): 1.0995,
+    },
+}
+
+
+@pytest.mark.parametrize(("name", "caps"), [("tokens", (2, 3, 4, 5, 6)), ("quadratic", (4, 6))])
+def test_every_tiny_batch_is_refused_only_when_nothing_fits_and_balanced_as_the_best(name, caps):
+    """Without groups, a refusal where a legal schedule exists would be a bug (with groups
+    the search may give up: NP-hard, documented). Every multiset of 1-5 samples of 1-5
+    tokens, on 1-3 ranks: refused exactly when brute force finds no legal schedule, and
+    otherwise at the best makespan, but for the few listed (never past 4/3 of it)."""
+    cost, arg = _by_name(name)
+    above = {}
+    for n in range(1, 6):
+        for lengths in itertools.combinations_with_replacement(range(1, 6), n):
+            for dp, cap in itertools.product(range(1, min(n, 3) + 1), caps):
+                best, _ = best_schedule(lengths, dp, cap, cost)
+                try:
+                    s = build_schedule(lengths, dp_size=dp, max_tokens_per_microbatch=cap,
+                                       cost=arg)
+                except ValueError as err:
+                    assert best is None, (lengths, dp, cap, str(err))
+                    continue
+                assert best is not None, (lengths, dp, cap, "scheduled what cannot be")
+                check_schedule(s, lengths, dp=dp, cap=cap)
+                if s.makespan > best * (1 + 1e-9):
+                    above[(lengths, dp, cap)] = s.makespan / best
+    known = KNOWN_ABOVE_THE_BEST[name]
+    assert set(above) <= set(known), {k: v for k, v in above.items() if k not in known}
+    assert all(above[k] <= known[k] * (1 + 1e-4) <= 4 / 3 + 1e-4 for k in above)
+
+
+# -- a plain callable cost ----------------------------------------------------------------
+
+
+def test_a_plain_callable_cost_keeps_groups_whole_and_finds_the_best_split():
+    """Groups under a cost the scheduler can only call: the group search and the pair
+    repack (which price moves on additive or separable costs) step aside, and every
+    micro-batch is priced by calling it. Groups of 11, 15, 3 and 9 tokens on two ranks
+    cannot split 19/19: 20/18 plus a fixed 1 per micro-batch is the best, 21."""
+    lengths = [5, 6, 7, 8, 3, 9]
+    group_ids = [0, 0, 1, 1, 2, 3]
+
+    def cost(x):
+        return float(x.sum()) + 1
+
+    s = build_schedule(lengths, dp_size=2, max_tokens_per_microbatch=20, cost=cost,
+                       group_ids=group_ids)
+    check_schedule(s, lengths, dp=2, cap=20, group_ids=group_ids)
+    check_costs(s, lengths, cost)
+    best, _ = best_schedule(lengths, 2, 20, cost, group_ids)
+    assert best == 21
+    assert s.makespan == best
+    assert s.lower_bound <= s.makespan
+
+
+@pytest.mark.parametrize("dp", [1, 2])
+def test_one_rank_under_a_plain_callable_packs_tightly_where_levelling_fails(dp):
+    """A plain callable may pay for every micro-batch (this one does: 3 each), so where a
+    level fill of the fewest micro-batches the tokens allow fails, a tight packing is tried
+    there before more are asked for: {5, 5} and {1, 3, 3, 3} in two micro-batches of 10
+    (four, 23% slower, without it; on two ranks one each, two each without it)."""
+    lengths = [1, 3, 3, 3, 5, 5]
+    s = build_schedule(lengths, dp_size=dp, max_tokens_per_microbatch=10, cost=quadratic)
+    check_schedule(s, lengths, dp=dp, cap=10)
+    check_costs(s, lengths, quadratic)
+    best, _ = best_schedule(lengths, dp, 10, quadratic)
+    assert s.makespan == pytest.approx(best, rel=1e-9)
+    assert s.lower_bound <= best * (1 + 1e-9)
+
+
+# Inputs a brute force beat (not fixed here): lengths, ranks, cap, cost, makespan / best.
+ABOVE_THE_BEST = [
+    # One rank, a fixed cost per micro-batch: the first guess (2) fails, growth asks for 4,
+    # and 3, which packs, is never tried.
+    ([1, 5, 6, 6], 1, 10, "quadratic", 1.1104),
+    ([1000, 5000, 6000, 6000], 1, 10000, "h200", 1.0501),  # the shipped profile too
+    # Two ranks: the guess (2 each) packs; fewer are tried by levelling only, which misses
+    # the exact fills {2, 2, 2} | {3, 3}.
+    ([2, 2, 2, 3, 3], 2, 6, "quadratic", 1.3321),
+    # No fixed part: one each ({5} | {2, 2, 2}: 6) is taken only if perfectly even (5.5).
+    ([2, 2, 2, 5], 2, 6, "tokens", 7 / 6),
+]
+
+
+@pytest.mark.parametrize(("lengths", "dp", "cap", "cost", "above"), ABOVE_THE_BEST)
+def test_inputs_a_brute_force_beats_keep_the_guarantees_and_go_no_further(
+        lengths, dp, cap, cost, above):
+    """What the inputs below (`test_fewer_micro_batches_that_cost_less_are_found`) get
+    today: every guarantee, and no more above the best than when they were found."""
+    fn, arg = _by_name(cost)
+    s = build_schedule(lengths, dp_size=dp, max_tokens_per_microbatch=cap, cost=arg,
+                       spec="qwen3-8b")
+    check_schedule(s, lengths, dp=dp, cap=cap)
+    check_costs(s, lengths, fn)
+    best, _ = best_schedule(lengths, dp, cap, fn)
+    assert best <= s.makespan <= best * above * (1 + 1e-4)
+
+
+@pytest.mark.xfail(strict=True, reason="a finding, not fixed here: fewer micro-batches "
+                   "that cost less are not found (see the docstring)")
+@pytest.mark.parametrize(("lengths", "dp", "cap", "cost", "above"), ABOVE_THE_BEST)
+def test_fewer_micro_batches_that_cost_less_are_found(lengths, dp, cap, cost, above):
+    """Findings of this file's brute force. Fewer micro-batches are looked for only when
+    the first guess packs, or on one rank under an additive cost, and by levelling alone
+    on two or more ranks. So one rank under a plain callable or the measured H200 profile
+    keeps the count growth overshot to (verl schedules rank by rank; in 200 random
+    one-rank batches the profile's schedule was slower than first-fit decreasing's in 102,
+    by up to 4.1%), and exact fills at fewer are missed; a cost without a fixed part takes
+    fewer only where they split perfectly evenly, not wherever they are better."""
+    fn, arg = _by_name(cost)
+    s = build_schedule(lengths, dp_size=dp, max_tokens_per_microbatch=cap, cost=arg,
+                       spec="qwen3-8b")
+    best, _ = best_schedule(lengths, dp, cap, fn)
+    assert s.makespan == pytest.approx(best, rel=1e-9)
+
+
+# -- samples over the cap that outweigh a rank --------------------------------------------
+
+
+@pytest.mark.parametrize(("lengths", "dp", "cap", "cost"), [
+    # One sample per rank: the heavy layout's count search runs past the most allowed.
+    ([302, 90, 3], 3, 16, "tokens"),
+    # The heavy rank needs a rider per micro-batch and the rest too few for theirs.
+    ([1, 24, 1, 1, 1, 8], 3, 2, "tokens"),
+    # Riders that pack beside the heavy sample at no count tried.
+    ([107, 122, 2, 293, 3, 2, 84], 3, 16, "quadratic"),
+    # A layout built at one count, and none at the next: the search stops there.
+    ([278, 3, 109, 2, 3, 3], 3, 16, "quadratic"),
+])
+def test_a_sample_that_outweighs_a_rank_gets_the_best_schedule(lengths, dp, cap, cost):
+    """Heavy samples far over the cap on tiny inputs, where the heavy layouts give up
+    (too few samples for a count, riders that do not pack): the schedule must still keep
+    every guarantee and, the heaviest sample's rank being the makespan, reach the best."""
+    fn, arg = _by_name(cost)
+    s = build_schedule(lengths, dp_size=dp, max_tokens_per_microbatch=cap, cost=arg)
+    check_schedule(s, lengths, dp=dp, cap=cap)
+    check_costs(s, lengths, fn)
+    best, _ = best_schedule(lengths, dp, cap, fn)
+    assert s.makespan == pytest.approx(best, rel=1e-9)
+    assert s.lower_bound <= s.makespan * (1 + 1e-9)
+
+
+# -- refusals -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("lengths", "cap", "fixes"), [
+    ([2, 3, 3], 4, [dict(dp_size=1), dict(max_tokens_per_microbatch=5)]),
+    ([60, 60, 45], 100, [dict(dp_size=1), dict(max_tokens_per_microbatch=120)]),
+])
+def test_samples_no_count_of_micro_batches_holds_are_refused_and_the_advice_works(
+        lengths, cap, fixes):
+    """Three samples on two ranks need one micro-batch each (two would leave one empty),
+    so one rank's two samples share a micro-batch: over the cap here. No legal schedule
+    exists (brute force), the error says so and what to change, and either change gives
+    the best schedule."""
+    assert best_schedule(lengths, 2, cap, tokens) == (None, None)
+    with pytest.raises(ValueError, match=r"could not pack 3 samples into 2 ranks .*tried m = "
+                                         r"\[1\].*raise max_tokens_per_microbatch, or lower "
+                                         r"dp_size"):
+        build_schedule(lengths, dp_size=2, max_tokens_per_microbatch=cap)
+    for fix in fixes:
+        kw = {"dp_size": 2, "max_tokens_per_microbatch": cap, **fix}
+        s = build_schedule(lengths, **kw)
+        check_schedule(s, lengths, dp=kw["dp_size"], cap=kw["max_tokens_per_microbatch"])
+        best, _ = best_schedule(lengths, kw["dp_size"], kw["max_tokens_per_microbatch"], tokens)
+        assert s.makespan == best
+
+
+@pytest.mark.parametrize(("lengths", "cap", "group_ids", "cost"), [
+    # Five samples over the cap; 4 and 3 fit together but are in different groups.
+    ([4, 13, 14, 17, 17, 15, 3], 10, [3, 2, 0, 0, 1, 2, 1], "tokens"),
+    # Every micro-batch of a rank holds a sample over the cap, and one is left.
+    ([20, 8, 17, 1, 1], 2, [1, 0, 2, 0, 1], "h200"),
+    # Three groups, each two micro-batches: the rank with two needs 3, the other has 2.
+    ([4, 4, 2, 1, 4, 3], 4, [1, 2, 0, 2, 0, 1], "tokens"),
+    # Two groups: one needs five micro-batches (pairwise over the cap), the other has four.
+    ([7, 6, 4, 10, 6, 3, 9, 8, 5], 10, [1, 0, 1, 0, 0, 1, 1, 0, 0], "tokens"),
+])
+def test_groups_that_fit_no_equal_count_are_refused_and_ungrouped_they_schedule(
+        lengths, cap, group_ids, cost):
+    """The grouped refusals of the packer's last resorts (every rank's micro-batches already
+    hold a sample over the cap; a group that alone does not pack the count; the exact
+    search finding nothing): each is right, no legal placement exists (brute force over
+    every group-to-rank assignment and packing). The error's advice, smaller groups (here
+    none), gives the best schedule."""
+    fn, arg = _by_name(cost)
+    assert best_schedule(lengths, 2, cap, fn, group_ids) == (None, None)
+    with pytest.raises(ValueError, match=rf"could not pack {len(lengths)} samples in "
+                                         rf"{len(set(group_ids))} groups into 2 ranks.*use "
+                                         "smaller groups"):
+        build_schedule(lengths, dp_size=2, max_tokens_per_microbatch=cap, cost=arg,
+                       spec="qwen3-8b", group_ids=group_ids)
+    s = build_schedule(lengths, dp_size=2, max_tokens_per_microbatch=cap, cost=arg,
+                       spec="qwen3-8b")
+    check_schedule(s, lengths, dp=2, cap=cap)
+    best, _ = best_schedule(lengths, 2, cap, fn)
+    assert s.makespan == pytest.approx(best, rel=1e-9)
+
+
+# -- evaluate_schedule --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("ranks", [1, 2])
+def test_evaluating_an_empty_step_costs_nothing(ranks):
+    """A step with no samples (a trainer's last, partial one) evaluates to an idle schedule
+    rather than an error: nothing to run, nothing over the cap, a bound of 0."""
+    s = evaluate_schedule([[] for _ in range(ranks)], [], max_tokens_per_microbatch=10)
+    assert s.microbatches == [[]] * ranks and s.rank_costs == [0.0] * ranks
+    assert s.makespan == 0.0 and s.lower_bound == 0.0 and s.imbalance == 1.0
+    assert s.cap_violations == 0 and s.oversized == 0
+
+
+def test_evaluating_under_a_plain_callable_prices_each_micro_batch_and_bounds_the_best():
+    """Micro-batches built elsewhere, priced by a callable the scheduler can only call:
+    each micro-batch's cost is the callable's, and the lower bound is the documented one
+    (the samples longest first cut every cap tokens, here {7, 6} and {5}, over the ranks;
+    or the costliest sample alone), which no legal schedule beats."""
+    lengths = np.array([5, 6, 7])
+    s = evaluate_schedule([[[0, 1]], [[2]]], lengths, max_tokens_per_microbatch=12,
+                          cost=quadratic)
+    assert s.microbatches == [[[0, 1]], [[2]]] and s.microbatch_tokens == [[11], [7]]
+    check_costs(s, lengths, quadratic)
+    cut = (quadratic(np.array([7, 6])) + quadratic(np.array([5]))) / 2
+    assert s.lower_bound == pytest.approx(max(cut, quadratic(np.array([7]))), rel=1e-12)
+    best, _ = best_schedule(lengths, 2, 12, quadratic)
+    assert s.lower_bound <= best <= s.makespan
+    built = build_schedule(lengths, dp_size=2, max_tokens_per_microbatch=12, cost=quadratic)
+    assert built.lower_bound == s.lower_bound and built.makespan == pytest.approx(best)
+
+
+# -- cost objects, baselines ----------------------------------------------------------------
+
+
+class BatchedNoMode:
+    """A cost-model-like object: only a vectorised microbatch_costs(lengths, offsets), with
+    no ``mode`` (it would raise TypeError if given one)."""
+
+    def __init__(self):
+        self.calls = 0
+
+    def microbatch_costs(self, lengths, offsets):
+        self.calls += 1
+        return np.array([quadratic(lengths[a:b]) for a, b in zip(offsets[:-1], offsets[1:])])
+
+
+def test_a_cost_objects_batched_method_without_a_mode_is_called_without_one():
+    """Such an object prices micro-batches exactly as the same cost as a callable: the same
+    schedule, within 0.1% of the best (4/512 of 23.27 above it: {5, 6, 9} | {7, 8, 3, 2}
+    against {5, 7, 8} | {6, 3, 9, 2}), and evaluate_schedule reads it the same way."""
+    lengths = [5, 6, 7, 8, 3, 9, 2]
+    model = BatchedNoMode()
+    s = build_schedule(lengths, dp_size=2, max_tokens_per_microbatch=20, cost=model)
+    assert model.calls > 0
+    check_schedule(s, lengths, dp=2, cap=20)
+    check_costs(s, lengths, quadratic)
+    same = build_schedule(lengths, dp_size=2, max_tokens_per_microbatch=20, cost=quadratic)
+    assert s.microbatches == same.microbatches and s.rank_costs == same.rank_costs
+    best, _ = best_schedule(lengths, 2, 20, quadratic)
+    assert best <= s.makespan <= best * 1.001
+    again = evaluate_schedule(s.microbatches, lengths, max_tokens_per_microbatch=20, cost=model)
+    assert again.rank_costs == s.rank_costs
+
+
+def test_the_baseline_takes_a_preset_name_for_its_flops():
+    """The first-fit baseline weighs samples by the model's FLOPs; a preset name is read as
+    that model (it reached the FLOPs count as a string). Its guarantees: every sample once,
+    no micro-batch over the cap, the same count on every rank."""
+    lengths = [900, 3000, 120, 4000, 2500, 64, 700, 1800, 4096, 33]
+    kw = dict(dp_size=2, max_tokens_per_microbatch=4096)
+    by_name = first_fit_then_karmarkar_karp(lengths, spec="qwen3-8b", **kw)
+    assert by_name == first_fit_then_karmarkar_karp(
+        lengths, spec=ModelSpec.from_preset("qwen3-8b"), **kw)
+    assert by_name != first_fit_then_karmarkar_karp(lengths, spec="qwen3-0.6b", **kw)  # it counts
+    s = evaluate_schedule(by_name, lengths, max_tokens_per_microbatch=4096, cost="flops",
+                          spec="qwen3-8b")
+    check_schedule(s, lengths, dp=2, cap=4096)
+
+
+# -- integrations: the model shape missing from args ------------------------------------------
+
+
+def _flops_args(*extra):
+    return add_arguments(argparse.ArgumentParser()).parse_args(
+        ["--use-dynamic-batch-size", "--max-tokens-per-gpu", "4096", "--balance-by-flops",
+         *extra])
+
+
+def test_flops_kwargs_without_a_spec_or_shape_say_to_pass_one():
+    """Validated with spec=, then asked for kwargs without it and with no Megatron shape on
+    args: the FLOPs need a shape, and the error says where to give it (not a failure inside
+    build_schedule); given it, the kwargs schedule by FLOPs."""
+    args = _flops_args()
+    validate_args(args, spec="qwen3-8b")
+    with pytest.raises(ValueError, match="needs the model shape: pass spec= to scheduler_from_args"):
+        scheduler_from_args(args)
+    kwargs = scheduler_from_args(args, spec="qwen3-8b", dp_size=2)
+    assert kwargs["cost"] == "flops"
+    lengths = [900, 3000, 120, 4000, 2500, 64, 700, 1800]
+    check_schedule(build_schedule(lengths, **kwargs), lengths, dp=2, cap=4096)
+
+
+def test_a_gpu_key_validated_for_one_model_schedules_for_the_model_asked():
+    """--cost-model naming a GPU alone resolves to the spec's model; validated for one
+    model and asked for another, the kwargs carry the other's, not the first's costs."""
+    args = _flops_args("--cost-model", "h100")
+    first = validate_args(args, spec="qwen3-8b")
+    kwargs = scheduler_from_args(args, spec="qwen3-4b")
+    assert first.spec.name == "qwen3-8b"
+    assert kwargs["cost"].spec.shape_key() == ModelSpec.from_preset("qwen3-4b").shape_key()
+
+
+def test_slime_cost_model_without_a_model_shape_on_args_schedules_the_same(caplog):
+    """slime args without Megatron's shape fields and a shipped cost model: the shape is not
+    checked (a warning says so) and the step is scheduled by that cost model, the same as
+    with the shape on args, keeping slime's invariants."""
+    lengths = generate_lengths(64, "rl", seed=5, max_response=6000).tolist()
+    bare = SimpleNamespace(use_dynamic_batch_size=True, max_tokens_per_gpu=8192,
+                           cost_model="h200/qwen3-8b")
+    steps = dict(global_batch_size=64, rollout_indices=list(range(64)))
+    with caplog.at_level(logging.WARNING):
+        res = build_dp_schedule(bare, config(dp=2), lengths, **steps)
+    assert "model shape not on args" in caplog.text
+    check_slime(res, lengths, list(range(64)), 64, config(dp=2), cap=8192)
+    with_shape = make_args(max_tokens_per_gpu=8192, cost_model="h200/qwen3-8b")  # Qwen3-8B's
+    assert res == build_dp_schedule(with_shape, config(dp=2), lengths, **steps)
