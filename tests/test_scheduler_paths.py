@@ -109,20 +109,13 @@ def check_costs(s, lengths, cost) -> None:
 
 # -- every tiny batch, against brute force ----------------------------------------------
 
-# Tiny batches where the schedule is above the best one (found by this sweep; why: see
-# ABOVE_THE_BEST): (lengths, ranks, cap) -> makespan / best.
-KNOWN_ABOVE_THE_BEST = {
-    "tokens": {((2, 2, 2, 5), 2, 6): 7 / 6},
-    "quadratic": {((2, 2, 2, 3, 3), 2, 6): 1.3321},
-}
-
-
 @pytest.mark.parametrize(("name", "caps"), [("tokens", (2, 3, 4, 5, 6)), ("quadratic", (4, 6))])
 def test_every_tiny_batch_is_refused_only_when_nothing_fits_and_balanced_as_the_best(name, caps):
     """Without groups, a refusal where a legal schedule exists would be a bug (with groups
     the search may give up: NP-hard, documented). Every multiset of 1-5 samples of 1-5
     tokens, on 1-3 ranks: refused exactly when brute force finds no legal schedule, and
-    otherwise at the best makespan, but for the few listed (never past 4/3 of it)."""
+    otherwise at the best makespan (when this sweep was written, 9 were 10-33% above it:
+    `test_fewer_micro_batches_that_balance_better_are_found`)."""
     cost, arg = _by_name(name)
     above = {}
     for n in range(1, 6):
@@ -139,9 +132,7 @@ def test_every_tiny_batch_is_refused_only_when_nothing_fits_and_balanced_as_the_
                 check_schedule(s, lengths, dp=dp, cap=cap)
                 if s.makespan > best * (1 + 1e-9):
                     above[(lengths, dp, cap)] = s.makespan / best
-    known = KNOWN_ABOVE_THE_BEST[name]
-    assert set(above) <= set(known), {k: v for k, v in above.items() if k not in known}
-    assert all(above[k] <= known[k] * (1 + 1e-4) <= 4 / 3 + 1e-4 for k in above)
+    assert not above, above
 
 
 # -- a plain callable cost ----------------------------------------------------------------
@@ -197,17 +188,42 @@ def test_one_rank_looks_under_the_count_growth_overshot_to(lengths, cost):
     assert s.makespan == pytest.approx(best, rel=1e-9)
 
 
+@pytest.mark.parametrize(("lengths", "cost", "was"), [
+    # The guess (2 each) packs; fewer were tried by levelling alone, which misses the exact
+    # fills {2, 2, 2} | {3, 3}: best fit's own count is now a start for the search too.
+    ([2, 2, 2, 3, 3], "quadratic", 1.3321),
+    # No fixed part: one each ({5} | {2, 2, 2}: 6) was taken only if perfectly even (5.5);
+    # with few samples a rank such a tie is now a start for the search too.
+    ([2, 2, 2, 5], "tokens", 7 / 6),
+])
+def test_fewer_micro_batches_that_balance_better_are_found(lengths, cost, was):
+    """Two ranks, where the count that levelling reaches first is not the best one."""
+    fn, arg = _by_name(cost)
+    s = build_schedule(lengths, dp_size=2, max_tokens_per_microbatch=6, cost=arg)
+    check_schedule(s, lengths, dp=2, cap=6)
+    best, _ = best_schedule(lengths, 2, 6, fn)
+    assert s.makespan == pytest.approx(best, rel=1e-9)  # `was` times the best before
+
+
+@pytest.mark.parametrize("cost", ["tokens", "flops"])
+def test_two_samples_a_rank_at_the_cap_take_one_micro_batch_each_where_that_balances(cost):
+    """128 bimodal responses cut at a cap of 4,096 on 64 ranks: one micro-batch a rank
+    packs but not evenly, so the tie at fewer was not taken and two a rank ended 1.21x
+    (tokens) and 1.20x (FLOPs) the lower bound; searched from as well, it is at the bound."""
+    lengths = np.minimum(generate_lengths(128, "bimodal", seed=3), 4096)
+    s = build_schedule(lengths, dp_size=64, max_tokens_per_microbatch=4096, cost=cost,
+                       spec="qwen3-8b")
+    check_schedule(s, lengths, dp=64, cap=4096)
+    assert s.num_microbatches == 1
+    assert s.makespan == pytest.approx(s.lower_bound, rel=1e-9)
+
+
 # Inputs a brute force beat (not fixed here): lengths, ranks, cap, cost, makespan / best.
 ABOVE_THE_BEST = [
     # One rank under the shipped profile: 3 micro-batches (4 before fewer were looked for
     # after growth on one rank: 1.0501), but {1000, 5000} | {6000} | {6000} where
     # {1000, 6000} | {5000} | {6000} costs 0.3% less (level fills, not the curve, decide).
     ([1000, 5000, 6000, 6000], 1, 10000, "h200", 1.0032),
-    # Two ranks: the guess (2 each) packs; fewer are tried by levelling only, which misses
-    # the exact fills {2, 2, 2} | {3, 3}.
-    ([2, 2, 2, 3, 3], 2, 6, "quadratic", 1.3321),
-    # No fixed part: one each ({5} | {2, 2, 2}: 6) is taken only if perfectly even (5.5).
-    ([2, 2, 2, 5], 2, 6, "tokens", 7 / 6),
 ]
 
 
@@ -229,10 +245,8 @@ def test_inputs_a_brute_force_beats_keep_the_guarantees_and_go_no_further(
                    "that cost less are not found (see the docstring)")
 @pytest.mark.parametrize(("lengths", "dp", "cap", "cost", "above"), ABOVE_THE_BEST)
 def test_fewer_micro_batches_that_cost_less_are_found(lengths, dp, cap, cost, above):
-    """Findings of this file's brute force. On one rank, micro-batches are filled level, not
-    by what the cost curve prefers; on two or more, fewer micro-batches are looked for by
-    levelling alone, so exact fills at fewer are missed; a cost without a fixed part takes
-    fewer only where they split perfectly evenly, not wherever they are better."""
+    """Findings of this file's brute force: on one rank, micro-batches are filled level,
+    not as the cost curve prefers."""
     fn, arg = _by_name(cost)
     s = build_schedule(lengths, dp_size=dp, max_tokens_per_microbatch=cap, cost=arg,
                        spec="qwen3-8b")

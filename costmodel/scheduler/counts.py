@@ -92,10 +92,19 @@ _FEWER_SLACK = 0.01
 # 2 ms at 4,096 samples, 9-10 ms at 16,384; 45-50 ms at 65,536, more than the rest of the
 # schedule, for 1-3% fewer micro-batches).
 _TIGHT_FEWER_MAX = 16384
-# One rank under a cost model: best fit's own count is also priced up to this many samples.
-# At 16,384 it took verl's per-rank call from 15-18 to 30-45 ms and changed no schedule of
+# Best fit's own count is also tried up to this many samples (one rank under a cost model:
+# priced; several ranks: a second start where levelling failed). At 16,384 one rank's
+# took verl's per-rank call from 15-18 to 30-45 ms and changed no schedule of
 # bench_one_rank's (rl, bimodal, at-limit).
 _BEST_FIT_COUNT_MAX = 4096
+# A best-fit start more than this above the level start (assigned, before any search) is
+# not searched: in the 1,200 digests none that gained started further above.
+_BEST_FIT_START_SLACK = 1.02
+# Samples per rank up to which fewer micro-batches that tie (a cost without a fixed part)
+# are a start for the search too: 80 random batches of 2-8 a rank (dp 8-64, tokens and
+# FLOPs), 11 better by up to 17.5%, none worse; at 12-16 a rank 2 by <= 0.11%, at 24-32
+# none, where on every batch it cost 7-20% more time.
+_TIE_START_PER_RANK = 8
 
 
 def bin_costs_of(lens: np.ndarray, q: np.ndarray, cost: Cost, scale: float):
@@ -179,6 +188,8 @@ def pack_and_assign(
     # steps down elsewhere (2 of 1,200 digest schedules 0.05-0.14% worse, none better).
     one_rank_sum = dp == 1 and cost.additive
     one_rank_grown = dp == 1 and len(tried) > 1
+    level_failed = [len(tried) > 1]  # levelling failed at some count below the one taken
+    tied: list[int] = []  # fewer per rank that packed at the same total, unevenly
     if len(tried) == 1 or one_rank_sum or one_rank_grown:
 
         @functools.cache
@@ -187,6 +198,7 @@ def pack_and_assign(
 
         def pack_fewer(k: int) -> np.ndarray | None:
             fewer = pack_tokens(lens, dp * k, cap, by_length)[0]
+            level_failed.append(fewer is None)
             if fewer is None and (one_rank_sum or one_rank_grown) and best_fit() is not None:
                 # best fit, once, spread over each count the bisection tries (the
                 # exhaustive search, ~20 ms a count on a few dozen samples, made small
@@ -205,7 +217,10 @@ def pack_and_assign(
             fewer_total, total = int(fewer_q.sum()), int(q_now.sum())
             if fewer_total != total:
                 return fewer_total < total
-            return _assigned_makespan(fewer_q, dp, k) <= -(-total // dp)
+            if _assigned_makespan(fewer_q, dp, k) <= -(-total // dp):
+                return True
+            tied.append(k)  # not taken, but a start for the search (see below)
+            return False
 
         bins, bin_q, m = _fewer_if_no_worse(
             pack_fewer, lambda b, k: bin_costs(b, dp * k), (bins, bin_q, m), m_floor, align,
@@ -220,11 +235,46 @@ def pack_and_assign(
             if fewer is not None and int((fewer_q := bin_costs(fewer, k)).sum()) < int(bin_q.sum()):
                 bins, bin_q, m = fewer, fewer_q, k
     layouts = [_by_rank(bins, assign_bins(bin_q, dp, m), bin_q, m)]
+    # A tie at fewer micro-batches (a cost without a fixed part) is searched from too, with
+    # few samples a rank: an uneven split can still be the better schedule ({5} | {2, 2, 2}
+    # at cap 6 on two ranks makes 6 with one each, where two each make 7).
+    for k in tied[-1:] if lens.size <= _TIE_START_PER_RANK * dp else []:
+        if k < m and (fewer := pack_tokens(lens, dp * k, cap, by_length)[0]) is not None:
+            fewer_q = bin_costs(fewer, dp * k)
+            layouts.append(_by_rank(fewer, assign_bins(fewer_q, dp, k), fewer_q, k))
+    # Where levelling failed below the count taken, best fit may pack fewer (4.5 ms at
+    # 4,096 samples): in the 1,200 digests 40 schedules 0.5-5.1% cheaper, none dearer.
+    if (dp > 1 and not exact and m > m_floor and any(level_failed)
+            and lens.size <= _BEST_FIT_COUNT_MAX):
+        layouts += _best_fit_start(lens, by_length, dp, (m_floor, m, align), cap, bin_costs,
+                                   _assigned_makespan(bin_q, dp, m))
     # Heavy samples' ranks apart, first: usually the better start, and often at the bound
     # (with more micro-batches per rank where it needs them; not past a count asked for).
     apart = heavy_apart(lens, (bins, bin_q), dp, (m, m if exact else m_max, align), cap,
                         bin_costs)
     return [_by_rank(*layout) for layout in apart] + layouts
+
+
+def _best_fit_start(lens, by_length, dp: int, counts: tuple[int, int, int], cap: int,
+                    bin_costs, level_makespan: int) -> list[tuple[np.ndarray, int, np.ndarray]]:
+    """Best fit decreasing at its own count ``k`` per rank, where that is below ``m``, as
+    one more start for the local search (empty otherwise). Levelling misses exact fills
+    ({5} and {2, 2, 2} at cap 6 on two ranks: one micro-batch each, where levelling
+    needed two); the search from both starts keeps the better."""
+    m_floor, m, align = counts
+    packed = best_fit_decreasing(lens, cap, by_length)
+    if packed is None:
+        return []
+    k = max(m_floor, round_up(-(-len(packed.members) // dp), align))
+    bins = spread_best_fit(packed, dp * k, lens) if k < m else None
+    if bins is None:
+        return []
+    bin_q = bin_costs(bins, dp * k)
+    rank_of_bin = assign_bins(bin_q, dp, k)
+    start = int(np.bincount(rank_of_bin, weights=bin_q, minlength=dp).max())
+    if start >= level_makespan * _BEST_FIT_START_SLACK:  # too far behind to be worth a search
+        return []
+    return [_by_rank(bins, rank_of_bin, bin_q, k)]
 
 
 def _assigned_makespan(bin_q: np.ndarray, dp: int, m: int) -> int:
