@@ -14,7 +14,9 @@ How (each step justified by ``benchmarks/bench_scheduler.py``):
    samples. Full micro-batches amortise the fixed cost per micro-batch, so no more are
    asked for unless packing fails, in which case ``m`` grows by about 1%.
 2. Without groups (`pack`): pack all samples by tokens into ``dp × m`` level micro-batches,
-   give each rank ``m`` of them balancing their true costs, then (`refine`) move and swap
+   give each rank ``m`` of them balancing their true costs (also from fewer micro-batches
+   where levelling missed them: best fit's own count, or a count that ties in total; the
+   search below runs from each start and keeps the best), then (`refine`) move and swap
    single samples (or batches of small ones) between paired ranks, judged by the true cost
    of the micro-batches they change. With groups (`groups`): balance whole groups over
    ranks (marginal costs, within a token budget per rank), pack each rank, then
