@@ -132,11 +132,12 @@ def pack_and_assign(
     align: int,
     cap: int,
     exact: bool = False,
-) -> list[tuple[np.ndarray, int, np.ndarray]]:
+) -> tuple[list[tuple[np.ndarray, int, np.ndarray]], list[tuple[np.ndarray, int, np.ndarray]]]:
     """Pack by tokens into dp × m micro-batches (fewest m that works), then give each
     rank m of them balancing their true costs. Returns layouts (bin_of, m, bin costs),
     micro-batch ids ``rank * m + slot``, for the local search to start from: this one, and
-    where samples over the cap outweigh a micro-batch, `heavy_apart`'s before.
+    where samples over the cap outweigh a micro-batch, `heavy_apart`'s before; and extra
+    layouts at fewer micro-batches that levelling missed (best fit's, a tie's).
     ``q``: the samples' quantised costs, ``scale`` the quantisation's (bin costs of a
     non-additive ``cost`` are quantised the same way).
 
@@ -235,24 +236,27 @@ def pack_and_assign(
             if fewer is not None and int((fewer_q := bin_costs(fewer, k)).sum()) < int(bin_q.sum()):
                 bins, bin_q, m = fewer, fewer_q, k
     layouts = [_by_rank(bins, assign_bins(bin_q, dp, m), bin_q, m)]
+    extra: list[tuple[np.ndarray, int, np.ndarray]] = []  # starts at fewer (see build_schedule)
     # A tie at fewer micro-batches (a cost without a fixed part) is searched from too, with
     # few samples a rank: an uneven split can still be the better schedule ({5} | {2, 2, 2}
     # at cap 6 on two ranks makes 6 with one each, where two each make 7).
     for k in tied[-1:] if lens.size <= _TIE_START_PER_RANK * dp else []:
         if k < m and (fewer := pack_tokens(lens, dp * k, cap, by_length)[0]) is not None:
             fewer_q = bin_costs(fewer, dp * k)
-            layouts.append(_by_rank(fewer, assign_bins(fewer_q, dp, k), fewer_q, k))
-    # Where levelling failed below the count taken, best fit may pack fewer (4.5 ms at
-    # 4,096 samples): in the 1,200 digests 40 schedules 0.5-5.1% cheaper, none dearer.
+            extra.append(_by_rank(fewer, assign_bins(fewer_q, dp, k), fewer_q, k))
+    # Where levelling failed below the count taken, best fit may pack fewer (best fit: 4.5
+    # ms at 4,096 samples, plus its search): in the 1,200 digests 40 schedules 0.5-5.1%
+    # cheaper, none dearer; over 6,000 fuzzed batches of up to 4,096 samples (a review's)
+    # 3-22% more time in all, +47 ms at most (3,220 samples, 39 -> 86 ms).
     if (dp > 1 and not exact and m > m_floor and any(level_failed)
             and lens.size <= _BEST_FIT_COUNT_MAX):
-        layouts += _best_fit_start(lens, by_length, dp, (m_floor, m, align), cap, bin_costs,
+        extra += _best_fit_start(lens, by_length, dp, (m_floor, m, align), cap, bin_costs,
                                    _assigned_makespan(bin_q, dp, m))
     # Heavy samples' ranks apart, first: usually the better start, and often at the bound
     # (with more micro-batches per rank where it needs them; not past a count asked for).
     apart = heavy_apart(lens, (bins, bin_q), dp, (m, m if exact else m_max, align), cap,
                         bin_costs)
-    return [_by_rank(*layout) for layout in apart] + layouts
+    return [_by_rank(*layout) for layout in apart] + layouts, extra
 
 
 def _best_fit_start(lens, by_length, dp: int, counts: tuple[int, int, int], cap: int,

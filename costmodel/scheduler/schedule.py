@@ -63,7 +63,7 @@ from costmodel.scheduler.group_search import group_local_search
 from costmodel.scheduler.groups import first_appearance_ids
 from costmodel.scheduler.order import ORDERS, run_order
 from costmodel.scheduler.pair_repack import pair_repack
-from costmodel.scheduler.refine import BinState, batch_search, local_search
+from costmodel.scheduler.refine import MAX_SWEEPS, BinState, batch_search, local_search
 from costmodel.scheduler.sorting import as_lists, longest_first, members_of
 
 logger = logging.getLogger(__name__)
@@ -75,6 +75,8 @@ __all__ = ["Schedule", "build_schedule", "token_cap"]
 _QUANT_BITS = 44
 # A placement this close to the lower bound is not worth another start of the local search.
 _AT_THE_BOUND = 5e-4
+# Sweeps of the local search from an extra start at fewer micro-batches (`pack_and_assign`).
+_EXTRA_SWEEPS = MAX_SWEEPS // 4
 
 
 @dataclass(frozen=True, repr=False)
@@ -379,7 +381,7 @@ def build_schedule(
     q = quantise(s, scale, cost_obj.name)
 
     if groups is None:
-        layouts = pack_and_assign(
+        layouts, extra = pack_and_assign(
             lens, by_length, q, cost_obj, scale, dp=dp, m_range=(m_lb, m_start, m_max),
             align=align, cap=cap, exact=exact,
         )
@@ -389,22 +391,32 @@ def build_schedule(
                                bin_costs_of(lens, q, cost_obj, scale), exact)
         apart = None if exact else heavy_groups_apart(grouped, placed[1], m_max)
         layouts = [(*layout, None) for layout in (placed, apart) if layout is not None]
+        extra = []
     lb = lower_bound(cost_obj, lens, cap, dp, order=by_length, sample_costs=s)
-    state = None
-    for bin_of, m, bin_q in layouts:  # the local search from each; the lowest maximum wins
+    state = usual = None
+    for i, (bin_of, m, bin_q) in enumerate(layouts + extra):  # the lowest maximum wins
+        if state is not None and state.load.max() <= lb * scale * (1 + _AT_THE_BOUND):
+            break  # at a true bound no start does better (for a callable's reference: close)
         tried = BinState(lens, q, bin_of, dp, m, cap, cost_obj, scale, bin_q)
         tried_imbalance = _imbalance(tried.load)
         beat = None if state is None else int(state.load.max())
         if groups is None:
-            tried_steps = local_search(tried, beat=beat)
+            sweeps = MAX_SWEEPS if i < len(layouts) else _EXTRA_SWEEPS
+            tried_steps = local_search(tried, beat=beat, max_sweeps=sweeps)
         else:  # each start repacked too: it can change which start ends lower
             tried_steps = group_local_search(tried, groups) + pair_repack(tried, groups)
         if state is None or int(tried.load.max()) < int(state.load.max()):
             state, greedy_imbalance, steps = tried, tried_imbalance, tried_steps
-        if state.load.max() <= lb * scale * (1 + _AT_THE_BOUND):
-            break  # at a true bound no start does better (for a callable's reference: close)
+        if i == len(layouts) - 1:
+            usual = state, greedy_imbalance, steps
     if groups is None:
         steps += batch_search(state)  # on the chosen start only: it cannot end above it
+        if usual is not None and usual[0] is not state:
+            # An extra start won the single moves; the usual winner's batch moves may still
+            # end lower (2 of 13,644 fuzzed schedules, by 0.19% and 0.30%): never worse.
+            usual_steps = batch_search(usual[0])
+            if int(usual[0].load.max()) <= int(state.load.max()):
+                state, greedy_imbalance, steps = usual[0], usual[1], usual[2] + usual_steps
 
     return _finish(
         state,
