@@ -503,7 +503,7 @@ def test_a_broken_guarantee_is_an_error_not_a_schedule(monkeypatch):
     build_schedule raises (an OOM on a cluster, or a rank with nothing to run, otherwise)."""
     from costmodel.scheduler import schedule as schedule_module
 
-    def overfill(st, beat=None):
+    def overfill(st, **_):
         st.bin_of[:] = 0  # every sample into the first micro-batch
         return 0
 
@@ -512,7 +512,7 @@ def test_a_broken_guarantee_is_an_error_not_a_schedule(monkeypatch):
                                            r"samples of 12 tokens, over the cap of 10\)"):
         build_schedule([6, 6], dp_size=1, max_tokens_per_microbatch=10)
 
-    def empty(st, beat=None):
+    def empty(st, **_):
         st.bin_of[:] = [0, 0, 2, 2]  # micro-batch 1 left empty
         return 0
 
@@ -521,7 +521,7 @@ def test_a_broken_guarantee_is_an_error_not_a_schedule(monkeypatch):
         build_schedule([1, 1, 1, 1], dp_size=3, max_tokens_per_microbatch=2, strict=False,
                        min_num_microbatches=1)
 
-    def lost(st, beat=None):
+    def lost(st, **_):
         st.bin_of[0] = st.bin_of.max() + 1  # a micro-batch no rank runs
         return 0
 
@@ -529,7 +529,7 @@ def test_a_broken_guarantee_is_an_error_not_a_schedule(monkeypatch):
     with pytest.raises(RuntimeError, match=r"a sample is in micro-batch 2, of 0\.\.1\)"):
         build_schedule([1, 1], dp_size=2, max_tokens_per_microbatch=2)
 
-    def below(st, beat=None):
+    def below(st, **_):
         st.bin_of[1] = -1
         return 0
 
