@@ -1,4 +1,4 @@
-"""exp, log, power and geomspace that give the same bits on every CPU.
+"""exp, log, power and geomspace whose bits do not depend on numpy's CPU dispatch.
 
 Every rank builds its schedule on its own, so every rank must price every sample the same,
 to the last bit: a cost one unit apart after quantisation can flip a choice of the search,
@@ -11,9 +11,10 @@ which also differed after the scheduler's rounding). Ranks on nodes of two CPU
 generations in one job (AVX-512 and not) would price samples apart.
 
 Python's ``math`` calls the C library's scalar functions, which numpy's dispatch does not
-touch: the same bits wherever the same C library runs (glibc picks FMA builds of them on
-CPUs with FMA, which every x86-64 server CPU since 2013 has). ~0.1 µs a value: used where
-curves are built and tabulated, once per cost model, not in the scheduler's loops.
+touch: the same bits wherever the same C library build runs on CPUs alike in FMA support
+(glibc picks FMA builds of them where the CPU has FMA, as every x86-64 server CPU since
+2013 does; ranks of one job share a container image). ~0.1 µs a value: used where curves
+are built and tabulated, once per cost model, not in the scheduler's loops.
 """
 
 from __future__ import annotations

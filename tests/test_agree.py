@@ -26,23 +26,33 @@ def test_records_that_match_agree():
 
 
 def test_another_schedule_names_the_ranks_and_what_differs():
-    a, b = rank_record(_schedule("tokens"), LENGTHS), rank_record(_schedule("flops"), LENGTHS)
+    """Ranks by their global rank (a data-parallel group of ranks 4, 6 and 10 here)."""
+    a = rank_record(_schedule("tokens"), LENGTHS, rank=4)
+    b = rank_record(_schedule("flops"), LENGTHS, rank=10)
     assert a["schedule"] != b["schedule"]
-    kind, message = disagreement([a, a, b])
+    kind, message = disagreement([a, dict(a, rank=6), b])
     assert kind == "schedule"
-    assert "rank(s) [2] built another schedule than rank 0" in message
-    assert "rank 2 balances 'flops" in message
+    assert "rank(s) [10] built another schedule than rank 4" in message
+    assert "rank 10 balances 'flops" in message
     newer = dict(b, cost=a["cost"], versions=dict(a["versions"], numpy="9.9"))
     kind, message = disagreement([a, newer])
-    assert f"rank 1 runs numpy 9.9 (rank 0: {a['versions']['numpy']})" in message
+    assert f"rank 10 runs numpy 9.9 (rank 4: {a['versions']['numpy']})" in message
     kind, message = disagreement([a, dict(b, cost=a["cost"])])
-    assert "same versions and cost name" in message
+    assert "same code, versions and cost name" in message
+    # Other costmodel code under the same version string is named by its source digest;
+    # a version a rank does not report is "unknown", not a KeyError.
+    other = dict(b, cost=a["cost"], versions={**a["versions"], "costmodel": "0.1.0 (source x)",
+                                              "torch": "2.9"})
+    kind, message = disagreement([dict(a, versions={"numpy": a["versions"]["numpy"]}), other])
+    assert "rank 10 runs costmodel 0.1.0 (source x) (rank 4: unknown)" in message
+    assert "rank 10 runs torch 2.9 (rank 4: unknown)" in message
+    assert "(source " in a["versions"]["costmodel"]
 
 
 def test_other_lengths_are_named_before_schedules():
     other = LENGTHS[:-1] + [1801]
     kind, message = disagreement([rank_record(_schedule(), LENGTHS),
-                                  rank_record(_schedule("flops", other), other)])
+                                  rank_record(_schedule("flops", other), other, rank=1)])
     assert kind == "lengths" and "rank(s) [1] hold other sample lengths" in message
 
 
@@ -76,8 +86,8 @@ def run(rank, init, out):
         ("tokens", other, "adopt"),
     ]
     for cost, lengths, policy in cases:
-        if rank == 0:
-            cost, lengths = "tokens", LENGTHS
+        if rank == 0:  # "adopt" always: rank 1 alone asking to raise makes both raise
+            cost, lengths, policy = "tokens", LENGTHS, "adopt"
         mine = _schedule(cost, lengths)
         kept.last = None
         try:
@@ -87,6 +97,14 @@ def run(rank, init, out):
             outcome = "RuntimeError: " + str(exc)
         with open(f"{out}.{rank}", "a") as f:
             f.write(json.dumps(outcome) + "\\n")
+    solo = dist.new_group([0])  # rank 1 is outside it
+    try:
+        got = agree_on_schedule(_schedule(), LENGTHS, group=solo)
+        outcome = [got.digest(), True, None]
+    except ValueError as exc:
+        outcome = "ValueError: " + str(exc)
+    with open(f"{out}.{rank}", "a") as f:
+        f.write(json.dumps(outcome) + "\\n")
     dist.destroy_process_group()
 
 if __name__ == "__main__":
@@ -96,8 +114,9 @@ if __name__ == "__main__":
 
 def test_two_gloo_ranks_adopt_rank_0s_schedule_or_raise_alike(tmp_path):
     """Rank 1 balancing FLOPs where rank 0 balances tokens (as a rank with another version
-    or cost model file would): with "adopt" both run rank 0's schedule and each warns; with
-    "raise" both raise; other lengths raise even with "adopt"."""
+    or cost model file would): with "adopt" both run rank 0's schedule (rebuilt from plain
+    lists) and each warns; with "raise" on rank 1 alone both raise (rank 0 waited in the
+    broadcast once); other lengths raise even with "adopt"."""
     pytest.importorskip("torch.distributed")
     root = Path(__file__).resolve().parents[1]
     script = tmp_path / "two_ranks.py"
@@ -109,12 +128,15 @@ def test_two_gloo_ranks_adopt_rank_0s_schedule_or_raise_alike(tmp_path):
     outcomes = [[json.loads(line) for line in Path(f"{out}.{rank}").read_text().splitlines()]
                 for rank in (0, 1)]
     tokens = _schedule("tokens").digest()
-    same, adopted, raised, other = zip(*outcomes)
+    same, adopted, raised, other, outside = zip(*outcomes)
+    assert outside == ([tokens, True, None],
+                       "ValueError: rank 1 is not in the group given to agree_on_schedule: call "
+                       "it on the group's ranks only")
     assert same == ([tokens, True, None], [tokens, True, None])  # each keeps its own object
     assert [a[:2] for a in adopted] == [[tokens, True], [tokens, False]]  # rank 1 runs rank 0's
     for warned in (a[2] for a in adopted):  # each rank warns
         assert "rank(s) [1] built another schedule than rank 0" in warned
-        assert warned.endswith("every rank runs the schedule of global rank 0 this step")
+        assert warned.endswith("every rank runs the schedule of rank 0 this step")
     for outcome in raised + other:
         assert outcome.startswith("RuntimeError: rank(s) [1]")
     assert "other sample lengths" in other[0] and "another schedule" in raised[1]

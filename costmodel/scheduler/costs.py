@@ -102,7 +102,8 @@ class Cost:
 
     def sample_costs(self, lengths: np.ndarray) -> np.ndarray:
         """Each sample's cost (additive costs only: a micro-batch costs ``fixed`` + their sum)."""
-        raise NotImplementedError
+        raise NotImplementedError(f"{type(self).__name__} is not additive: it has no cost per "
+                                  "sample; use marginal_costs(lengths, fill_tokens)")
 
     def microbatch_cost(self, lengths) -> float:
         """One micro-batch, for convenience (tests, reports)."""
