@@ -103,7 +103,7 @@ _BEST_FIT_START_SLACK = 1.02
 # Samples per rank up to which fewer micro-batches that tie (a cost without a fixed part)
 # are a start for the search too: 80 random batches of 2-8 a rank (dp 8-64, tokens and
 # FLOPs), 11 better by up to 17.5%, none worse; at 12-16 a rank 2 by <= 0.11%, at 24-32
-# none, where on every batch it cost 7-20% more time.
+# none, while without a limit 32 batches of 256-16,384 samples took 7-20% more time.
 _TIE_START_PER_RANK = 8
 
 
@@ -246,8 +246,8 @@ def pack_and_assign(
             extra.append(_by_rank(fewer, assign_bins(fewer_q, dp, k), fewer_q, k))
     # Where levelling failed below the count taken, best fit may pack fewer (best fit: 4.5
     # ms at 4,096 samples, plus its search): in the 1,200 digests 40 schedules 0.5-5.1%
-    # cheaper, none dearer; over 6,000 fuzzed batches of up to 4,096 samples (a review's)
-    # 3-22% more time in all, +47 ms at most (3,220 samples, 39 -> 86 ms).
+    # cheaper, none dearer; over 7,000 fuzzed batches of up to 4,096 samples (a review's)
+    # 2-22% more time in all, +47 ms at most (3,220 samples, 39 -> 86 ms).
     if (dp > 1 and not exact and m > m_floor and any(level_failed)
             and lens.size <= _BEST_FIT_COUNT_MAX):
         extra += _best_fit_start(lens, by_length, dp, (m_floor, m, align), cap, bin_costs,
