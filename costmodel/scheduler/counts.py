@@ -246,8 +246,8 @@ def pack_and_assign(
             extra.append(_by_rank(fewer, assign_bins(fewer_q, dp, k), fewer_q, k))
     # Where levelling failed below the count taken, best fit may pack fewer (best fit: 4.5
     # ms at 4,096 samples, plus its search): in the 1,200 digests 40 schedules 0.5-5.1%
-    # cheaper, none dearer; over 7,000 fuzzed batches of up to 4,096 samples (a review's)
-    # 2-22% more time in all, +47 ms at most (3,220 samples, 39 -> 86 ms).
+    # cheaper, none dearer; over 7,500 fuzzed batches of up to 4,096 samples on several ranks
+    # (a review's) 15-26% more time in all, +47 ms at most (3,220 samples, 39 -> 86 ms).
     if (dp > 1 and not exact and m > m_floor and any(level_failed)
             and lens.size <= _BEST_FIT_COUNT_MAX):
         extra += _best_fit_start(lens, by_length, dp, (m_floor, m, align), cap, bin_costs,
