@@ -218,39 +218,19 @@ def test_two_samples_a_rank_at_the_cap_take_one_micro_batch_each_where_that_bala
     assert s.makespan == pytest.approx(s.lower_bound, rel=1e-9)
 
 
-# Inputs a brute force beat (not fixed here): lengths, ranks, cap, cost, makespan / best.
-ABOVE_THE_BEST = [
-    # One rank under the shipped profile: 3 micro-batches (4 before fewer were looked for
-    # after growth on one rank: 1.0501), but {1000, 5000} | {6000} | {6000} where
-    # {1000, 6000} | {5000} | {6000} costs 0.3% less (level fills, not the curve, decide).
-    ([1000, 5000, 6000, 6000], 1, 10000, "h200", 1.0032),
-]
-
-
-@pytest.mark.parametrize(("lengths", "dp", "cap", "cost", "above"), ABOVE_THE_BEST)
-def test_inputs_a_brute_force_beats_keep_the_guarantees_and_go_no_further(
-        lengths, dp, cap, cost, above):
-    """What the inputs below (`test_fewer_micro_batches_that_cost_less_are_found`) get
-    today: every guarantee, and no more above the best than when they were found."""
-    fn, arg = _by_name(cost)
-    s = build_schedule(lengths, dp_size=dp, max_tokens_per_microbatch=cap, cost=arg,
+def test_one_rank_under_the_profile_splits_as_the_curve_prefers():
+    """One rank under the shipped profile: 4 micro-batches (1.0501x the best) before fewer
+    were looked for after growth; then 3 filled level, {1000, 5000} | {6000} | {6000}, where
+    best fit's {1000, 6000} | {5000} | {6000} costs 0.3% less: best fit at the count taken
+    is priced too (in 60 RL batches of one rank, 4 were up to 0.48% dearer than first-fit
+    decreasing's split, none are now)."""
+    fn, arg = _by_name("h200")
+    lengths = [1000, 5000, 6000, 6000]
+    s = build_schedule(lengths, dp_size=1, max_tokens_per_microbatch=10000, cost=arg,
                        spec="qwen3-8b")
-    check_schedule(s, lengths, dp=dp, cap=cap)
+    check_schedule(s, lengths, dp=1, cap=10000)
     check_costs(s, lengths, fn)
-    best, _ = best_schedule(lengths, dp, cap, fn)
-    assert best <= s.makespan <= best * above * (1 + 1e-4)
-
-
-@pytest.mark.xfail(strict=True, reason="a finding, not fixed here: fewer micro-batches "
-                   "that cost less are not found (see the docstring)")
-@pytest.mark.parametrize(("lengths", "dp", "cap", "cost", "above"), ABOVE_THE_BEST)
-def test_fewer_micro_batches_that_cost_less_are_found(lengths, dp, cap, cost, above):
-    """Findings of this file's brute force: on one rank, micro-batches are filled level,
-    not as the cost curve prefers."""
-    fn, arg = _by_name(cost)
-    s = build_schedule(lengths, dp_size=dp, max_tokens_per_microbatch=cap, cost=arg,
-                       spec="qwen3-8b")
-    best, _ = best_schedule(lengths, dp, cap, fn)
+    best, _ = best_schedule(lengths, 1, 10000, fn)
     assert s.makespan == pytest.approx(best, rel=1e-9)
 
 

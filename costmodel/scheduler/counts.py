@@ -228,13 +228,15 @@ def pack_and_assign(
             no_worse, straight_to_fewest=one_rank_sum, bisect_from=_BISECT_FROM)
         if (dp == 1 and not one_rank_sum and lens.size <= _BEST_FIT_COUNT_MAX
                 and best_fit() is not None):
-            # Best fit's own count as well, taken where it costs less: exact fills the level
-            # steps down miss ({2, 2, 2} and {3, 3} at cap 6: 2 micro-batches, not 3; in the
-            # 1,200 digest schedules, 30 of one rank under the H200 profile up to 1.05% less).
-            k = max(m_floor, round_up(len(best_fit().members), align))
-            fewer = spread_best_fit(best_fit(), k, lens) if k < m else None
-            if fewer is not None and int((fewer_q := bin_costs(fewer, k)).sum()) < int(bin_q.sum()):
-                bins, bin_q, m = fewer, fewer_q, k
+            # Best fit at its own count and at this one as well, taken where it costs less:
+            # exact fills the level steps down miss ({2, 2, 2} and {3, 3} at cap 6: 2
+            # micro-batches, not 3; in the 1,200 digest schedules, 30 of one rank under the
+            # H200 profile up to 1.05% less), and fills the cost curve prefers to level ones.
+            own = max(m_floor, round_up(len(best_fit().members), align))
+            for k in sorted({own, m}):
+                fewer = spread_best_fit(best_fit(), k, lens) if k <= m else None
+                if fewer is not None and int((fewer_q := bin_costs(fewer, k)).sum()) < int(bin_q.sum()):
+                    bins, bin_q, m = fewer, fewer_q, k
     layouts = [_by_rank(bins, assign_bins(bin_q, dp, m), bin_q, m)]
     extra: list[tuple[np.ndarray, int, np.ndarray]] = []  # starts at fewer (see build_schedule)
     # A tie at fewer micro-batches (a cost without a fixed part) is searched from too, with
