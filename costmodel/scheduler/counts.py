@@ -191,11 +191,12 @@ def pack_and_assign(
     one_rank_grown = dp == 1 and len(tried) > 1
     level_failed = [len(tried) > 1]  # levelling failed at some count below the one taken
     tied: list[int] = []  # fewer per rank that packed at the same total, unevenly
-    if len(tried) == 1 or one_rank_sum or one_rank_grown:
 
-        @functools.cache
-        def best_fit() -> BestFit | None:
-            return best_fit_decreasing(lens, cap, by_length) if lens.size <= _TIGHT_FEWER_MAX else None
+    @functools.cache
+    def best_fit() -> BestFit | None:  # once, for every use below
+        return best_fit_decreasing(lens, cap, by_length) if lens.size <= _TIGHT_FEWER_MAX else None
+
+    if len(tried) == 1 or one_rank_sum or one_rank_grown:
 
         def pack_fewer(k: int) -> np.ndarray | None:
             fewer = pack_tokens(lens, dp * k, cap, by_length)[0]
@@ -232,12 +233,12 @@ def pack_and_assign(
             # exact fills the level steps down miss ({2, 2, 2} and {3, 3} at cap 6: 2
             # micro-batches, not 3; in the 1,200 digest schedules, 30 of one rank under the
             # H200 profile up to 1.05% less), and fills the cost curve prefers to level ones.
-            own = max(m_floor, round_up(len(best_fit().members), align))
-            for k in sorted({own, m}):
-                fewer = spread_best_fit(best_fit(), k, lens) if k <= m else None
-                if fewer is not None and int((fewer_q := bin_costs(fewer, k)).sum()) < int(bin_q.sum()):
-                    bins, bin_q, m = fewer, fewer_q, k
-    layouts = [_by_rank(bins, assign_bins(bin_q, dp, m), bin_q, m)]
+            for k in sorted({_best_fit_count(best_fit(), 1, m_floor, align), m}):
+                fewer = _spread_and_priced(best_fit(), k, 1, lens, bin_costs) if k <= m else None
+                if fewer is not None and int(fewer[1].sum()) < int(bin_q.sum()):
+                    bins, bin_q, m = fewer[0], fewer[1], k
+    rank_of_bin = assign_bins(bin_q, dp, m)
+    layouts = [_by_rank(bins, rank_of_bin, bin_q, m)]
     extra: list[tuple[np.ndarray, int, np.ndarray]] = []  # starts at fewer (see build_schedule)
     # A tie at fewer micro-batches (a cost without a fixed part) is searched from too, with
     # few samples a rank: an uneven split can still be the better schedule ({5} | {2, 2, 2}
@@ -251,9 +252,10 @@ def pack_and_assign(
     # cheaper, none dearer; over 7,500 fuzzed batches of up to 4,096 samples on several ranks
     # (a review's) 15-26% more time in all, +47 ms at most (3,220 samples, 39 -> 86 ms).
     if (dp > 1 and not exact and m > m_floor and any(level_failed)
-            and lens.size <= _BEST_FIT_COUNT_MAX):
-        extra += _best_fit_start(lens, by_length, dp, (m_floor, m, align), cap, bin_costs,
-                                   _assigned_makespan(bin_q, dp, m))
+            and lens.size <= _BEST_FIT_COUNT_MAX and best_fit() is not None):
+        level_makespan = int(np.bincount(rank_of_bin, weights=bin_q, minlength=dp).max())
+        extra += _best_fit_start(best_fit(), lens, dp, (m_floor, m, align), bin_costs,
+                                 level_makespan)
     # Heavy samples' ranks apart, first: usually the better start, and often at the bound
     # (with more micro-batches per rank where it needs them; not past a count asked for).
     apart = heavy_apart(lens, (bins, bin_q), dp, (m, m if exact else m_max, align), cap,
@@ -261,21 +263,31 @@ def pack_and_assign(
     return [_by_rank(*layout) for layout in apart] + layouts, extra
 
 
-def _best_fit_start(lens, by_length, dp: int, counts: tuple[int, int, int], cap: int,
+def _best_fit_count(packed: BestFit, dp: int, m_floor: int, align: int) -> int:
+    """Micro-batches per rank that best fit's packing ``packed`` needs (at least ``m_floor``,
+    a multiple of ``align``)."""
+    return max(m_floor, round_up(-(-len(packed.members) // dp), align))
+
+
+def _spread_and_priced(packed: BestFit, k: int, dp: int, lens: np.ndarray, bin_costs):
+    """``packed`` spread over ``dp × k`` micro-batches and their costs, or None where it
+    needs more or there are too few samples (`spread_best_fit`)."""
+    bins = spread_best_fit(packed, dp * k, lens)
+    return None if bins is None else (bins, bin_costs(bins, dp * k))
+
+
+def _best_fit_start(packed: BestFit, lens: np.ndarray, dp: int, counts: tuple[int, int, int],
                     bin_costs, level_makespan: int) -> list[tuple[np.ndarray, int, np.ndarray]]:
-    """Best fit decreasing at its own count ``k`` per rank, where that is below ``m``, as
-    one more start for the local search (empty otherwise). Levelling misses exact fills
-    ({5} and {2, 2, 2} at cap 6 on two ranks: one micro-batch each, where levelling
+    """Best fit decreasing (``packed``) at its own count ``k`` per rank, where that is below
+    ``m``, as one more start for the local search (empty otherwise). Levelling misses exact
+    fills ({5} and {2, 2, 2} at cap 6 on two ranks: one micro-batch each, where levelling
     needed two); the search from both starts keeps the better."""
     m_floor, m, align = counts
-    packed = best_fit_decreasing(lens, cap, by_length)
-    if packed is None:
+    k = _best_fit_count(packed, dp, m_floor, align)
+    fewer = _spread_and_priced(packed, k, dp, lens, bin_costs) if k < m else None
+    if fewer is None:
         return []
-    k = max(m_floor, round_up(-(-len(packed.members) // dp), align))
-    bins = spread_best_fit(packed, dp * k, lens) if k < m else None
-    if bins is None:
-        return []
-    bin_q = bin_costs(bins, dp * k)
+    bins, bin_q = fewer
     rank_of_bin = assign_bins(bin_q, dp, k)
     start = int(np.bincount(rank_of_bin, weights=bin_q, minlength=dp).max())
     if start >= level_makespan * _BEST_FIT_START_SLACK:  # too far behind to be worth a search
