@@ -229,6 +229,32 @@ def test_real_layer_timer_path_on_cpu(tmp_path):
     assert all(r.slowest_rank_direct_ms > 0 and len(r.measured_ms) == 2 for r in runs)
 
 
+def test_eager_timer_runs_a_larger_microbatch_once_untimed_first():
+    """Eagerly, a micro-batch larger than every one before grows the caching allocator:
+    the timer runs it once untimed first (a GPU test timed [4096]*4 cold after [256]*2)."""
+    pytest.importorskip("torch")
+    tiny = ModelSpec(name="tiny", num_layers=2, hidden_size=32, num_heads=2, num_kv_heads=1,
+                     head_dim=16, intermediate_size=64, vocab_size=64, dtype="fp32")
+    timer = timer_mod.LayerTimer(tiny, attention="sdpa", dtype="fp32", device="cpu")
+    ran = []
+    build = timer._step
+
+    def counting(lengths):
+        step = build(lengths)
+        return lambda: ran.append(sum(lengths)) or step()
+
+    timer._step = counting
+    timer([8, 8])
+    assert ran == [16, 64, 65, 1, 16]  # warm-up (with the integer classes), then timed
+    ran.clear()
+    timer([32, 32])
+    assert ran == [64, 64]  # larger than any before: once untimed, then timed
+    ran.clear()
+    timer([20])
+    timer.measure_rank([[8, 8], [30, 30]])
+    assert ran == [20, 16, 60]  # no larger than 64 tokens: timed only
+
+
 @pytest.mark.gpu
 def test_layer_timer_on_the_gpu():
     torch = pytest.importorskip("torch")

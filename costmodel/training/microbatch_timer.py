@@ -174,7 +174,8 @@ class LayerTimer:
     ``__call__(lengths) -> ms`` times one micro-batch; `measure_rank` times a rank's
     micro-batches back to back. ``timing="eager"`` (default) times plain calls, as a
     training step runs them; the first call also runs once untimed (CUDA context, cuBLAS
-    handles). ``timing="graph"`` captures each micro-batch into a CUDA graph and times
+    handles), and so does any call with a micro-batch larger than every one before it
+    (allocator growth). ``timing="graph"`` captures each micro-batch into a CUDA graph and times
     replays: the GPU's own time, the median of ``replays``.
     Without a CUDA GPU it raises RuntimeError, unless ``device="cpu"`` is asked for
     explicitly (tests: wall-clock time, the same code path otherwise).
@@ -208,6 +209,7 @@ class LayerTimer:
         self.timing = timing if self.cuda else "eager"
         self.replays = replays
         self._warm = False
+        self._warm_tokens = 0  # the largest micro-batch (tokens) run untimed so far
         self.dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[dtype]
         self.layer = TransformerLayer(spec, attention=attention, device=self.device, dtype=self.dtype)
         self.layer.check_values = False  # inputs come from packed_inputs: no host syncs
@@ -256,13 +258,20 @@ class LayerTimer:
             # graph each would hold every micro-batch's working memory at once).
             graph = capture_cuda_graph(lambda: [step() for step in steps], warmup=1)
             return float(np.median([self._span([graph.replay]) for _ in range(self.replays)]))
+        tokens = max(sum(int(n) for n in mb) for mb in microbatches)
         if not self._warm:
             # Triton compiles a kernel variant per integer-argument class (a token count
             # divisible by 16 or not): both are built here, not inside a timed span (a
             # bench-only session on a fresh machine measured a compile of ~0.1-0.8 s there).
             for step in [*steps, *(self._step(mb) for mb in _VARIANT_WARMUP)]:
                 step()
-            self._warm = True
+            self._warm, self._warm_tokens = True, tokens
+        if tokens > self._warm_tokens:
+            # A micro-batch larger than any run so far grows the caching allocator
+            # (cudaMalloc, GBs at 16k tokens): once, untimed, so the timed call finds it.
+            for step in steps:
+                step()
+            self._warm_tokens = tokens
         return self._span(steps)
 
     def __call__(self, lengths: Sequence[int]) -> float:
