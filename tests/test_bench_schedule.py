@@ -198,6 +198,30 @@ def test_other_shape_cost_model_is_refused(tmp_path):
         _run([*SMALL, "--cost-model", str(other)])
 
 
+def test_a_graph_timed_cost_model_against_eager_measurements_is_noted(tmp_path, capsys):
+    """A profile calibrated from CUDA-graph replays (no launch overhead) judged by eager
+    micro-batch times: the per-rank error includes that difference; say so and record it."""
+    doc = json.loads(Path(_truth_file()).read_text())
+    doc["kernels"] = {"timing": "graph"}
+    graph_timed = tmp_path / "graph.json"
+    graph_timed.write_text(json.dumps(doc))
+
+    class EagerGPU:
+        timing = "eager"
+
+        def __call__(self, lengths):
+            return fake_measure(lengths)
+
+    out = tmp_path / "bench.json"
+    argv = [*SMALL, "--cost-model", str(graph_timed), "--policies", "tokens,calibrated"]
+    assert _run([*argv, "-o", str(out)], measure=EagerGPU()) == 0
+    assert "calibrated with graph timing and this benchmark times eager" in capsys.readouterr().err
+    written = json.loads(out.read_text())
+    assert written["cost_model"]["timing"] == "graph" and written["device"]["timing"] == "eager"
+    assert _run(argv, measure=fake_measure) == 0  # a measurer that does not say: no note
+    assert "timing" not in capsys.readouterr().err
+
+
 def test_needs_a_gpu_without_a_fake_measurer(capsys):
     torch = pytest.importorskip("torch")
     if torch.cuda.is_available():

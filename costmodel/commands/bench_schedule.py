@@ -97,6 +97,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
+def _calibration_timing(cost_model) -> str | None:
+    """How the cost model's sweep was timed ("graph" or "eager"), where its file says."""
+    if cost_model is None:
+        return None
+    return (cost_model.extra.get("kernels") or {}).get("timing")
+
+
 def _detected_gpu_key() -> str | None:
     from costmodel.calibration.device import current_gpu_name
     from costmodel.gpus import find_gpu_by_device_name
@@ -225,7 +232,17 @@ def run(args: argparse.Namespace, *, measure=None) -> int:
                     file=sys.stderr,
                 )
     else:
-        device = {"measurer": getattr(measure, "__name__", type(measure).__name__) + " (injected)"}
+        device = {"measurer": getattr(measure, "__name__", type(measure).__name__) + " (injected)",
+                  "timing": getattr(measure, "timing", None)}
+    model_timing = _calibration_timing(cost_model)
+    if model_timing is not None and device.get("timing") not in (None, model_timing):
+        print(
+            f"note: the cost model was calibrated with {model_timing} timing and this "
+            f"benchmark times {device['timing']}: predicted vs measured per rank includes "
+            "that difference (launch overhead is in eager times, not in graph ones); every "
+            "policy's makespan is measured the same way",
+            file=sys.stderr,
+        )
 
     progress = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
     failure = None
@@ -270,6 +287,7 @@ def run(args: argparse.Namespace, *, measure=None) -> int:
                 "label": cost_model.label,
                 "gpu": cost_model.gpu,
                 "is_estimate": cost_model.is_estimate,
+                "timing": model_timing,
                 "provenance": cost_model.provenance,
             },
             "config": {
