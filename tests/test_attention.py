@@ -631,6 +631,15 @@ def test_config_overrides_are_checked_before_any_launch(configs, says):
         ta.flash_attn_varlen(q, k, v, _cu([9]), 9, configs=configs)
 
 
+def test_tuning_gate_pack_shares_the_timed_packs_compile(load_benchmark):
+    """Triton specialises integer arguments on divisibility by 16: the gate pack's token
+    count divisible as the timed pack's (32k) is, each candidate compiles once, not twice;
+    its lengths still end mid-block."""
+    bench = load_benchmark("bench_attention")
+    assert sum(bench.GATE_LENGTHS) % 16 == 0
+    assert all(L % 16 for L in bench.GATE_LENGTHS) and 1 in bench.GATE_LENGTHS
+
+
 def test_tuning_runs_every_backward_candidate_and_checks_it(load_benchmark, monkeypatch,
                                                             tmp_path):
     """`--tune-first` end to end at a tiny length (no GPU: the interpreter, a fake timer):
