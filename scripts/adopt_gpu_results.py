@@ -172,7 +172,11 @@ def _profile_summary(model, shipped) -> list[str]:
     timing = (model.extra.get("kernels") or {}).get("timing", "eager (not recorded)")
     if validation.get("timing", timing) != timing:
         timing += f", validated with {validation['timing']} timing"
-    lines = [f"  timing {timing}; sweep {model.provenance.get('sweep_seconds', '?')} s"
+    plan = model.provenance.get("plan") or {}
+    planned = (f" (planned {plan['estimated_s']} s for {plan.get('points', '?')} points: the plan's "
+               "per-point overhead, PER_POINT_OVERHEAD_S, is sized from this)"
+               if isinstance(plan, dict) and "estimated_s" in plan else "")
+    lines = [f"  timing {timing}; sweep {model.provenance.get('sweep_seconds', '?')} s{planned}"
              + ("; REFIT from measurements" if model.provenance.get("refit") else "")]
     drift = model.provenance.get("drift_probe") or {}
     if drift.get("warning"):

@@ -51,6 +51,7 @@ def test_ships_the_profile_and_results_and_summarises_them(adopt_script, tmp_pat
         assert (repo / "benchmarks/results" / name).exists(), name
     text = capsys.readouterr().out
     assert "train: >=1024 3.8% (target 2.5%: MISSED), all 13.2% (target 4.0%: MISSED)" in text
+    assert "sweep 60.82 s (planned 55.86 s for 668 points" in text
     assert "L=  8192: fwd 1.44x, fwd+bwd 0.70x" in text
     assert "fwd+bwd for L >= 4096: at least 0.68x (target 0.8x: MISSED)" in text
     assert "tuned dkdv: {'BLOCK_M': 64" in text and "first choice now" in text
