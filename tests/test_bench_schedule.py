@@ -231,12 +231,17 @@ def test_needs_a_gpu_without_a_fake_measurer(capsys):
     assert "GPU" in err and len(err.strip().splitlines()) == 1
 
 
-def test_real_layer_timer_path_on_cpu(tmp_path):
-    """The GPU timer's code path (packed inputs, one real layer, fwd+bwd) on a tiny shape."""
+def _tiny_cpu_timer():
+    """A tiny layer's spec and the GPU timer's code path on it, on CPU (wall clock)."""
     pytest.importorskip("torch")
     tiny = ModelSpec(name="tiny", num_layers=2, hidden_size=32, num_heads=2, num_kv_heads=1,
                      head_dim=16, intermediate_size=64, vocab_size=64, dtype="fp32")
-    timer = timer_mod.LayerTimer(tiny, attention="sdpa", dtype="fp32", device="cpu")
+    return tiny, timer_mod.LayerTimer(tiny, attention="sdpa", dtype="fp32", device="cpu")
+
+
+def test_real_layer_timer_path_on_cpu(tmp_path):
+    """The GPU timer's code path (packed inputs, one real layer, fwd+bwd) on a tiny shape."""
+    tiny, timer = _tiny_cpu_timer()
     built = []
     step = timer._step
     timer._step = lambda lengths: built.append(list(lengths)) or step(lengths)
@@ -256,10 +261,7 @@ def test_real_layer_timer_path_on_cpu(tmp_path):
 def test_eager_timer_runs_a_larger_microbatch_once_untimed_first():
     """Eagerly, a micro-batch larger than every one before grows the caching allocator:
     the timer runs it once untimed first (a GPU test timed [4096]*4 cold after [256]*2)."""
-    pytest.importorskip("torch")
-    tiny = ModelSpec(name="tiny", num_layers=2, hidden_size=32, num_heads=2, num_kv_heads=1,
-                     head_dim=16, intermediate_size=64, vocab_size=64, dtype="fp32")
-    timer = timer_mod.LayerTimer(tiny, attention="sdpa", dtype="fp32", device="cpu")
+    _, timer = _tiny_cpu_timer()
     ran = []
     build = timer._step
 
