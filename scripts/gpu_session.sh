@@ -17,7 +17,9 @@
 #      bench_attention.json; on torch 2.11, last, whether varlen_attn takes the KV heads
 #      unexpanded, and how much faster it is then)
 #   7. MLP benchmark, if time is left (STEPS without bench_mlp skips it)
-#   8. a quick MoE calibration (qwen3-30b-a3b), if time is left
+#   8. the reference trainer on the GPU (train-demo: nccl, one process, 4 steps), if time
+#      is left (its nccl/CUDA path has run on CPU only, where it is gloo)     ~20 s
+#   9. a quick MoE calibration (qwen3-30b-a3b), if time is left
 # STEPS picks a subset (run in the order above), e.g. STEPS="bench_schedule pytest" with
 # CAL=<a shipped profile> for a session that only needs those, or, in a second call while
 # the machine is still warm, the steps the first call's LIMIT_S skipped (CAL: the first
@@ -54,7 +56,7 @@ PY="${PYTHON:-$(command -v python3 || command -v python)}"  # the H200 image has
 LIMIT_S="${LIMIT_S:-460}"   # total wall budget; later steps are skipped past it
 MODEL="${MODEL:-qwen3-8b}"
 CAL="${CAL:-$OUT/$MODEL.json}"
-STEPS="${STEPS:-calibrate validate report bench_schedule pytest bench_attention bench_mlp calibrate_moe}"
+STEPS="${STEPS:-calibrate validate report bench_schedule pytest bench_attention bench_mlp train_demo calibrate_moe}"
 STATUS=0
 want() { [[ " $STEPS " == *" $1 "* ]]; }
 
@@ -168,6 +170,12 @@ want bench_attention && step "bench_attention" 120 "$PY" benchmarks/bench_attent
   --json "$OUT/bench_attention.json"
 want bench_mlp && step "bench_mlp" 60 "$PY" benchmarks/bench_mlp.py --quick \
   --tokens 512 1024 2048 4096 8192 16384 32768 --json "$OUT/bench_mlp.json"
+# The trainer's CUDA path (nccl, bf16, torch-varlen, CUDA-event compute times): one GPU
+# holds one rank (NCCL refuses two ranks on one device), so this checks the path, not the
+# balance; its step lines go to the log, no file.
+want train_demo && step "train-demo (cuda, nccl, 1 process)" 45 "$PY" -m costmodel -v train-demo \
+  --nproc 1 --device cuda --steps 4 --use-dynamic-batch-size --max-tokens-per-gpu 4096 \
+  --balance-by-flops
 # A MoE profile, if time is left: --quick, no separate validation.
 want calibrate_moe && step "calibrate qwen3-30b-a3b --quick" 70 "$PY" -m costmodel -v calibrate \
   --gpu auto --model qwen3-30b-a3b --attention torch-varlen --dtype bf16 --quick --settle-s 0 \
