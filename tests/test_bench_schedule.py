@@ -77,6 +77,10 @@ def test_whole_command_with_a_fake_measurer(tmp_path, capsys):
             <= runs[(dp, "tokens")]["measured_makespan_ms"] * 1.0001
         )
     assert {t["dp_size"] for t in doc["targets"]} == {4, 8}
+    for t in doc["targets"]:  # token balance's own imbalance: what balance alone can cut
+        tokens = runs[(t["dp_size"], "tokens")]["measured_max_over_mean"]
+        assert t["tokens_balance_headroom"] == pytest.approx(1 - 1 / tokens)
+    assert "(a perfect balance of tokens' work: " in text
 
 
 def test_each_distinct_microbatch_is_measured_once_per_round():

@@ -272,7 +272,8 @@ def run(args: argparse.Namespace, *, measure=None) -> int:
         parts = [f"dp {c['dp_size']}: calibrated max/mean {c['calibrated_max_over_mean']:.3f}"]
         if "makespan_cut_vs_tokens" in c:
             cut = c["makespan_cut_vs_tokens"] * 100
-            parts.append(f"makespan {abs(cut):.1f}% {'below' if cut >= 0 else 'ABOVE'} tokens")
+            parts.append(f"makespan {abs(cut):.1f}% {'below' if cut >= 0 else 'ABOVE'} tokens "
+                         f"(a perfect balance of tokens' work: {100 * c['tokens_balance_headroom']:.1f}%)")
         if "no_worse_than_flops" in c:
             parts.append("no worse than flops" if c["no_worse_than_flops"] else "WORSE than flops")
         print("; ".join(parts))

@@ -86,6 +86,10 @@ def target_checks(runs: Sequence[PolicyRun]) -> list[dict[str, Any]]:
             cut = 1 - cal.makespan / tok.makespan
             row["makespan_cut_vs_tokens"] = cut
             row["cut_at_least_10pct"] = cut >= 0.10
+            # What a perfect balance of token balance's own work would cut: a policy goes
+            # past it only by running less work in all (fewer or cheaper micro-batches).
+            # Where it is under 10%, so is the target's reach by balance alone.
+            row["tokens_balance_headroom"] = 1 - 1 / tok.imbalance
         if flo is not None:
             row["no_worse_than_flops"] = cal.makespan <= flo.makespan
         out.append(row)
