@@ -170,7 +170,7 @@ want bench_attention && step "bench_attention" 120 "$PY" benchmarks/bench_attent
   --json "$OUT/bench_attention.json"
 want bench_mlp && step "bench_mlp" 60 "$PY" benchmarks/bench_mlp.py --quick \
   --tokens 512 1024 2048 4096 8192 16384 32768 --json "$OUT/bench_mlp.json"
-# The trainer's CUDA path (nccl, bf16, torch-varlen, CUDA-event compute times): one GPU
+# The trainer's CUDA path (nccl, bf16, torch-varlen, synchronized compute times): one GPU
 # holds one rank (NCCL refuses two ranks on one device), so this checks the path, not the
 # balance; its step lines go to the log, no file.
 want train_demo && step "train-demo (cuda, nccl, 1 process)" 45 "$PY" -m costmodel -v train-demo \

@@ -180,8 +180,55 @@ def test_cuda_only_attention_on_a_cpu_run_of_a_gpu_machine(monkeypatch):
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     with pytest.raises(ValueError, match="runs only on CUDA.*the device is cpu; use --attention sdpa"):
-        _check_attention_runs("torch-varlen", "cpu")
-    _check_attention_runs("sdpa", "cpu")
+        _check_attention_runs("torch-varlen", "cpu", 16)
+    _check_attention_runs("sdpa", "cpu", 16)
+
+
+def test_the_backend_the_workers_take_is_checked_before_they_start(monkeypatch):
+    """The default backend too, and the model's head dim: each failed in every worker
+    after CUDA and NCCL start-up (a torch without varlen_attn; Triton with --head-dim 16)."""
+    import torch
+
+    from costmodel.cli import build_parser
+    from costmodel.kernels import attention
+    from costmodel.training import launch
+
+    class Started(Exception):
+        pass
+
+    def start(*args):
+        raise Started
+
+    checked = []
+    monkeypatch.setattr(launch, "_check_attention_runs", lambda *a: checked.append(a))
+    monkeypatch.setattr(launch, "_start", start)
+    with pytest.raises(Started):
+        launch.launch(build_parser().parse_args(["train-demo", "--steps", "1"]), 1)
+    assert checked == [("sdpa", "cpu", 16)]  # no --attention: the CPU default, checked
+    monkeypatch.undo()
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(attention, "get_attention", lambda name, device: None)
+    with pytest.raises(ValueError, match=r"--attention triton: .*head dims \[64, 128\].* is 16"):
+        launch._check_attention_runs("triton", "cuda", 16)
+    launch._check_attention_runs("triton", "cuda", 128)
+
+
+def test_a_failed_workers_error_names_its_exception_not_its_advice():
+    from costmodel.training.launch import _worker_error
+
+    text = """
+-- Process 0 terminated with the following error:
+Traceback (most recent call last):
+  File "trainer.py", line 1, in train
+    loss = F.cross_entropy(logits, targets)
+RuntimeError: CUDA error: an illegal memory access was encountered
+CUDA kernel errors might be asynchronously reported at some other API call.
+For debugging consider passing CUDA_LAUNCH_BLOCKING=1
+Compile with `TORCH_USE_CUDA_DSA` to enable device-side assertions.
+"""
+    assert _worker_error(text) == "RuntimeError: CUDA error: an illegal memory access was encountered"
+    assert _worker_error("ValueError: bad\n") == "ValueError: bad"
+    assert _worker_error("just a line") == "just a line"
 
 
 def test_example_bad_input_exits_before_the_first_step(tmp_path):
@@ -215,6 +262,38 @@ def test_lengths_file_drives_the_steps(tmp_path):
     for schedule in plan.schedules:
         assert schedule.dp_size == 2
         assert sorted(i for r in schedule.microbatches for mb in r for i in mb) == list(range(8))
+
+
+def test_warm_up_covers_every_triton_variant_on_a_gpu():
+    """On a GPU the warm-up also runs micro-batches of 64, 65 and 1 tokens: Triton compiles
+    a kernel variant per class of an integer argument (divisible by 16, not, 1), and a
+    variant first met in a timed step cost about a second there. Not on CPU, where the
+    interpreter compiles nothing."""
+    import argparse
+
+    from costmodel.training.config import add_trainer_arguments, prepare
+    from costmodel.training.trainer import _warm_up
+
+    args = add_trainer_arguments(argparse.ArgumentParser()).parse_args(
+        ["--steps", "1", "--samples-per-step", "4"])
+    plan = prepare(args, 2)
+    seen = []
+
+    class Model(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.ones(1))
+
+        def forward(self, ids, cu_seqlens, max_seqlen):
+            seen.append(int(ids.numel()))
+            return self.w * ids.float()
+
+    first = sum(int(plan.lengths[0][i]) for i in plan.schedules[0].microbatches[1][0])
+    _warm_up(Model(), plan, args, torch.device("cpu"), 1, variants=True)
+    assert seen == [first, 64, 65, 1]
+    seen.clear()
+    _warm_up(Model(), plan, args, torch.device("cpu"), 1)
+    assert seen == [first]
 
 
 def test_disagreeing_schedules_stop_with_a_clear_error():

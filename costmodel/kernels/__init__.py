@@ -5,7 +5,8 @@ Import-light on purpose: nothing here imports torch or triton at package import 
 (`costmodel.kernels.attention`, ...) to get the torch-backed code.
 """
 
-__all__ = ["ATTENTION_BACKENDS", "HOST_READING_BACKENDS", "attention", "check_attention", "layer", "mlp"]
+__all__ = ["ATTENTION_BACKENDS", "HOST_READING_BACKENDS", "TRITON_VARIANT_LENGTHS", "attention",
+           "check_attention", "layer", "mlp"]
 
 # The attention backends by name (`attention.get_attention`); here, torch-free, so commands
 # can check an --attention flag before they import torch or touch the GPU.
@@ -13,6 +14,10 @@ ATTENTION_BACKENDS: tuple[str, ...] = ("triton", "torch-varlen", "sdpa", "flash-
 # Backends that read the sequence offsets on the host (sdpa loops over the sequences): a
 # CUDA graph cannot hold that read, so they are timed eagerly.
 HOST_READING_BACKENDS: frozenset[str] = frozenset({"sdpa"})
+# Micro-batches (sequence lengths) whose token counts cover the classes Triton compiles an
+# integer argument for (divisible by 16, not, and 1): run once untimed, every variant a
+# later micro-batch may need is built before any timing.
+TRITON_VARIANT_LENGTHS: tuple[list[int], ...] = ([64], [65], [1])
 
 
 def check_attention(name: str, flag: str = "--attention") -> str:

@@ -13,6 +13,7 @@ import contextlib
 import json
 import logging
 import os
+import re
 import signal
 import socket
 import sys
@@ -26,7 +27,7 @@ from costmodel.checks import import_torch
 from costmodel.integrations.args import _LOADED_ATTR as LOADED_ATTR
 from costmodel.interrupts import signals_interrupt
 from costmodel.training.config import prepare
-from costmodel.training.trainer import LOG_TEMP_NOTE_ATTR
+from costmodel.training.trainer import LOG_TEMP_NOTE_ATTR, default_attention, device_kind
 
 __all__ = ["free_port", "launch"]
 
@@ -76,15 +77,29 @@ def _train_one_rank(local_rank: int, args: argparse.Namespace, nproc: int, port:
         Path(out).write_text(json.dumps([r.to_dict() for r in result.records]))
 
 
-def _check_attention_runs(name: str, device: str) -> None:
-    """ValueError unless backend ``name`` runs on ``device`` here (the workers would fail)."""
+def _check_attention_runs(name: str, device: str, head_dim: int) -> None:
+    """ValueError unless backend ``name`` runs on ``device`` here for the model's head dim and
+    dtype (bf16 on CUDA, fp32 on CPU): otherwise every worker would fail, after start-up."""
+    import torch
+
     from costmodel.kernels.attention import get_attention
+    from costmodel.kernels.layer import check_attention_support
 
     try:
         get_attention(name, device)
-    except RuntimeError as exc:
+        check_attention_support(name, torch.bfloat16 if device == "cuda" else torch.float32,
+                                head_dim)
+    except (RuntimeError, ValueError) as exc:
         hint = "; use --attention sdpa (the CPU default)" if device == "cpu" else ""
         raise ValueError(f"--attention {name}: {exc}{hint}") from None
+
+
+def _worker_error(text: str) -> str:
+    """The line of a worker's traceback that names its exception (torch's CUDA errors end
+    in advice such as 'Compile with TORCH_USE_CUDA_DSA ...'), else its last line."""
+    lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]
+    raised = [ln for ln in lines if re.match(r"[A-Za-z_][\w.]*(Error|Exception|Interrupt)\b", ln)]
+    return (raised or lines or ["(no message)"])[-1]
 
 
 def launch(args: argparse.Namespace, nproc: int) -> list[dict[str, Any]]:
@@ -98,8 +113,6 @@ def launch(args: argparse.Namespace, nproc: int) -> list[dict[str, Any]]:
     torch = import_torch("train-demo")
     import torch.multiprocessing as mp
 
-    from costmodel.training.trainer import device_kind
-
     device = device_kind(args.device)
     if device == "cuda" and nproc > torch.cuda.device_count():
         raise ValueError(
@@ -108,8 +121,9 @@ def launch(args: argparse.Namespace, nproc: int) -> list[dict[str, Any]]:
         )
     args.device = device
     prepare(args, nproc, dtype="bf16" if device == "cuda" else "fp32")
-    if args.attention is not None:  # one line here, not a failure in every worker
-        _check_attention_runs(args.attention, device)
+    # The backend the workers will use (the default too), checked here: one line, not a
+    # failure in every worker after CUDA and NCCL start-up.
+    _check_attention_runs(args.attention or default_attention(device), device, args.head_dim)
     # Workers validate and load again on their own: pass the flags, not loaded objects.
     clean = argparse.Namespace(**vars(args))
     vars(clean).pop(LOADED_ATTR, None)
@@ -125,8 +139,8 @@ def launch(args: argparse.Namespace, nproc: int) -> list[dict[str, Any]]:
             finally:  # rank 0's half-written log, should it have been killed (else renamed)
                 _remove_noted_file(note)
         except mp.ProcessRaisedException as err:
-            lines = [ln for ln in str(err).strip().splitlines() if ln.strip()]
-            raise RuntimeError(f"rank {err.error_index} failed: {lines[-1]}") from None
+            logger.info("rank %d failed:\n%s", err.error_index, err)  # the traceback, with -v
+            raise RuntimeError(f"rank {err.error_index} failed: {_worker_error(str(err))}") from None
         except mp.ProcessExitedException as err:
             raise RuntimeError(
                 f"rank {err.error_index} exited with code {err.exit_code} (signal "

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from costmodel.checks import import_torch
+from costmodel.kernels import TRITON_VARIANT_LENGTHS
 
 __all__ = [
     "LayerTimer",
@@ -163,11 +164,6 @@ def noise_floor(microbatch_ms: Sequence[Sequence[float]], noise: float, *,
     return float(np.mean(sums.max(axis=1) / sums.mean(axis=1)))
 
 
-# Micro-batches whose token counts cover the integer classes Triton specialises kernels on
-# (divisible by 16, not, and 1).
-_VARIANT_WARMUP = ([64], [65], [1])
-
-
 class LayerTimer:
     """Times micro-batches, forward + backward, through one `TransformerLayer` on a GPU.
 
@@ -263,7 +259,7 @@ class LayerTimer:
             # Triton compiles a kernel variant per integer-argument class (a token count
             # divisible by 16 or not): both are built here, not inside a timed span (a
             # bench-only session on a fresh machine measured a compile of ~0.1-0.8 s there).
-            for step in [*steps, *(self._step(mb) for mb in _VARIANT_WARMUP)]:
+            for step in [*steps, *(self._step(mb) for mb in TRITON_VARIANT_LENGTHS)]:
                 step()
             self._warm, self._warm_tokens = True, tokens
         if tokens > self._warm_tokens:

@@ -147,6 +147,12 @@ def device_kind(requested: str) -> str:
     return requested
 
 
+def default_attention(device: str) -> str:
+    """The attention backend a run takes without --attention: torch's varlen kernel on a
+    GPU, SDPA (per sequence) on CPU."""
+    return "torch-varlen" if device == "cuda" else "sdpa"
+
+
 def _resolve_device(args: argparse.Namespace, local_rank: int):
     import torch
 
@@ -159,8 +165,8 @@ def _resolve_device(args: argparse.Namespace, local_rank: int):
             )
         torch.cuda.set_device(local_rank % torch.cuda.device_count())
         device = torch.device("cuda", torch.cuda.current_device())
-        return device, "nccl", torch.bfloat16, "bf16", args.attention or "torch-varlen"
-    return torch.device("cpu"), "gloo", torch.float32, "fp32", args.attention or "sdpa"
+        return device, "nccl", torch.bfloat16, "bf16", args.attention or default_attention("cuda")
+    return torch.device("cpu"), "gloo", torch.float32, "fp32", args.attention or default_attention("cpu")
 
 
 def _microbatch(args: argparse.Namespace, plan: Plan, step: int, mb, device):
@@ -174,16 +180,26 @@ def _microbatch(args: argparse.Namespace, plan: Plan, step: int, mb, device):
     )
 
 
-def _warm_up(model, plan: Plan, args: argparse.Namespace, device, rank: int) -> None:
-    """One untimed forward+backward on this rank's first micro-batch, gradients dropped:
-    kernel compilation and library start-up stay out of step 0's timing."""
+def _warm_up(model, plan: Plan, args: argparse.Namespace, device, rank: int, *,
+             variants: bool | None = None) -> None:
+    """Untimed forward+backward passes, gradients dropped: kernel compilation and library
+    start-up stay out of the steps' timings. This rank's first micro-batch, and with
+    ``variants`` (default: on a GPU; Triton's CPU interpreter compiles nothing)
+    micro-batches of every token-count class Triton compiles a kernel variant for (a
+    variant first met in a timed step cost about a second there: max/mean ~2)."""
     import torch
 
+    from costmodel.kernels import TRITON_VARIANT_LENGTHS
+    from costmodel.training.model import packed_batch
+
     mb = plan.schedules[0].microbatches[rank][0] if plan.schedules else []
-    if not mb:
-        return
-    ids, _, cu_seqlens, max_seqlen = _microbatch(args, plan, 0, mb, device)
-    model(ids, cu_seqlens, max_seqlen).float().sum().backward()
+    batches = [_microbatch(args, plan, 0, mb, device)] if mb else []
+    if device.type == "cuda" if variants is None else variants:
+        vocab = plan.spec.vocab_size
+        batches += [packed_batch([sample_tokens(args.seed, 0, 0, n, vocab) for n in lengths],
+                                 device=device) for lengths in TRITON_VARIANT_LENGTHS]
+    for ids, _, cu_seqlens, max_seqlen in batches:
+        model(ids, cu_seqlens, max_seqlen).float().sum().backward()
     model.zero_grad(set_to_none=True)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
