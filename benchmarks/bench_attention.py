@@ -37,9 +37,10 @@ DEFAULT_LENGTHS = [512, 1024, 2048, 4096, 8192, 16384, 32768]
 QUICK_LENGTHS = [1024, 4096, 16384]
 
 # Configs `--tune` times against each other (per kernel, the others at their defaults).
-# Tuples are (BLOCK_M, BLOCK_N, num_warps, num_stages[, FUSE_DQ[, MASK_BLOCK]]): FUSE_DQ 1 =
-# dq by atomics inside the dk/dv kernel (no dq kernel); MASK_BLOCK (default 16) is the step
-# across the diagonal block (MASK_BLOCK_M of dk/dv, MASK_BLOCK_N of dq). See
+# Tuples are (BLOCK_M, BLOCK_N, num_warps, num_stages[, FUSE_DQ[, MASK_BLOCK[, SPLIT_GROUP]]]):
+# FUSE_DQ 1 = dq by atomics inside the dk/dv kernel (no dq kernel); MASK_BLOCK (default 16)
+# is the step across the diagonal block (MASK_BLOCK_M of dk/dv, MASK_BLOCK_N of dq);
+# SPLIT_GROUP 1 = a dk/dv program per query head (no loop over the GQA group). See
 # triton_attention._CONFIGS.
 TUNE_CANDIDATES: dict[str, dict[int, list[tuple[int, ...]]]] = {
     "fwd": {
@@ -47,19 +48,28 @@ TUNE_CANDIDATES: dict[str, dict[int, list[tuple[int, ...]]]] = {
         128: [(128, 64, 8, 3), (128, 64, 8, 2), (128, 32, 8, 3), (128, 128, 8, 2), (64, 64, 4, 3)],
     },
     "dkdv": {
-        64: [(32, 128, 8, 2), (64, 128, 8, 2), (32, 64, 4, 2), (64, 64, 4, 2), (32, 128, 4, 3)],
+        # d=64: the first choice with a program per query head (SPLIT_GROUP) comes second:
+        # 136 registers instead of 233 (sm_90a, triton 3.6), and a 64-row one (195, no spill).
+        64: [(32, 128, 8, 2), (32, 128, 8, 2, 0, 16, 1), (64, 128, 8, 2, 0, 16, 1),
+             (64, 128, 8, 2), (32, 64, 4, 2), (64, 64, 4, 2), (32, 128, 4, 3)],
         # d=128, from an sm_90a AOT build (triton 3.6, `--aot`, which reports each build's
         # smallest wgmma instruction N and its spills): the current first choice, 32x64 with
         # 8 warps, splits its 64-row Sᵀ and dPᵀ tiles over 2 warpgroups along N, so both run
         # as m64n16 wgmmas (n8 across the diagonal) — narrow instructions that keep tensor
         # cores far below peak. These give N >= 32 (BLOCK_N = 128 rows: one warpgroup per
         # 64 rows, N = BLOCK_M) with stack frames of 0-224 B, and a diagonal step of 32-64;
-        # the second fuses dq (5 matmuls to 7, as flash-attention 2; a FUSE_DQ build at
-        # 32x128 falls back to mma.sync for dq), timed early so that a step cut short by its
-        # timeout has it.
-        128: [(32, 64, 8, 2), (64, 128, 8, 1, 1, 64), (32, 128, 8, 1, 0, 32),
-              (32, 128, 8, 2, 0, 32), (64, 128, 8, 1, 0, 32), (64, 128, 8, 1, 0, 64),
-              (64, 128, 8, 2, 0, 64)],
+        # the fifth fuses dq (5 matmuls to 7, as flash-attention 2; a FUSE_DQ build at
+        # 32x128 falls back to mma.sync for dq). Timed early so that a step cut short by its
+        # timeout has them: a program per query head (SPLIT_GROUP) instead of a loop over
+        # the GQA group, which was what held every dk/dv build at 254-255 registers: the
+        # first choice's tile drops to 155, and the 128-row tiles run spill-free (32x128
+        # with 3 stages: 249 registers, was 88 B of stack; 64x128: 255 and n64 wgmmas, was
+        # 200 B), at the cost of fp32 per-query-head dk/dv summed over the group (written
+        # and read again: ~2 GB at 32k tokens and 32 heads, ~0.5 ms at the H200's 4.8 TB/s).
+        # (The 64x128 one-stage tiles without it, 40-64 B of stack, are no longer timed.)
+        128: [(32, 64, 8, 2), (32, 64, 8, 2, 0, 16, 1), (32, 128, 8, 3, 0, 32, 1),
+              (64, 128, 8, 2, 0, 64, 1), (64, 128, 8, 1, 1, 64), (32, 128, 8, 1, 0, 32),
+              (32, 128, 8, 2, 0, 32), (64, 128, 8, 2, 0, 64)],
     },
     "dq": {
         64: [(128, 32, 8, 3), (128, 64, 8, 2), (64, 64, 4, 2), (64, 32, 4, 3)],
@@ -87,6 +97,8 @@ def _config(kernel: str, cand: tuple[int, ...]) -> dict[str, int]:
         cfg["MASK_BLOCK_M"] = mask_block
         if len(cand) > 4 and cand[4]:
             cfg["FUSE_DQ"] = 1
+        if len(cand) > 6 and cand[6]:
+            cfg["SPLIT_GROUP"] = 1
     elif kernel == "dq":
         cfg["MASK_BLOCK_N"] = mask_block
     return cfg
@@ -593,7 +605,10 @@ def aot_report(head_dims: list[int]) -> list[dict]:
                 consts["HEAD_DIM"] = d
                 if name == "dkdv":
                     consts.setdefault("FUSE_DQ", 0)
+                    consts.setdefault("SPLIT_GROUP", 0)
                 types = dict(ptr_types, DQ="*fp32") if consts.get("FUSE_DQ") else ptr_types
+                if consts.get("SPLIT_GROUP"):  # per-query-head fp32 dk/dv (GQA)
+                    types = dict(types, DK="*fp32", DV="*fp32")
                 params = list(inspect.signature(kernel.fn).parameters)
                 sig = {
                     p: "constexpr"

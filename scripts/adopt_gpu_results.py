@@ -262,6 +262,9 @@ def _attention_summary(doc: dict) -> list[str]:
         if tuned.get("dkdv", {}).get("FUSE_DQ"):
             lines.append("  (a FUSE_DQ dk/dv winner goes first in _CONFIGS['dkdv'] as it is: "
                          "it then decides for its fallbacks, and the dq configs go unused)")
+        if tuned.get("dkdv", {}).get("SPLIT_GROUP"):
+            lines.append("  (a SPLIT_GROUP dk/dv winner goes first in _CONFIGS['dkdv'] as it "
+                         "is: it then decides the grid and dk/dv buffers for its fallbacks)")
         gate = doc.get("gate_row_err_first_choice")
         if gate is not None:
             lines.append(f"  first choices on the varlen gate: row error {gate:.1e} against "

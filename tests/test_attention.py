@@ -38,6 +38,10 @@ SMALL_BLOCKS = {
 }
 # The backward variant whose dk/dv kernel also accumulates dq (fp32 atomics, no dq kernel).
 FUSED_DQ = {**SMALL_BLOCKS, "dkdv": {**SMALL_BLOCKS["dkdv"], "FUSE_DQ": 1}}
+# A dk/dv program per query head (per-query-head fp32 dk/dv, summed over the GQA group),
+# alone and with the fused dq.
+SPLIT_GROUP = {**SMALL_BLOCKS, "dkdv": {**SMALL_BLOCKS["dkdv"], "SPLIT_GROUP": 1}}
+SPLIT_FUSED = {**SMALL_BLOCKS, "dkdv": {**SMALL_BLOCKS["dkdv"], "SPLIT_GROUP": 1, "FUSE_DQ": 1}}
 # One pack: a length-1 sequence, lengths that are not multiples of any block, an exact
 # multiple (16, 64) and one spanning several 32-blocks; 99 tokens in all.
 LENGTHS = [1, 37, 16, 45]
@@ -101,10 +105,12 @@ def _check(got, want, tol):
 # ------------------------------------------------------------------ Triton, small shapes
 @pytest.mark.parametrize("head_dim", [64, 128])
 @pytest.mark.parametrize(("num_heads", "num_kv_heads"), [(2, 2), (4, 1), (8, 1)])
-@pytest.mark.parametrize("blocks", ["small", "default", "fused-dq"])
+@pytest.mark.parametrize("blocks", ["small", "default", "fused-dq", "split-group", "split-fused"])
 def test_triton_matches_reference_fp32(poisoned, head_dim, num_heads, num_kv_heads, blocks):
-    configs = {"small": SMALL_BLOCKS, "default": None, "fused-dq": FUSED_DQ}[blocks]
-    seed = head_dim * 100 + num_heads * 10 + ["small", "default", "fused-dq"].index(blocks)
+    variants = {"small": SMALL_BLOCKS, "default": None, "fused-dq": FUSED_DQ,
+                "split-group": SPLIT_GROUP, "split-fused": SPLIT_FUSED}
+    configs = variants[blocks]
+    seed = head_dim * 100 + num_heads * 10 + list(variants).index(blocks)
     q, k, v, do = _inputs(LENGTHS, num_heads, num_kv_heads, head_dim, torch.float32, seed)
     cu = _cu(LENGTHS)
     got = _run_triton(q, k, v, do, cu, max(LENGTHS), configs)
@@ -128,6 +134,28 @@ def test_a_fused_dq_first_choice_can_be_adopted(poisoned, monkeypatch):
     assert not ran
 
 
+def test_a_split_group_first_choice_can_be_adopted(poisoned, monkeypatch):
+    """As a fused one: a tuned SPLIT_GROUP dk/dv config goes first in _CONFIGS as it is,
+    and decides the grid and the per-query-head buffers for its fallbacks too."""
+    split_first = [dict(SMALL_BLOCKS["dkdv"], SPLIT_GROUP=1), dict(SMALL_BLOCKS["dkdv"])]
+    monkeypatch.setitem(ta._CONFIGS["dkdv"], 64, split_first)
+    monkeypatch.setattr(ta, "_chosen", {})
+    q, k, v, do = _inputs(LENGTHS, 8, 2, 64, torch.float32, seed=17)
+    cu = _cu(LENGTHS)
+    launched = []
+    kernel = ta._attn_bwd_dkdv
+
+    class Recording:
+        def __getitem__(self, grid):
+            launched.append(grid)
+            return kernel[grid]
+
+    monkeypatch.setattr(ta, "_attn_bwd_dkdv", Recording())
+    got = _run_triton(q, k, v, do, cu, max(LENGTHS))
+    _check(got, _reference(q, k, v, do, cu), 1e-2 if CUDA else 1e-5)
+    assert launched and launched[0][1] == 8  # a program per query head, not per K/V head
+
+
 class _Refuse:
     """A stand-in kernel that records being launched."""
 
@@ -148,7 +176,8 @@ def test_blocks_under_16_are_refused_before_a_gpu_build_fails():
 
 
 @pytest.mark.parametrize("head_dim", [64, 128])
-@pytest.mark.parametrize("configs", [SMALL_BLOCKS, FUSED_DQ], ids=["split", "fused-dq"])
+@pytest.mark.parametrize("configs", [SMALL_BLOCKS, FUSED_DQ, SPLIT_GROUP],
+                         ids=["split", "fused-dq", "split-group"])
 def test_triton_fp16_small(poisoned, head_dim, configs):
     lengths = [5, 1, 50, 33]
     q, k, v, do = _inputs(lengths, 8, 2, head_dim, torch.float16, seed=7 + head_dim)
@@ -384,8 +413,10 @@ def test_gpu_triton_bf16_training_shapes(poisoned, num_heads, num_kv_heads, head
     cu = _cu(GPU_LENGTHS)
     want = _reference(q, k, v, do, cu)
     _check(_run_triton(q, k, v, do, cu, max(GPU_LENGTHS)), want, 1e-2)
-    fused = {"dkdv": {**ta.kernel_configs(head_dim)["dkdv"][0], "FUSE_DQ": 1}}
-    _check(_run_triton(q, k, v, do, cu, max(GPU_LENGTHS), fused), want, 1e-2)
+    first = ta.kernel_configs(head_dim)["dkdv"][0]
+    for switches in ({"FUSE_DQ": 1}, {"SPLIT_GROUP": 1}):  # the tuning's other backward paths
+        configs = {"dkdv": {**first, **switches}}
+        _check(_run_triton(q, k, v, do, cu, max(GPU_LENGTHS), configs), want, 1e-2)
 
 
 @needs_cuda
@@ -618,6 +649,8 @@ def test_unclear_errors_became_value_errors(call, says):
     ({"fwd": dict(BLOCK_M=32, BLOCK_N=16, BLOCK_K=16)}, "fwd config has an unknown key 'BLOCK_K'"),
     ({"dq": dict(SMALL_BLOCKS["dq"], FUSE_DQ=1)}, "dq config has an unknown key 'FUSE_DQ'"),
     ({"dkdv": dict(SMALL_BLOCKS["dkdv"], FUSE_DQ=2)}, "dkdv config key 'FUSE_DQ' must be 0 or 1"),
+    ({"dkdv": dict(SMALL_BLOCKS["dkdv"], SPLIT_GROUP=-1)}, "'SPLIT_GROUP' must be 0 or 1"),
+    ({"dq": dict(SMALL_BLOCKS["dq"], SPLIT_GROUP=1)}, "dq config has an unknown key 'SPLIT_GROUP'"),
     ({"dkdv": dict(SMALL_BLOCKS["dkdv"], num_warps=3)}, "dkdv config key 'num_warps'"),
     ({"dq": dict(SMALL_BLOCKS["dq"], num_stages=0)}, "dq config key 'num_stages'"),
     ({"dq": [32, 16, 16]}, "dq config must be a dict"),

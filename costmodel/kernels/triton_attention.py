@@ -18,7 +18,10 @@ adapted to packed sequences (``cu_seqlens``) and grouped-query attention:
   diagonal). Scores and probabilities are recomputed from q, k and the saved logsumexp.
   A dk/dv config with ``FUSE_DQ=1`` instead adds each block's dS·K to an fp32 dq buffer
   with atomics inside the dk/dv kernel (no dq kernel: 5 matmuls per block pair instead of
-  7, as flash-attention 2); `bench_attention.py --tune-first` measures both.
+  7, as flash-attention 2); one with ``SPLIT_GROUP=1`` runs a dk/dv program per query head
+  (no loop over the group, far fewer registers), each writing its own rows of fp32
+  per-query-head dk/dv buffers that the launcher sums over the group (as flash-attention 2
+  does for GQA); `bench_attention.py --tune-first` measures them all.
 - layouts: q/o/do (total, H, D), k/v (total, H_kv, D), any token/head strides with a unit
   stride on the head dim; logsumexp and delta are float32 (H, total). Accumulation is fp32;
   P and dS are cast to the input dtype before their ``tl.dot`` (bf16/fp16 tensor cores;
@@ -77,7 +80,8 @@ _GRID_YZ_MAX = 65535  # CUDA limit on grid dims y and z (heads, sequences)
 # TO TUNE on the H200: `python benchmarks/bench_attention.py --tune` times the candidates in
 # bench_attention.TUNE_CANDIDATES at L=4k and 16k and prints the fastest per kernel;
 # `--tune-first` tunes the backward at L=8k, then benchmarks with the winners. A winner goes
-# first in its list as it is; a FUSE_DQ dk/dv one decides for its fallbacks (`_fuses_dq`).
+# first in its list as it is; a FUSE_DQ or SPLIT_GROUP dk/dv one decides for its fallbacks
+# (`_dkdv_switch`).
 _CONFIGS: dict[str, dict[int, list[dict[str, int]]]] = {
     "fwd": {
         64: [
@@ -142,7 +146,8 @@ _BLOCK_KEYS = {
     "dkdv": ("BLOCK_M", "BLOCK_N", "MASK_BLOCK_M"),
     "dq": ("BLOCK_M", "BLOCK_N", "MASK_BLOCK_N"),
 }
-_OPTIONAL_KEYS = {"fwd": ("num_warps", "num_stages"), "dkdv": ("num_warps", "num_stages", "FUSE_DQ"),
+_OPTIONAL_KEYS = {"fwd": ("num_warps", "num_stages"),
+                  "dkdv": ("num_warps", "num_stages", "FUSE_DQ", "SPLIT_GROUP"),
                   "dq": ("num_warps", "num_stages")}
 
 
@@ -177,8 +182,9 @@ def _check_config(kernel: str, cfg: dict[str, int]) -> None:
     if "num_stages" in cfg and not (_is_int(cfg["num_stages"]) and cfg["num_stages"] >= 1):
         raise ValueError(f"{kernel} config key 'num_stages' must be an int >= 1, got "
                          f"{cfg['num_stages']!r}")
-    if "FUSE_DQ" in cfg and cfg["FUSE_DQ"] not in (0, 1):
-        raise ValueError(f"{kernel} config key 'FUSE_DQ' must be 0 or 1, got {cfg['FUSE_DQ']!r}")
+    for switch in ("FUSE_DQ", "SPLIT_GROUP"):
+        if switch in cfg and cfg[switch] not in (0, 1):
+            raise ValueError(f"{kernel} config key {switch!r} must be 0 or 1, got {cfg[switch]!r}")
     if kernel == "fwd" and cfg["BLOCK_M"] % cfg["BLOCK_N"]:
         raise ValueError(f"fwd config needs BLOCK_M % BLOCK_N == 0, got {cfg}")
     if kernel == "dkdv" and cfg["BLOCK_N"] % cfg["MASK_BLOCK_M"]:
@@ -211,10 +217,12 @@ def _check_configs(configs) -> dict[str, dict[str, int]]:
 
 def _launch_args(config: dict[str, int]) -> tuple[dict[str, int], int, int]:
     """A config split into the kernel's block sizes, num_warps and num_stages. FUSE_DQ is a
-    launch argument, not a config key: `_fuses_dq` decides it for the whole backward."""
+    launch argument, not a config key, and so is SPLIT_GROUP: `_dkdv_switch` decides each
+    for the whole backward."""
     cfg = dict(config)
     warps, stages = cfg.pop("num_warps", 4), cfg.pop("num_stages", 2)
     cfg.pop("FUSE_DQ", None)
+    cfg.pop("SPLIT_GROUP", None)
     return cfg, warps, stages
 
 
@@ -507,6 +515,94 @@ def _bwd_dkdv_inner(
 
 
 @triton.jit
+def _bwd_dkdv_head(
+    dk,
+    dv,
+    k,
+    v,
+    head,
+    Q,
+    DO,
+    LSE,
+    Delta,
+    DQ,
+    seq_start,
+    stride_qt,
+    stride_qh,
+    stride_ot,
+    stride_oh,
+    stride_dqt,
+    stride_dqh,
+    total,
+    start_n,
+    seqlen,
+    qk_scale,
+    offs_n,
+    offs_d,
+    FUSE_DQ: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    MASK_BLOCK_M: tl.constexpr,
+):
+    """One query head's share of a K/V block's dk and dv (and, with FUSE_DQ, of its dq)."""
+    q_base = Q + seq_start * stride_qt + head * stride_qh
+    do_base = DO + seq_start * stride_ot + head * stride_oh
+    lse_base = LSE + head * total + seq_start
+    delta_base = Delta + head * total + seq_start
+    dq_base = DQ + seq_start * stride_dqt + head * stride_dqh
+    # queries crossing the diagonal block: masked, finer steps
+    diag_hi = tl.minimum(start_n + BLOCK_N, seqlen)
+    dk, dv = _bwd_dkdv_inner(
+        dk,
+        dv,
+        k,
+        v,
+        q_base,
+        do_base,
+        lse_base,
+        delta_base,
+        stride_qt,
+        stride_ot,
+        start_n,
+        diag_hi,
+        seqlen,
+        qk_scale,
+        offs_n,
+        offs_d,
+        dq_base,
+        stride_dqt,
+        True,
+        MASK_BLOCK_M,
+        FUSE_DQ,
+    )
+    # queries entirely below the diagonal: no causal mask
+    dk, dv = _bwd_dkdv_inner(
+        dk,
+        dv,
+        k,
+        v,
+        q_base,
+        do_base,
+        lse_base,
+        delta_base,
+        stride_qt,
+        stride_ot,
+        start_n + BLOCK_N,
+        seqlen,
+        seqlen,
+        qk_scale,
+        offs_n,
+        offs_d,
+        dq_base,
+        stride_dqt,
+        False,
+        BLOCK_M,
+        FUSE_DQ,
+    )
+    return dk, dv
+
+
+@triton.jit
 def _attn_bwd_dkdv(
     Q,
     K,
@@ -535,6 +631,7 @@ def _attn_bwd_dkdv(
     sm_scale,
     qk_scale,
     FUSE_DQ: tl.constexpr,
+    SPLIT_GROUP: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -544,7 +641,14 @@ def _attn_bwd_dkdv(
     seq_start, seqlen, start_n = _sequence_block(cu_seqlens, BLOCK_N, False)
     if start_n >= seqlen:
         return
-    kv_head = tl.program_id(1)
+    # Grid axis 1: the query head with SPLIT_GROUP (its dk/dv go to its own rows of
+    # per-query-head buffers, summed over the group by the launcher), else the K/V head.
+    if SPLIT_GROUP:
+        out_head = tl.program_id(1)
+        kv_head = out_head // group
+    else:
+        kv_head = tl.program_id(1)
+        out_head = kv_head
     offs_n = start_n + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, HEAD_DIM)
     col_mask = offs_n < seqlen
@@ -556,67 +660,25 @@ def _attn_bwd_dkdv(
     )
     dk = tl.zeros([BLOCK_N, HEAD_DIM], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, HEAD_DIM], dtype=tl.float32)
-    diag_hi = tl.minimum(start_n + BLOCK_N, seqlen)
-    # GQA: the K/V block is shared by `group` query heads; sum their contributions here
-    for g in range(0, group):
-        head = kv_head * group + g
-        q_base = Q + seq_start * stride_qt + head * stride_qh
-        do_base = DO + seq_start * stride_ot + head * stride_oh
-        lse_base = LSE + head * total + seq_start
-        delta_base = Delta + head * total + seq_start
-        dq_base = DQ + seq_start * stride_dqt + head * stride_dqh
-        # queries crossing the diagonal block: masked, finer steps
-        dk, dv = _bwd_dkdv_inner(
-            dk,
-            dv,
-            k,
-            v,
-            q_base,
-            do_base,
-            lse_base,
-            delta_base,
-            stride_qt,
-            stride_ot,
-            start_n,
-            diag_hi,
-            seqlen,
-            qk_scale,
-            offs_n,
-            offs_d,
-            dq_base,
-            stride_dqt,
-            True,
-            MASK_BLOCK_M,
-            FUSE_DQ,
-        )
-        # queries entirely below the diagonal: no causal mask
-        dk, dv = _bwd_dkdv_inner(
-            dk,
-            dv,
-            k,
-            v,
-            q_base,
-            do_base,
-            lse_base,
-            delta_base,
-            stride_qt,
-            stride_ot,
-            start_n + BLOCK_N,
-            seqlen,
-            seqlen,
-            qk_scale,
-            offs_n,
-            offs_d,
-            dq_base,
-            stride_dqt,
-            False,
-            BLOCK_M,
-            FUSE_DQ,
-        )
+    if SPLIT_GROUP:
+        # One query head per program: no loop over the group around the two query loops,
+        # which in an sm_90a build (triton 3.6, d=128, 32x64 tile) took the kernel from
+        # 162 registers to 254.
+        dk, dv = _bwd_dkdv_head(dk, dv, k, v, out_head, Q, DO, LSE, Delta, DQ, seq_start,
+                                stride_qt, stride_qh, stride_ot, stride_oh, stride_dqt,
+                                stride_dqh, total, start_n, seqlen, qk_scale, offs_n, offs_d,
+                                FUSE_DQ, BLOCK_M, BLOCK_N, MASK_BLOCK_M)
+    else:
+        # GQA: the K/V block is shared by `group` query heads; sum their contributions here
+        for g in range(0, group):
+            dk, dv = _bwd_dkdv_head(dk, dv, k, v, kv_head * group + g, Q, DO, LSE, Delta, DQ,
+                                    seq_start, stride_qt, stride_qh, stride_ot, stride_oh,
+                                    stride_dqt, stride_dqh, total, start_n, seqlen, qk_scale,
+                                    offs_n, offs_d, FUSE_DQ, BLOCK_M, BLOCK_N, MASK_BLOCK_M)
     dk *= sm_scale
     out = (
         seq_start * stride_dkt
-        + kv_head * stride_dkh
+        + out_head * stride_dkh
         + offs_n[:, None] * stride_dkt
         + offs_d[None, :]
     )
@@ -878,14 +940,22 @@ def _backward(do, q, k, v, o, lse, cu_seqlens, max_seqlen, sm_scale, configs):
     # FUSE_DQ (a dkdv config key, 0 by default): the dk/dv kernel also accumulates dq with
     # fp32 atomics (5 matmuls per block pair, as flash-attention 2) instead of a separate
     # dq kernel recomputing P and dP (7).
+    # SPLIT_GROUP (also a dkdv key, 0 by default): one dk/dv program per query head instead
+    # of per K/V head looping over its group (far fewer registers); with GQA each writes
+    # its own rows of fp32 per-query-head buffers, summed over the group below.
     dkdv_cfg = configs.get("dkdv")
-    fuse_dq = _fuses_dq(dkdv_cfg, head_dim)
+    fuse_dq = _dkdv_switch(dkdv_cfg, head_dim, "FUSE_DQ")
+    split = _dkdv_switch(dkdv_cfg, head_dim, "SPLIT_GROUP")
     if fuse_dq:
         dq = torch.zeros((total, num_heads, head_dim), dtype=torch.float32, device=q.device)
     else:
         dq = _empty((total, num_heads, head_dim), q.dtype, q.device)
-    dk = _empty((total, num_kv_heads, head_dim), k.dtype, k.device)
-    dv = _empty((total, num_kv_heads, head_dim), k.dtype, k.device)
+    if split and group > 1:
+        dk = _empty((total, num_heads, head_dim), torch.float32, k.device)
+        dv = _empty((total, num_heads, head_dim), torch.float32, k.device)
+    else:
+        dk = _empty((total, num_kv_heads, head_dim), k.dtype, k.device)
+        dv = _empty((total, num_kv_heads, head_dim), k.dtype, k.device)
     strides = (
         q.stride(0),
         q.stride(1),
@@ -900,7 +970,8 @@ def _backward(do, q, k, v, o, lse, cu_seqlens, max_seqlen, sm_scale, configs):
     _launch(
         "dkdv",
         _attn_bwd_dkdv,
-        lambda cfg: (triton.cdiv(max_seqlen, cfg["BLOCK_N"]), num_kv_heads, num_seqs),
+        lambda cfg: (triton.cdiv(max_seqlen, cfg["BLOCK_N"]), num_heads if split else num_kv_heads,
+                     num_seqs),
         (
             q,
             k,
@@ -922,12 +993,15 @@ def _backward(do, q, k, v, o, lse, cu_seqlens, max_seqlen, sm_scale, configs):
             sm_scale,
             qk_scale,
             fuse_dq,
+            split,
         ),
         head_dim,
         q.dtype,
         q.device,
         dkdv_cfg,
     )
+    if split and group > 1:
+        dk, dv = (t.view(total, num_kv_heads, group, head_dim).sum(2).to(k.dtype) for t in (dk, dv))
     if fuse_dq:
         return (dq * sm_scale).to(q.dtype), dk, dv
     _launch(
@@ -943,12 +1017,13 @@ def _backward(do, q, k, v, o, lse, cu_seqlens, max_seqlen, sm_scale, configs):
     return dq, dk, dv
 
 
-def _fuses_dq(override: dict[str, int] | None, head_dim: int) -> bool:
-    """Whether the backward fuses dq into the dk/dv kernel: the override's FUSE_DQ, else the
-    first choice's (for its fallbacks too: the dq buffer is allocated before the launch
-    finds which config fits), so a tuned FUSE_DQ config can go first in `_CONFIGS`."""
+def _dkdv_switch(override: dict[str, int] | None, head_dim: int, key: str) -> bool:
+    """A dk/dv switch of the whole backward (FUSE_DQ: dq by atomics in the dk/dv kernel;
+    SPLIT_GROUP: a program per query head): the override's, else the first choice's, for
+    its fallbacks too (buffers and the grid are set before the launch finds which config
+    fits), so that a tuned config can go first in `_CONFIGS` as it is."""
     cfg = override if override is not None else _CONFIGS["dkdv"][head_dim][0]
-    return bool(cfg.get("FUSE_DQ", 0))
+    return bool(cfg.get(key, 0))
 
 
 class _FlashAttnVarlen(torch.autograd.Function):
