@@ -118,42 +118,32 @@ def test_triton_matches_reference_fp32(poisoned, head_dim, num_heads, num_kv_hea
     _check(got, _reference(q, k, v, do, cu), 1e-2 if CUDA else 1e-5)
 
 
-def test_a_fused_dq_first_choice_can_be_adopted(poisoned, monkeypatch):
-    """The GPU session's tuning may pick a FUSE_DQ dk/dv config, to go first in _CONFIGS:
-    the default path passed FUSE_DQ to the kernel twice (a TypeError) and never allocated
-    the fp32 dq buffer. Now the first choice's FUSE_DQ decides, for its fallbacks too."""
-    fused_first = [dict(SMALL_BLOCKS["dkdv"], FUSE_DQ=1), dict(SMALL_BLOCKS["dkdv"])]
-    monkeypatch.setitem(ta._CONFIGS["dkdv"], 64, fused_first)
+@pytest.mark.parametrize("switch", ["FUSE_DQ", "SPLIT_GROUP"])
+def test_a_tuned_first_choice_with_a_backward_switch_can_be_adopted(poisoned, monkeypatch, switch):
+    """The GPU session's tuning may pick a FUSE_DQ or SPLIT_GROUP dk/dv config, to go first
+    in _CONFIGS as it is (a FUSE_DQ one was passed to the kernel twice, a TypeError, and
+    never got its fp32 dq buffer): the first choice's switch decides the buffers and grid,
+    for its fallbacks too. Fused: no dq kernel runs; split: a dk/dv program per query head."""
+    first = [dict(SMALL_BLOCKS["dkdv"], **{switch: 1}), dict(SMALL_BLOCKS["dkdv"])]
+    monkeypatch.setitem(ta._CONFIGS["dkdv"], 64, first)
     monkeypatch.setattr(ta, "_chosen", {})
-    q, k, v, do = _inputs(LENGTHS, 4, 1, 64, torch.float32, seed=7)
+    q, k, v, do = _inputs(LENGTHS, 8, 2, 64, torch.float32, seed=7)
     cu = _cu(LENGTHS)
-    ran = []
-    monkeypatch.setattr(ta, "_attn_bwd_dq", _Refuse(ran))  # fused: no dq kernel launched
-    got = _run_triton(q, k, v, do, cu, max(LENGTHS))
-    _check(got, _reference(q, k, v, do, cu), 1e-2 if CUDA else 1e-5)
-    assert not ran
-
-
-def test_a_split_group_first_choice_can_be_adopted(poisoned, monkeypatch):
-    """As a fused one: a tuned SPLIT_GROUP dk/dv config goes first in _CONFIGS as it is,
-    and decides the grid and the per-query-head buffers for its fallbacks too."""
-    split_first = [dict(SMALL_BLOCKS["dkdv"], SPLIT_GROUP=1), dict(SMALL_BLOCKS["dkdv"])]
-    monkeypatch.setitem(ta._CONFIGS["dkdv"], 64, split_first)
-    monkeypatch.setattr(ta, "_chosen", {})
-    q, k, v, do = _inputs(LENGTHS, 8, 2, 64, torch.float32, seed=17)
-    cu = _cu(LENGTHS)
-    launched = []
+    dq_launches, dkdv_grids = [], []
     kernel = ta._attn_bwd_dkdv
 
     class Recording:
         def __getitem__(self, grid):
-            launched.append(grid)
+            dkdv_grids.append(grid)
             return kernel[grid]
 
     monkeypatch.setattr(ta, "_attn_bwd_dkdv", Recording())
+    if switch == "FUSE_DQ":
+        monkeypatch.setattr(ta, "_attn_bwd_dq", _Refuse(dq_launches))
     got = _run_triton(q, k, v, do, cu, max(LENGTHS))
     _check(got, _reference(q, k, v, do, cu), 1e-2 if CUDA else 1e-5)
-    assert launched and launched[0][1] == 8  # a program per query head, not per K/V head
+    assert not dq_launches
+    assert dkdv_grids[0][1] == (8 if switch == "SPLIT_GROUP" else 2)  # query or K/V heads
 
 
 class _Refuse:
