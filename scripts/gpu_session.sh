@@ -8,14 +8,17 @@
 #      partial measurements if it fails too
 #   2. costmodel validate on random packed micro-batches           <= 110 s (stops at 70 s)
 #   3. costmodel report --png                                      seconds
-#   4. costmodel bench-schedule with the fresh cost model (dp 8,16,64)  <= 130 s
-#      (stops measuring at 105 s, less when less is left, or at the step's SIGINT, and
-#      writes what it measured)
-#   5. GPU pytest tests (-m gpu), the kernel checks first           <= 90 s (~40 s)
-#   6. attention benchmark, backward configs tuned first            <= 120 s
+#   4. GPU pytest tests (-m gpu), the kernel checks first           <= 90 s (~40 s)
+#   5. attention benchmark, backward configs tuned first            <= 120 s
 #      (a timeout keeps the tuning and the table's rows timed so far in
 #      bench_attention.json; on torch 2.11, last, whether varlen_attn takes the KV heads
 #      unexpanded, and how much faster it is then)
+#   6. costmodel bench-schedule with the fresh cost model (dp 8,16,64)  <= 130 s
+#      (stops measuring at 105 s, less when less is left, or at the step's SIGINT, and
+#      writes what it measured). After the kernels since 2026-12-01: the backward tuning
+#      has never run, while the first session measured this benchmark, and its 10% target
+#      is out of reach by balance at dp 8 and 16 on these batches (token balance's own
+#      max/mean there: 1.068 and 1.110)
 #   7. MLP benchmark, if time is left (STEPS without bench_mlp skips it)
 #   8. the reference trainer on the GPU (train-demo: nccl, one process, 4 steps), if time
 #      is left (its nccl/CUDA path has run on CPU only, where it is gloo)     ~20 s
@@ -56,7 +59,7 @@ PY="${PYTHON:-$(command -v python3 || command -v python)}"  # the H200 image has
 LIMIT_S="${LIMIT_S:-460}"   # total wall budget; later steps are skipped past it
 MODEL="${MODEL:-qwen3-8b}"
 CAL="${CAL:-$OUT/$MODEL.json}"
-STEPS="${STEPS:-calibrate validate report bench_schedule pytest bench_attention bench_mlp train_demo calibrate_moe}"
+STEPS="${STEPS:-calibrate validate report pytest bench_attention bench_schedule bench_mlp train_demo calibrate_moe}"
 STATUS=0
 want() { [[ " $STEPS " == *" $1 "* ]]; }
 
@@ -140,12 +143,6 @@ else
   echo "== no $CAL: calibrate failed, skipping validate/report"
   STATUS=1
 fi
-if want bench_schedule && [[ -f "$CAL" ]]; then
-  # Its own limit, like validate's, ends measuring before the step's timeout would.
-  step "bench-schedule $MODEL" 130 "$PY" -m costmodel -v bench-schedule --model "$MODEL" \
-    --lengths rl --cap 16384 --dp 8,16,64 --cost-model "$CAL" \
-    --time-limit-s "$(seconds_left 25 105)" --settle-s 3 -o "$OUT/bench_schedule.json"
-fi
 # The kernel checks first: a step cut short by the session's time keeps them.
 kernel_tests=()
 for f in tests/test_attention.py tests/test_mlp.py tests/test_moe.py tests/test_layer.py; do
@@ -168,6 +165,12 @@ want pytest && step "pytest -m gpu" 90 "$PY" -m pytest -q -m gpu -p no:cacheprov
 want bench_attention && step "bench_attention" 120 "$PY" benchmarks/bench_attention.py --quick \
   --tune-first --lengths 512 1024 2048 4096 8192 16384 32768 --backends torch-varlen triton \
   --json "$OUT/bench_attention.json"
+if want bench_schedule && [[ -f "$CAL" ]]; then
+  # Its own limit, like validate's, ends measuring before the step's timeout would.
+  step "bench-schedule $MODEL" 130 "$PY" -m costmodel -v bench-schedule --model "$MODEL" \
+    --lengths rl --cap 16384 --dp 8,16,64 --cost-model "$CAL" \
+    --time-limit-s "$(seconds_left 25 105)" --settle-s 3 -o "$OUT/bench_schedule.json"
+fi
 want bench_mlp && step "bench_mlp" 60 "$PY" benchmarks/bench_mlp.py --quick \
   --tokens 512 1024 2048 4096 8192 16384 32768 --json "$OUT/bench_mlp.json"
 # The trainer's CUDA path (nccl, bf16, torch-varlen, synchronized compute times): one GPU
