@@ -49,7 +49,7 @@ TUNE_CANDIDATES: dict[str, dict[int, list[tuple[int, ...]]]] = {
     },
     "dkdv": {
         # d=64: the first choice with a program per query head (SPLIT_GROUP) comes second:
-        # 136 registers instead of 233 (sm_90a, triton 3.6), and a 64-row one (195, no spill).
+        # 134 registers instead of 233 (sm_90a, triton 3.6), and a 64-row one (196, no spill).
         64: [(32, 128, 8, 2), (32, 128, 8, 2, 0, 16, 1), (64, 128, 8, 2, 0, 16, 1),
              (64, 128, 8, 2), (32, 64, 4, 2), (64, 64, 4, 2), (32, 128, 4, 3)],
         # d=128, from an sm_90a AOT build (triton 3.6, `--aot`, which reports each build's
@@ -62,10 +62,11 @@ TUNE_CANDIDATES: dict[str, dict[int, list[tuple[int, ...]]]] = {
         # 32x128 falls back to mma.sync for dq). Timed early so that a step cut short by its
         # timeout has them: a program per query head (SPLIT_GROUP) instead of a loop over
         # the GQA group, which was what held every dk/dv build at 254-255 registers: the
-        # first choice's tile drops to 155, and the 128-row tiles run spill-free (32x128
-        # with 3 stages: 249 registers, was 88 B of stack; 64x128: 255 and n64 wgmmas, was
-        # 200 B), at the cost of fp32 per-query-head dk/dv summed over the group (written
-        # and read again: ~2 GB at 32k tokens and 32 heads, ~0.5 ms at the H200's 4.8 TB/s).
+        # first choice's tile drops to 162, and the 128-row tiles (nearly) stop spilling
+        # (32x128 with 3 stages: 250 registers, no stack, was 88 B; 64x128 with n64
+        # wgmmas: 8 B, was 200 B), at the cost of per-query-head dk/dv (bf16, as
+        # flash-attention 2) summed over the group (written and read again: ~1 GB at 32k
+        # tokens and 32 heads, ~0.2 ms at the H200's 4.8 TB/s, estimated).
         # (The 64x128 one-stage tiles without it, 40-64 B of stack, are no longer timed.)
         128: [(32, 64, 8, 2), (32, 64, 8, 2, 0, 16, 1), (32, 128, 8, 3, 0, 32, 1),
               (64, 128, 8, 2, 0, 64, 1), (64, 128, 8, 1, 1, 64), (32, 128, 8, 1, 0, 32),
@@ -607,8 +608,6 @@ def aot_report(head_dims: list[int]) -> list[dict]:
                     consts.setdefault("FUSE_DQ", 0)
                     consts.setdefault("SPLIT_GROUP", 0)
                 types = dict(ptr_types, DQ="*fp32") if consts.get("FUSE_DQ") else ptr_types
-                if consts.get("SPLIT_GROUP"):  # per-query-head fp32 dk/dv (GQA)
-                    types = dict(types, DK="*fp32", DV="*fp32")
                 params = list(inspect.signature(kernel.fn).parameters)
                 sig = {
                     p: "constexpr"

@@ -146,6 +146,40 @@ def test_a_tuned_first_choice_with_a_backward_switch_can_be_adopted(poisoned, mo
     assert dkdv_grids[0][1] == (8 if switch == "SPLIT_GROUP" else 2)  # query or K/V heads
 
 
+@pytest.mark.parametrize(("first", "fallback"), [
+    ({"SPLIT_GROUP": 1}, {}), ({}, {"SPLIT_GROUP": 1}), ({"SPLIT_GROUP": 1, "FUSE_DQ": 1}, {})])
+def test_a_dkdv_fallback_runs_and_reports_the_first_choices_switches(poisoned, monkeypatch,
+                                                                      first, fallback):
+    """Buffers and grid are set before `_launch` finds which config fits, so a fallback
+    runs with the first choice's FUSE_DQ/SPLIT_GROUP, and chosen_configs (the benchmark's
+    record of what ran) says so: it gave the fallback's own switches."""
+    from triton.runtime.errors import OutOfResources
+
+    base = dict(BLOCK_M=16, BLOCK_N=64, MASK_BLOCK_M=16, num_warps=4, num_stages=1)
+    configs = [dict(base, **first), dict(base, BLOCK_N=32, **fallback)]
+    monkeypatch.setitem(ta._CONFIGS["dkdv"], 64, configs)
+    monkeypatch.setattr(ta, "_chosen", {})
+    kernel, grids = ta._attn_bwd_dkdv, []
+
+    class TooBigFirst:  # the first choice "does not fit"
+        def __getitem__(self, grid):
+            def launch(*args, **kwargs):
+                if kwargs["BLOCK_N"] == 64:
+                    raise OutOfResources(300_000, 232_448, "shared memory")
+                grids.append(grid)
+                return kernel[grid](*args, **kwargs)
+            return launch
+
+    monkeypatch.setattr(ta, "_attn_bwd_dkdv", TooBigFirst())
+    q, k, v, do = _inputs(LENGTHS, 8, 2, 64, torch.float32, seed=23)
+    cu = _cu(LENGTHS)
+    got = _run_triton(q, k, v, do, cu, max(LENGTHS))
+    _check(got, _reference(q, k, v, do, cu), 1e-2 if CUDA else 1e-5)
+    assert grids[0][1] == (8 if first.get("SPLIT_GROUP") else 2)  # query or K/V heads
+    ran = [c for key, c in ta.chosen_configs().items() if key.startswith("dkdv/d64/")]
+    assert ran == [dict(base, BLOCK_N=32, **first)]
+
+
 class _Refuse:
     """A stand-in kernel that records being launched."""
 
@@ -404,7 +438,8 @@ def test_gpu_triton_bf16_training_shapes(poisoned, num_heads, num_kv_heads, head
     want = _reference(q, k, v, do, cu)
     _check(_run_triton(q, k, v, do, cu, max(GPU_LENGTHS)), want, 1e-2)
     first = ta.kernel_configs(head_dim)["dkdv"][0]
-    for switches in ({"FUSE_DQ": 1}, {"SPLIT_GROUP": 1}):  # the tuning's other backward paths
+    # the tuning's other backward paths
+    for switches in ({"FUSE_DQ": 1}, {"SPLIT_GROUP": 1}, {"SPLIT_GROUP": 1, "FUSE_DQ": 1}):
         configs = {"dkdv": {**first, **switches}}
         _check(_run_triton(q, k, v, do, cu, max(GPU_LENGTHS), configs), want, 1e-2)
 

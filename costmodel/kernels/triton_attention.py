@@ -19,7 +19,7 @@ adapted to packed sequences (``cu_seqlens``) and grouped-query attention:
   A dk/dv config with ``FUSE_DQ=1`` instead adds each block's dS·K to an fp32 dq buffer
   with atomics inside the dk/dv kernel (no dq kernel: 5 matmuls per block pair instead of
   7, as flash-attention 2); one with ``SPLIT_GROUP=1`` runs a dk/dv program per query head
-  (no loop over the group, far fewer registers), each writing its own rows of fp32
+  (no loop over the group, far fewer registers), each writing its own rows of
   per-query-head dk/dv buffers that the launcher sums over the group (as flash-attention 2
   does for GQA); `bench_attention.py --tune-first` measures them all.
 - layouts: q/o/do (total, H, D), k/v (total, H_kv, D), any token/head strides with a unit
@@ -133,11 +133,18 @@ def kernel_configs(head_dim: int) -> dict[str, list[dict[str, int]]]:
 
 
 def chosen_configs() -> dict[str, dict[str, int]]:
-    """The config each kernel ran with so far, keyed "kernel/d<head_dim>/<dtype>/dev<i>"."""
-    return {
-        f"{kernel}/d{d}/{dtype}/dev{dev}": dict(_CONFIGS[kernel][d][i])
-        for (kernel, d, dtype, dev), i in _chosen.items()
-    }
+    """The config each kernel ran with so far, keyed "kernel/d<head_dim>/<dtype>/dev<i>";
+    a dk/dv fallback with the switches it ran with (the first choice's, `_dkdv_switch`)."""
+    out = {}
+    for (kernel, d, dtype, dev), i in _chosen.items():
+        cfg = dict(_CONFIGS[kernel][d][i])
+        if kernel == "dkdv":
+            for switch in _DKDV_SWITCHES:
+                cfg.pop(switch, None)
+                if _dkdv_switch(None, d, switch):
+                    cfg[switch] = 1
+        out[f"{kernel}/d{d}/{dtype}/dev{dev}"] = cfg
+    return out
 
 
 # Block keys each kernel needs (constexprs of the kernel) and keys it may take besides.
@@ -146,8 +153,10 @@ _BLOCK_KEYS = {
     "dkdv": ("BLOCK_M", "BLOCK_N", "MASK_BLOCK_M"),
     "dq": ("BLOCK_M", "BLOCK_N", "MASK_BLOCK_N"),
 }
+# Switches of the whole backward, set by the dk/dv config that decides (`_dkdv_switch`).
+_DKDV_SWITCHES = ("FUSE_DQ", "SPLIT_GROUP")
 _OPTIONAL_KEYS = {"fwd": ("num_warps", "num_stages"),
-                  "dkdv": ("num_warps", "num_stages", "FUSE_DQ", "SPLIT_GROUP"),
+                  "dkdv": ("num_warps", "num_stages", *_DKDV_SWITCHES),
                   "dq": ("num_warps", "num_stages")}
 
 
@@ -182,7 +191,7 @@ def _check_config(kernel: str, cfg: dict[str, int]) -> None:
     if "num_stages" in cfg and not (_is_int(cfg["num_stages"]) and cfg["num_stages"] >= 1):
         raise ValueError(f"{kernel} config key 'num_stages' must be an int >= 1, got "
                          f"{cfg['num_stages']!r}")
-    for switch in ("FUSE_DQ", "SPLIT_GROUP"):
+    for switch in _DKDV_SWITCHES:
         if switch in cfg and cfg[switch] not in (0, 1):
             raise ValueError(f"{kernel} config key {switch!r} must be 0 or 1, got {cfg[switch]!r}")
     if kernel == "fwd" and cfg["BLOCK_M"] % cfg["BLOCK_N"]:
@@ -221,8 +230,8 @@ def _launch_args(config: dict[str, int]) -> tuple[dict[str, int], int, int]:
     for the whole backward."""
     cfg = dict(config)
     warps, stages = cfg.pop("num_warps", 4), cfg.pop("num_stages", 2)
-    cfg.pop("FUSE_DQ", None)
-    cfg.pop("SPLIT_GROUP", None)
+    for switch in _DKDV_SWITCHES:
+        cfg.pop(switch, None)
     return cfg, warps, stages
 
 
@@ -662,7 +671,7 @@ def _attn_bwd_dkdv(
     dv = tl.zeros([BLOCK_N, HEAD_DIM], dtype=tl.float32)
     if SPLIT_GROUP:
         # One query head per program: no loop over the group around the two query loops,
-        # which in an sm_90a build (triton 3.6, d=128, 32x64 tile) took the kernel from
+        # which in an sm_90a build (triton 3.6, d=128, 32x64 tile) takes the kernel from
         # 162 registers to 254.
         dk, dv = _bwd_dkdv_head(dk, dv, k, v, out_head, Q, DO, LSE, Delta, DQ, seq_start,
                                 stride_qt, stride_qh, stride_ot, stride_oh, stride_dqt,
@@ -942,7 +951,8 @@ def _backward(do, q, k, v, o, lse, cu_seqlens, max_seqlen, sm_scale, configs):
     # dq kernel recomputing P and dP (7).
     # SPLIT_GROUP (also a dkdv key, 0 by default): one dk/dv program per query head instead
     # of per K/V head looping over its group (far fewer registers); with GQA each writes
-    # its own rows of fp32 per-query-head buffers, summed over the group below.
+    # its own rows of per-query-head buffers in k's dtype (as flash-attention 2: group
+    # times dk/dv's memory while the backward runs), summed over the group below.
     dkdv_cfg = configs.get("dkdv")
     fuse_dq = _dkdv_switch(dkdv_cfg, head_dim, "FUSE_DQ")
     split = _dkdv_switch(dkdv_cfg, head_dim, "SPLIT_GROUP")
@@ -951,8 +961,8 @@ def _backward(do, q, k, v, o, lse, cu_seqlens, max_seqlen, sm_scale, configs):
     else:
         dq = _empty((total, num_heads, head_dim), q.dtype, q.device)
     if split and group > 1:
-        dk = _empty((total, num_heads, head_dim), torch.float32, k.device)
-        dv = _empty((total, num_heads, head_dim), torch.float32, k.device)
+        dk = _empty((total, num_heads, head_dim), k.dtype, k.device)
+        dv = _empty((total, num_heads, head_dim), k.dtype, k.device)
     else:
         dk = _empty((total, num_kv_heads, head_dim), k.dtype, k.device)
         dv = _empty((total, num_kv_heads, head_dim), k.dtype, k.device)
@@ -1001,7 +1011,7 @@ def _backward(do, q, k, v, o, lse, cu_seqlens, max_seqlen, sm_scale, configs):
         dkdv_cfg,
     )
     if split and group > 1:
-        dk, dv = (t.view(total, num_kv_heads, group, head_dim).sum(2).to(k.dtype) for t in (dk, dv))
+        dk, dv = (t.view(total, num_kv_heads, group, head_dim).sum(2) for t in (dk, dv))
     if fuse_dq:
         return (dq * sm_scale).to(q.dtype), dk, dv
     _launch(
