@@ -77,6 +77,9 @@ _GRID_YZ_MAX = 65535  # CUDA limit on grid dims y and z (heads, sequences)
 # A likely cause, seen in the AOT build (`--aot` prints each build's wgmma widths): the d=128
 # dk/dv first choice runs its Sᵀ and dPᵀ dots as m64n16 wgmmas (8 warps over a 64x32 tile),
 # n8 across the diagonal; the tuning candidates with 128-row K/V blocks run n32-n64.
+# Another: the dk/dv kernel's loop over the GQA group holds every d=128 build at 254-255
+# registers, so those larger tiles spill; SPLIT_GROUP=1 (a program per query head) builds
+# the first choice's tile in 162 and the 128-row ones (nearly) without spills.
 # TO TUNE on the H200: `python benchmarks/bench_attention.py --tune` times the candidates in
 # bench_attention.TUNE_CANDIDATES at L=4k and 16k and prints the fastest per kernel;
 # `--tune-first` tunes the backward at L=8k, then benchmarks with the winners. A winner goes
