@@ -27,7 +27,7 @@ from costmodel.checks import import_torch
 from costmodel.integrations.args import _LOADED_ATTR as LOADED_ATTR
 from costmodel.interrupts import signals_interrupt
 from costmodel.training.config import prepare
-from costmodel.training.trainer import LOG_TEMP_NOTE_ATTR, default_attention, device_kind
+from costmodel.training.trainer import LOG_TEMP_NOTE_ATTR, device_kind, run_settings
 
 __all__ = ["free_port", "launch"]
 
@@ -79,16 +79,14 @@ def _train_one_rank(local_rank: int, args: argparse.Namespace, nproc: int, port:
 
 def _check_attention_runs(name: str, device: str, head_dim: int) -> None:
     """ValueError unless backend ``name`` runs on ``device`` here for the model's head dim and
-    dtype (bf16 on CUDA, fp32 on CPU): otherwise every worker would fail, after start-up."""
-    import torch
-
+    the dtype a run there takes (`run_settings`): otherwise every worker would fail, after
+    start-up."""
     from costmodel.kernels.attention import get_attention
     from costmodel.kernels.layer import check_attention_support
 
     try:
         get_attention(name, device)
-        check_attention_support(name, torch.bfloat16 if device == "cuda" else torch.float32,
-                                head_dim)
+        check_attention_support(name, run_settings(device)[1], head_dim)
     except (RuntimeError, ValueError) as exc:
         hint = "; use --attention sdpa (the CPU default)" if device == "cpu" else ""
         raise ValueError(f"--attention {name}: {exc}{hint}") from None
@@ -120,10 +118,11 @@ def launch(args: argparse.Namespace, nproc: int) -> list[dict[str, Any]]:
             "lower --nproc or use --device cpu"
         )
     args.device = device
-    prepare(args, nproc, dtype="bf16" if device == "cuda" else "fp32")
+    _, _, dtype_name, default_attention = run_settings(device)
+    prepare(args, nproc, dtype=dtype_name)
     # The backend the workers will use (the default too), checked here: one line, not a
     # failure in every worker after CUDA and NCCL start-up.
-    _check_attention_runs(args.attention or default_attention(device), device, args.head_dim)
+    _check_attention_runs(args.attention or default_attention, device, args.head_dim)
     # Workers validate and load again on their own: pass the flags, not loaded objects.
     clean = argparse.Namespace(**vars(args))
     vars(clean).pop(LOADED_ATTR, None)

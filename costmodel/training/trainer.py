@@ -147,16 +147,23 @@ def device_kind(requested: str) -> str:
     return requested
 
 
-def default_attention(device: str) -> str:
-    """The attention backend a run takes without --attention: torch's varlen kernel on a
-    GPU, SDPA (per sequence) on CPU."""
-    return "torch-varlen" if device == "cuda" else "sdpa"
+def run_settings(device: str):
+    """What a run on ``device`` ("cuda" or "cpu") takes: (process-group backend, torch dtype,
+    its name, the attention backend without --attention): nccl, bf16 and torch's varlen
+    kernel on a GPU; gloo, fp32 and SDPA (per sequence) on CPU."""
+    import torch
+
+    if device == "cuda":
+        return "nccl", torch.bfloat16, "bf16", "torch-varlen"
+    return "gloo", torch.float32, "fp32", "sdpa"
 
 
 def _resolve_device(args: argparse.Namespace, local_rank: int):
     import torch
 
-    if device_kind(args.device) == "cuda":
+    kind = device_kind(args.device)
+    backend, dtype, dtype_name, attention = run_settings(kind)
+    if kind == "cuda":
         per_node = _env_int("LOCAL_WORLD_SIZE", 1)
         if per_node > torch.cuda.device_count():
             raise RuntimeError(
@@ -165,8 +172,9 @@ def _resolve_device(args: argparse.Namespace, local_rank: int):
             )
         torch.cuda.set_device(local_rank % torch.cuda.device_count())
         device = torch.device("cuda", torch.cuda.current_device())
-        return device, "nccl", torch.bfloat16, "bf16", args.attention or default_attention("cuda")
-    return torch.device("cpu"), "gloo", torch.float32, "fp32", args.attention or default_attention("cpu")
+    else:
+        device = torch.device("cpu")
+    return device, backend, dtype, dtype_name, args.attention or attention
 
 
 def _microbatch(args: argparse.Namespace, plan: Plan, step: int, mb, device):
