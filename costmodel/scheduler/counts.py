@@ -27,6 +27,7 @@ from costmodel.scheduler.pack import (
     assign_bins,
     best_fit_decreasing,
     pack_tokens,
+    rank_makespan,
     search_pack,
     spread_best_fit,
     tight_pack,
@@ -253,7 +254,7 @@ def pack_and_assign(
     # (a review's) 15-26% more time in all, +47 ms at most (3,220 samples, 39 -> 86 ms).
     if (dp > 1 and not exact and m > m_floor and any(level_failed)
             and lens.size <= _BEST_FIT_COUNT_MAX and best_fit() is not None):
-        level_makespan = int(np.bincount(rank_of_bin, weights=bin_q, minlength=dp).max())
+        level_makespan = rank_makespan(rank_of_bin, bin_q, dp)
         extra += _best_fit_start(best_fit(), lens, dp, (m_floor, m, align), bin_costs,
                                  level_makespan)
     # Heavy samples' ranks apart, first: usually the better start, and often at the bound
@@ -289,16 +290,14 @@ def _best_fit_start(packed: BestFit, lens: np.ndarray, dp: int, counts: tuple[in
         return []
     bins, bin_q = fewer
     rank_of_bin = assign_bins(bin_q, dp, k)
-    start = int(np.bincount(rank_of_bin, weights=bin_q, minlength=dp).max())
-    if start >= level_makespan * _BEST_FIT_START_SLACK:  # too far behind to be worth a search
-        return []
+    if rank_makespan(rank_of_bin, bin_q, dp) >= level_makespan * _BEST_FIT_START_SLACK:
+        return []  # too far behind to be worth a search
     return [_by_rank(bins, rank_of_bin, bin_q, k)]
 
 
 def _assigned_makespan(bin_q: np.ndarray, dp: int, m: int) -> int:
     """The most a rank gets of ``dp × m`` micro-batches of costs ``bin_q`` (`assign_bins`)."""
-    rank_of_bin = assign_bins(bin_q, dp, m)
-    return int(np.bincount(rank_of_bin, weights=bin_q, minlength=dp).max())
+    return rank_makespan(assign_bins(bin_q, dp, m), bin_q, dp)
 
 
 def _by_rank(

@@ -21,7 +21,7 @@ import itertools
 
 import numpy as np
 
-from costmodel.scheduler.pack import MAX_ROUNDS, assign_bins, pack_tokens
+from costmodel.scheduler.pack import MAX_ROUNDS, assign_bins, pack_tokens, rank_makespan
 from costmodel.scheduler.pack_ranks import pack_each_rank
 from costmodel.scheduler.sorting import longest_first
 
@@ -96,7 +96,9 @@ def heavy_apart(
             built = _apart(lens, heavy, by_length, fractions, dp, m, cap, bin_costs)
             if built is not None:
                 layouts.append((*built, m))
-                if settled or built_at is not None or _makespan(*built, dp) <= share * (1 + _AT_SHARE):
+                _, rank_of_bin, bin_q = built
+                if (settled or built_at is not None
+                        or rank_makespan(rank_of_bin, bin_q, dp) <= share * (1 + _AT_SHARE)):
                     break
                 built_at = m
             elif built_at is not None:
@@ -106,8 +108,6 @@ def heavy_apart(
     return layouts
 
 
-def _makespan(bins, rank_of_bin, bin_q, dp) -> int:
-    return int(np.bincount(rank_of_bin, weights=bin_q, minlength=dp).max())
 
 
 def _fewest_for_the_rest(lens, by_length, fractions, ranks, m_lo, step, cap) -> int:

@@ -23,8 +23,8 @@ from costmodel.scheduler.partition import karmarkar_karp_labels
 from costmodel.scheduler.sorting import longest_first
 
 __all__ = [
-    "BestFit", "assign_bins", "best_fit_decreasing", "best_fit_pack", "pack_tokens", "search_pack",
-    "spread_best_fit", "tight_pack",
+    "BestFit", "assign_bins", "best_fit_decreasing", "best_fit_pack", "pack_tokens", "rank_makespan",
+    "search_pack", "spread_best_fit", "tight_pack",
 ]
 
 _BIG = np.iinfo(np.int64).max
@@ -413,6 +413,11 @@ def search_pack(
     bins = np.empty(n, dtype=np.int64)
     bins[order] = where
     return bins
+
+
+def rank_makespan(rank_of_bin: np.ndarray, bin_q: np.ndarray, dp: int) -> int:
+    """The most any rank carries of micro-batches of costs ``bin_q`` on ranks ``rank_of_bin``."""
+    return int(np.bincount(rank_of_bin, weights=bin_q, minlength=dp).max())
 
 
 def assign_bins(bin_q: np.ndarray, dp: int, m: int) -> np.ndarray:
