@@ -56,6 +56,15 @@ def test_other_lengths_are_named_before_schedules():
     assert kind == "lengths" and "rank(s) [1] hold other sample lengths" in message
 
 
+def test_the_same_lengths_in_another_order_are_other_lengths():
+    """A rank that adopted rank 0's schedule for a permutation of its lengths would run other
+    samples than scheduled (over the cap, some twice): the order is part of the digest."""
+    shuffled = LENGTHS[::-1]
+    kind, _ = disagreement([rank_record(_schedule(), LENGTHS),
+                            rank_record(_schedule(lengths=shuffled), shuffled, rank=1)])
+    assert kind == "lengths"
+
+
 def test_refuses_an_unknown_policy_and_a_missing_process_group():
     with pytest.raises(ValueError, match="on_mismatch must be one of"):
         agree_on_schedule(_schedule(), LENGTHS, on_mismatch="ignore")

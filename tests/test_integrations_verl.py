@@ -424,3 +424,22 @@ def test_log_prob_calls_can_price_the_forward_pass(monkeypatch):
     assert seen == ["forward"] * 3
     with pytest.raises(ValueError, match="mode"):
         balanced_micro_batches(lengths, 8192, cost="h200/qwen3-8b", mode="backward")
+
+
+def test_the_count_a_rank_reschedules_to_is_recounted_not_assumed(monkeypatch):
+    """The scheduler is a heuristic: asked for 5 micro-batches it may make 6. The rank must
+    report the 6 it holds (the others then follow it), or the ranks run different counts
+    and hang in the gradient all-reduce."""
+    import costmodel.integrations.verl as verl
+
+    reported = []
+
+    def extremes(count, failed, group):  # the other rank: 5, then 6 once it has heard of 6
+        reported.append(count)
+        other = 5 if len(reported) == 1 else 6
+        return max(count, other), min(count, other), None
+
+    monkeypatch.setattr(verl, "_count_extremes", extremes)
+    overshoots = lambda k: [[i] for i in range(3 if k is None else k + 1)]  # noqa: E731
+    assert len(verl._agree_on_count(overshoots, None, group=None)) == 6
+    assert reported == [3, 6]

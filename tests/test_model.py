@@ -251,6 +251,17 @@ def test_non_finite_numbers(tmp_path, good_doc):
         doc(good_doc)
 
 
+@pytest.mark.parametrize("key", ["per_layer_ms", "per_microbatch_ms"])
+@pytest.mark.parametrize("value, says", [
+    (-1.0, r"curves\.train\.overhead must be >= 0 ms"),  # a negative fixed cost scheduled
+    (True, r"field curves\.train\.overhead\.'{key}' has the wrong type bool"),  # read as 1 ms
+])
+def test_overheads_must_be_non_negative_numbers(tmp_path, good_doc, key, value, says):
+    good_doc["curves"]["train"]["overhead"][key] = value
+    with pytest.raises(ValueError, match=says.format(key=key)):
+        load_cost_model(_write(tmp_path, json.dumps(good_doc)))
+
+
 def test_numbers_past_float_and_deep_nesting_are_named(tmp_path, good_doc):
     # Each was an OverflowError / RecursionError traceback.
     text = json.dumps(good_doc)
@@ -431,6 +442,20 @@ def test_cached_cost_model_reads_each_file_version_once(tmp_path, monkeypatch):
     assert again is not first and len(reads) == 4
     diff = again.microbatch_cost([100]) - first.microbatch_cost([100])
     assert diff == pytest.approx(2.0)
+    # Rewritten in place (`cp new old` keeps the inode), same size: read again (the mtime,
+    # set here past the coarse clock file times take, is part of the key).
+    before = os.stat(path)
+    with open(path, "r+") as f:
+        text = f.read()
+        assert text.count('"per_microbatch_ms": 2.5') == 1  # the toy has the train pass
+        f.seek(0)
+        f.write(text.replace('"per_microbatch_ms": 2.5', '"per_microbatch_ms": 4.5'))
+    after = os.stat(path)
+    assert (after.st_ino, after.st_size) == (before.st_ino, before.st_size)
+    os.utime(path, ns=(after.st_atime_ns, after.st_mtime_ns + 10**9))
+    third = model_module.cached_cost_model(path)
+    assert len(reads) == 5
+    assert third.microbatch_cost([100]) - again.microbatch_cost([100]) == pytest.approx(2.0)
     # A hand-built spec with a list of MoE layers is a key like any other (stored as a tuple).
     listed = dataclasses.replace(SPEC, moe_layers=[])
     assert model_module.cached_cost_model(path, spec=listed, allow_other_shape=True) is not again

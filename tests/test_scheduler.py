@@ -854,6 +854,11 @@ def test_the_fast_stable_sorts_give_numpys_order():
                 if keys.dtype.kind != "u":  # -keys wraps around for unsigned keys
                     expected = np.lexsort((np.arange(n), -keys))
                     assert np.array_equal(longest_first(keys), expected), (dtype, lo, hi, n)
+    # The edge of the 16-bit fast path: 2^16 must not wrap to 0.
+    for top in (2**16 - 1, 2**16, 2**16 + 1):
+        keys = np.array([1, top, 5, top, 0], dtype=np.int64)
+        assert np.array_equal(stable_order(keys), np.argsort(keys, kind="stable")), top
+        assert np.array_equal(longest_first(keys), np.lexsort((np.arange(5), -keys))), top
 
 
 def test_the_quantisation_scale_comes_from_an_exact_ceil_log2():

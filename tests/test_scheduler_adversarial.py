@@ -210,8 +210,9 @@ def test_tight_packing_found_when_no_more_micro_batches_are_allowed():
 
 def test_a_cap_past_the_longest_length_allowed_is_refused_not_overflowed():
     # 1e20 went into int64 budget arithmetic: an OverflowError traceback.
-    with pytest.raises(ValueError, match=r"max_tokens_per_microbatch must be at most 2,147,483,647"):
-        build_schedule([5, 6], dp_size=1, max_tokens_per_microbatch=10**20)
+    for cap in (2**31, 10**20):  # the first one past the limit too
+        with pytest.raises(ValueError, match=r"max_tokens_per_microbatch must be at most 2,147,483,647"):
+            build_schedule([5, 6], dp_size=1, max_tokens_per_microbatch=cap)
     s = build_schedule([5, 6], dp_size=1, max_tokens_per_microbatch=2**31 - 1, cost="h200/qwen3-8b")
     assert s.num_microbatches == 1
 
@@ -291,6 +292,19 @@ def test_evaluate_schedule_takes_each_sample_exactly_once(microbatches, says):
         evaluate_schedule(microbatches, [10, 99], max_tokens_per_microbatch=100)
     s = evaluate_schedule([[[1], [0]], [[]]], [10, 99], max_tokens_per_microbatch=100)
     assert s.rank_costs == [109.0, 0.0]
+
+
+def test_evaluate_schedule_counts_every_micro_batch_of_several_samples_over_the_cap():
+    """`simulate`'s "cap viol" column for the baselines (their KK-per-sample variant does
+    break the cap): two samples over it are a violation, one sample longer than it alone is
+    not (it cannot be split), and a micro-batch exactly at the cap is none."""
+    from costmodel.scheduler import evaluate_schedule
+
+    lengths = [600, 600, 1500, 400]
+    s = evaluate_schedule([[[0, 1], [2], [3]]], lengths, max_tokens_per_microbatch=1000)
+    assert (s.cap_violations, s.oversized) == (1, 1)
+    s = evaluate_schedule([[[0, 3], [1], [2]]], lengths, max_tokens_per_microbatch=1000)
+    assert (s.cap_violations, s.oversized) == (0, 1)
 
 
 @pytest.mark.parametrize("cost, says", [

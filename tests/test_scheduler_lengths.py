@@ -113,6 +113,19 @@ def test_read_lengths_from_json_and_npy(tmp_path):
         read_lengths(tmp_path / "d.npy")
 
 
+def test_json_booleans_and_empty_files_are_refused_naming_the_file(tmp_path):
+    """JSON `true` is a Python int: it would be a 1-token sample. An empty list or array
+    said "0 samples cannot fill dp ..." later, without naming the file."""
+    (tmp_path / "flags.json").write_text("[100, true, 200]")
+    with pytest.raises(ValueError, match=r"flags\.json: entry 1 is True; every length must be"):
+        read_lengths(tmp_path / "flags.json")
+    (tmp_path / "empty.json").write_text('{"lengths": []}')
+    np.save(tmp_path / "empty.npy", np.array([], dtype=np.int64))
+    for name in ("empty.json", "empty.npy"):
+        with pytest.raises(ValueError, match=rf"{name.replace('.', '[.]')}: no lengths found"):
+            read_lengths(tmp_path / name)
+
+
 def test_a_text_file_named_npy_is_not_sent_to_pickle(tmp_path):
     """numpy calls a text file "pickled data" and suggests allow_pickle: the error says what
     the file is not, and what to give instead."""

@@ -127,20 +127,20 @@ class Schedule:
 
     @property
     def cap_violations(self) -> int:
-        """Micro-batches of several samples over the cap (always 0 by construction)."""
-        cap = self.max_tokens_per_microbatch
-        return sum(
-            1
-            for rank_mbs, rank_tok in zip(self.microbatches, self.microbatch_tokens)
-            for mb, tok in zip(rank_mbs, rank_tok)
-            if tok > cap and len(mb) > 1
-        )
+        """Micro-batches of several samples over the cap (always 0 by construction; an
+        evaluated schedule, `evaluate_schedule`, may have them)."""
+        return sum(1 for samples in self._sizes_over_cap() if samples > 1)
 
     @property
     def oversized(self) -> int:
         """Single samples longer than the cap, each alone in its micro-batch."""
+        return sum(1 for samples in self._sizes_over_cap() if samples == 1)
+
+    def _sizes_over_cap(self) -> list[int]:
+        """How many samples each micro-batch over the cap holds."""
         cap = self.max_tokens_per_microbatch
-        return sum(1 for rank_tok in self.microbatch_tokens for tok in rank_tok if tok > cap)
+        return [len(mb) for rank_mbs, rank_tok in zip(self.microbatches, self.microbatch_tokens)
+                for mb, tok in zip(rank_mbs, rank_tok) if tok > cap]
 
     @classmethod
     def from_microbatches(
