@@ -98,6 +98,12 @@ def test_flops_check_counts_a_training_pass_as_three_forwards():
     with pytest.raises(ValueError, match="broken measurement"):
         flops_check([Record("linear", "train", (4096,), at(2.0))], SPEC,
                     peak_flops=H200.peak_bf16_flops, gpu_name="H200")
+    # The edge: within 5% over the peak passes (clock boost, rounding), 10% over does not.
+    flops_check([Record("linear", "train", (4096,), at(1.04))], SPEC,
+                peak_flops=H200.peak_bf16_flops, gpu_name="H200")
+    with pytest.raises(ValueError, match="broken measurement"):
+        flops_check([Record("linear", "train", (4096,), at(1.10))], SPEC,
+                    peak_flops=H200.peak_bf16_flops, gpu_name="H200")
 
 
 @pytest.mark.parametrize("ms", [-1.0, 0.0, float("nan")])
@@ -135,7 +141,22 @@ def test_drift_probe_warns_past_five_percent_either_way(caplog, drift, warns):
     with caplog.at_level(logging.WARNING, logger="costmodel.calibration.pipeline"):
         m = _calibrate(quick=True, max_len=2048, noise=0.002, drift=drift, expected_calls=50)
     assert ("drift probe" in caplog.text) is warns
-    assert m.provenance["drift_probe"]["warning"] is warns
+    probe = m.provenance["drift_probe"]
+    assert probe["warning"] is warns
+    # end / start - 1: positive when the GPU slowed down over the sweep
+    assert probe["relative_change"] == pytest.approx(probe["end_ms"] / probe["start_ms"] - 1)
+    assert (probe["relative_change"] > 0) is (drift > 0)
+
+
+def test_residuals_are_predicted_over_measured_minus_one(fitted):
+    from costmodel.calibration.fit import Record, residuals
+
+    c = fitted.curves["train"]
+    records = [Record("linear", "train", (t,), float(c.linear["dense"](t)) / 1.25)
+               for t in (512, 1024, 2048)]
+    assert residuals(c, records, 0.0)["linear"]["relative"] == pytest.approx([0.25] * 3, abs=1e-4)
+    for mode, kinds in fitted.extra["residuals"].items():  # a clean synthetic shape: small
+        assert kinds["attention"]["rms"] < 0.05, mode
 
 
 def test_moe_model_gets_moe_curves():
@@ -151,6 +172,11 @@ def test_plan_is_budgeted():
         plan = make_plan(SPEC, quick=quick, max_len=32768, gpu="h200")
         assert plan.estimated_s <= budget
         assert plan.summary().startswith(f"{len(plan.points)} points")
+    full = make_plan(SPEC, max_len=32768, gpu="h200", budget_s=1e6)
+    slightly = make_plan(SPEC, max_len=32768, gpu="h200", budget_s=full.estimated_s * 0.97)
+    assert slightly.settings.repeats == full.settings.repeats - 1  # a repeat goes first,
+    assert len(slightly.points) == len(full.points)  # before the grid gets coarser
+    assert slightly.settings.linear_step == full.settings.linear_step
     tight = make_plan(SPEC, max_len=32768, gpu="h200", budget_s=20)
     assert tight.notes and len(tight.points) < len(make_plan(SPEC, max_len=32768, gpu="h200").points)
     with pytest.raises(ValueError, match="modes"):

@@ -71,6 +71,20 @@ def test_calibrate_without_cuda(tmp_path, capsys):
     assert not out.exists()
 
 
+@pytest.mark.skipif(torch is None, reason="needs torch")
+def test_a_cpu_only_torch_and_a_hidden_gpu_are_told_apart(monkeypatch):
+    """A CPU build needs another torch; a CUDA build that sees no GPU needs the device made
+    visible: each error says its own fix."""
+    if torch.version.cuda is None:  # CI's torch
+        with pytest.raises(RuntimeError, match="CPU-only build"):
+            require_cuda()
+    monkeypatch.setattr(torch.version, "cuda", "12.4")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    with pytest.raises(RuntimeError, match=r"sees none \(CUDA_VISIBLE_DEVICES=''\)"):
+        require_cuda()
+
+
 def test_calibrate_bad_arguments(tmp_path, capsys):
     assert main(["calibrate", "--model", "qwen3-0.6b", "--modes", "eval", "-o", str(tmp_path / "x.json")]) == 2
     assert "--modes 'eval'" in capsys.readouterr().err
@@ -466,6 +480,44 @@ def test_sigterm_during_calibrate_saves_a_partial_file_that_refits(tmp_path, mon
     assert main(["calibrate", "--refit", str(partial), "-o", str(out)]) == 0
     assert "refitted from" in capsys.readouterr().out
     assert json.loads(out.read_text())["provenance"]["refit"]["partial_error"].startswith("KeyboardInterrupt")
+
+
+@pytest.mark.parametrize("failure, rc", [(KeyboardInterrupt(), 130),
+                                         (OSError(28, "No space left on device"), 2)])
+def test_a_failed_write_of_the_fitted_model_keeps_the_measurements(tmp_path, monkeypatch, capsys,
+                                                                  failure, rc):
+    """Ctrl-C or a full disk while the finished model is written: nothing half-written, and
+    the sweep's points in OUT.partial.json (they were lost once the sweep had returned)."""
+    import os
+
+    import costmodel.calibration.device as device
+    import costmodel.calibration.workloads as workloads
+    from costmodel.calibration.timer import SyntheticTimer
+
+    monkeypatch.setattr(device, "require_cuda", lambda: None)
+    monkeypatch.setattr(device, "settle_gpu", lambda seconds: None)
+    monkeypatch.setattr(device, "device_fingerprint", lambda: {"name": "NVIDIA H200"})
+    monkeypatch.setattr(workloads, "KernelTimer",
+                        lambda spec, **kw: SyntheticTimer(spec, noise=0.003, timing=kw["timing"]))
+    real_fsync, fsyncs = os.fsync, []
+
+    def the_first_write_fails(fd):
+        fsyncs.append(fd)
+        if len(fsyncs) == 1:
+            raise failure
+        return real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", the_first_write_fails)
+    out = tmp_path / "cal.json"
+    args = ["calibrate", "--gpu", "h200", "--model", "qwen3-0.6b", "--quick", "--max-len", "4096", "-o", str(out)]
+    assert main(args) == rc
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cal.partial.json"]
+    partial = tmp_path / "cal.partial.json"
+    doc = json.loads(partial.read_text())
+    assert doc["error"].startswith(type(failure).__name__) and len(doc["measurements"]) > 100
+    assert f"--refit {partial}" in capsys.readouterr().err
+    assert main(["calibrate", "--refit", str(partial), "-o", str(out)]) == 0
+    assert "refitted from" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("change, message", [

@@ -62,6 +62,26 @@ def test_best_scale_minimises_mape():
     assert np.mean(np.abs(s * x / y - 1)) <= min(mape) + 1e-12
     m = error_metrics(2 * y, y)
     assert m["mape"] == pytest.approx(1.0) and m["spearman"] == pytest.approx(1.0)
+    # the largest error either way: -50% here, not the +2%
+    assert error_metrics(np.array([1.0, 4.0, 3.06]), np.array([2.0, 4.0, 3.0]))["worst"] == pytest.approx(0.5)
+
+
+def test_a_per_call_cost_never_fits_below_zero():
+    """Packs whose time grows a little faster than n (a graph-timed call costs ~0, plus
+    noise) make the least-squares intercept negative: NNLS keeps it at 0."""
+    recs = [Record("attention", "forward", (L,) * n, n * b + extra * b)
+            for L, b in ((512, 0.05), (1024, 0.1), (2048, 0.2))
+            for n, extra in ((1, 0.0), (2, 0.01), (4, 0.05))]
+    _, call_ms, details = fit_attention(recs)
+    assert call_ms >= 0 and min(details["per_call_ms"].values()) >= 0
+
+
+def test_a_noisy_point_yields_to_a_precise_one():
+    """Points are pooled weighted by 1/spread^2: a noisy point above a precise neighbour
+    takes that neighbour's value, not the mean of the two."""
+    recs = [Record("linear", "train", (100,), 1.0, spread=0.5)] + [
+        Record("linear", "train", (t,), ms, spread=0.01) for t, ms in ((200, 0.8), (300, 1.0), (400, 1.2))]
+    assert float(fit_token_curve(recs, "test")(100)) == pytest.approx(0.8, rel=0.01)
 
 
 @pytest.mark.parametrize("slow", [1.3, 2.0, 5.0])

@@ -131,6 +131,26 @@ def test_graph_timing_times_replays_only(fake_cuda):
     assert m.median_ms == 2.0 and m.repeats == 4  # replays only: no eager call was timed
 
 
+def test_l2_is_flushed_only_where_the_working_set_fits_in_it(fake_cuda, monkeypatch):
+    """Data that fits in L2 would be timed warm from the second repeat: flushed before each
+    one. A working set larger than L2 evicts itself: no flush (it would only add time)."""
+    cuda = fake_cuda()
+    zeroed = []
+
+    class Buffer:
+        def zero_(self):
+            zeroed.append(1)
+
+    torch = sys.modules["torch"]
+    torch.int8, torch.empty = "int8", lambda *a, **k: Buffer()
+    monkeypatch.setattr(timer, "_FLUSHERS", {})
+    time_cuda(workload(cuda), repeats=3, warmup=1, l2_bytes=50 << 20, working_set_bytes=1 << 20)
+    assert len(zeroed) == 3
+    zeroed.clear()
+    time_cuda(workload(cuda), repeats=3, warmup=1, l2_bytes=50 << 20, working_set_bytes=1 << 30)
+    assert zeroed == []
+
+
 def test_eager_timing_times_calls(fake_cuda):
     cuda = fake_cuda()
     m = time_cuda(workload(cuda), repeats=3, warmup=1, l2_bytes=0, graph=False)

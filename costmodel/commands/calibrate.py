@@ -4,6 +4,7 @@ GPU, fit cost curves, check them against analytic FLOPs, and write a cost model 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import shlex
 import sys
@@ -144,7 +145,12 @@ def run(args: argparse.Namespace) -> int:
             dtype=args.dtype, command=command, save_partial=save_partial,
             progress=ProgressLine(sys.stderr, "calibrate"),
         )
-    model.save(output)
+        try:
+            model.save(output)
+        except BaseException as err:  # a full disk or Ctrl-C while writing: keep the points
+            with contextlib.suppress(OSError, ValueError):  # the disk may refuse this too
+                save_partial(dict(model.to_dict(), error=f"{type(err).__name__}: {err}"))
+            raise
     prov = model.provenance
     skipped = f", {prov['skipped_points']} refinement points skipped" if prov.get("skipped_points") else ""
     print(f"wrote {output}: {len(model.extra['measurements'])} points in "
