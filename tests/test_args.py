@@ -403,3 +403,10 @@ def test_two_gpus_the_registry_does_not_know_differ_by_name():
     'both unknown, so the same'."""
     assert not cm_args._same_gpu("Made-Up GPU 9", "Other Card 7")
     assert cm_args._same_gpu("Made-Up GPU 9", "made up gpu 9")
+    # Not by a shared first word: each pair is two GPUs (none in the registry).
+    for a, b in (("NVIDIA GeForce RTX 3090", "NVIDIA GeForce RTX 4090"),
+                 ("Tesla V100-SXM2-32GB", "Tesla T4"),
+                 ("NVIDIA RTX A6000", "NVIDIA RTX 6000 Ada Generation"),
+                 ("h100 sxm", "NVIDIA H100 PCIe")):
+        assert not cm_args._same_gpu(a, b) and not cm_args._same_gpu(b, a), (a, b)
+    assert cm_args._same_gpu("rtx 4090", "NVIDIA GeForce RTX 4090")  # a short name of it

@@ -342,6 +342,14 @@ def test_update_does_not_depend_on_the_partition():
     # a word, or failed at a later step).
     ("if RANK == 1:\n    sys.argv += ['--seed', '1']\n",
      "rank(s) [1] were started with another run than rank 0"),
+    # Rank 1 clips its lengths where the schedules (sample indices only) stay the same, or
+    # runs another learning rate: both trained on without a word.
+    ("sys.argv += ['--samples-per-step', '8', '--length-scale', '0.03125',\n"
+     "             '--max-tokens-per-gpu', '100000']\n"
+     "if RANK == 1:\n    sys.argv += ['--max-len', '347']\n",
+     "rank(s) [1] were started with another run than rank 0"),
+    ("if RANK == 1:\n    sys.argv += ['--lr', '0.5']\n",
+     "rank(s) [1] were started with another run than rank 0"),
     # Rank 1's schedule digest off, past the run's check: caught at step 1.
     ("trainer.check_run_agreement = lambda fingerprints: None\n"
      "if RANK == 1:\n"

@@ -275,10 +275,10 @@ def _same_gpu(model_gpu: str, device_name: str) -> bool:
         name = name.lower().replace("nvidia", "").replace("-", " ").replace("_", " ")
         return " ".join(name.split())
 
-    a, b = norm(model_gpu), norm(device_name)
-    if a == b:
-        return True
-    return bool(a) and a.split()[0] in b.split()
+    # Every word of one name in the other ("rtx 4090" in "geforce rtx 4090"); a shared
+    # first word ("geforce", "tesla") made an RTX 3090 the same GPU as an RTX 4090.
+    a, b = set(norm(model_gpu).split()), set(norm(device_name).split())
+    return bool(a and b) and (a <= b or b <= a)
 
 
 def _check_gpu(model, label: str) -> None:

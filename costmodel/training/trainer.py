@@ -101,10 +101,14 @@ def digest_to_int(digest: str) -> int:
 
 def run_fingerprint(args: argparse.Namespace, plan: Plan) -> str:
     """What every rank of one run must agree on: the model shape, the seed (data and
-    weights), the learning rate and every step's schedule (so the steps, lengths, cap and
-    cost too)."""
+    weights), the learning rate, every step's lengths and schedule (so the steps, cap and
+    cost too). A schedule's digest names sample indices only: ranks with other lengths
+    can build the same one."""
+    lengths = hashlib.sha256()
+    for step in plan.lengths:
+        lengths.update(np.ascontiguousarray(step, dtype=np.int64).tobytes() + b"|")
     doc = {"spec": plan.spec.fingerprint(), "seed": args.seed, "lr": args.lr,
-           "schedules": [str(s.digest()) for s in plan.schedules]}
+           "lengths": lengths.hexdigest(), "schedules": [str(s.digest()) for s in plan.schedules]}
     return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
 
 
