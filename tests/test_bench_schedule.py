@@ -464,3 +464,23 @@ def test_bench_schedule_cap_equal_to_the_longest_sample_is_allowed(tmp_path, cap
     args = build_parser().parse_args(["bench-schedule", "--lengths", str(f), "--dp", "2",
                                       "--policies", "tokens", "--cap", "400", "--repeats", "1"])
     assert bench_schedule.run(args, measure=lambda lengths: float(sum(lengths))) == 0
+
+
+def test_each_policy_balances_its_own_cost():
+    """The flops policy balances one layer's FLOPs, not tokens under another name: on a
+    long-tailed batch it builds other schedules, better balanced in FLOPs."""
+    from costmodel.scheduler import generate_lengths
+
+    spec = ModelSpec.from_preset("qwen3-8b")
+    lengths = generate_lengths(128, seed=2)
+    planned = {r.policy: r for r in bench.plan_benchmark(lengths, spec=spec, cap=16384, dp_sizes=[8],
+                                                          policies=["tokens", "flops"])}
+    flops = bench.one_layer_flops_cost(spec, moe=False)
+
+    def flops_max_over_mean(run):
+        per_rank = [sum(flops.sample_costs(np.array(mb, dtype=np.int64)).sum() for mb in rank)
+                    for rank in run.microbatch_lengths]
+        return max(per_rank) / np.mean(per_rank)
+
+    assert planned["flops"].microbatch_lengths != planned["tokens"].microbatch_lengths
+    assert flops_max_over_mean(planned["flops"]) < flops_max_over_mean(planned["tokens"])

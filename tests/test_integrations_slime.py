@@ -372,6 +372,7 @@ def test_steps_given_as_sample_lists_schedule_like_rollout_steps(flags, caplog):
     (dict(step_sample_indices=[[0, 1, 2, 3], [3, 4, 5, 6]]), "repeats sample"),
     (dict(step_sample_indices=[[0, 1, 2, 96]]), "96 is not a sample position in 0..95"),
     (dict(step_sample_indices=[[0, 1, 1, 2]]), "lists a sample twice"),
+    (dict(step_sample_indices=[[0, 1, -1, 2]]), "-1 is not a sample position"),  # not the last
     (dict(step_sample_indices=[]), "non-empty list of steps"),
     (dict(global_batch_size=8), "give global_batch_size and rollout_indices .steps of whole"),
     (dict(), "or step_sample_indices"),
@@ -386,6 +387,23 @@ def test_bad_step_arguments_are_named(kwargs, says):
 
 
 # -- from a mutation check: each test fails when the code it names is broken ---------------
+
+
+def test_a_cost_model_alone_balances_by_it_and_another_shape_needs_the_opt_in():
+    """cost_model on args turns balancing on by itself (it was loaded to be used); a profile
+    of another shape is refused unless cost_model_allow_other_shape says otherwise."""
+    lengths = generate_lengths(64, seed=3).tolist()
+    run = dict(global_batch_size=64, rollout_indices=list(range(64)))
+    alone = build_dp_schedule(make_args(cost_model="h200/qwen3-8b"), config(dp=4), lengths, **run)
+    flagged = build_dp_schedule(make_args(cost_model="h200/qwen3-8b", balance_by_flops=True),
+                                config(dp=4), lengths, **run)
+    assert alone == flagged
+    assert alone != build_dp_schedule(make_args(), config(dp=4), lengths, **run)  # slime's own
+    other = dict(QWEN3_8B, num_layers=28)  # not the profile's shape
+    with pytest.raises(ValueError, match="differs in num_layers 36 vs 28"):
+        build_dp_schedule(make_args(cost_model="h200/qwen3-8b", **other), config(dp=4), lengths, **run)
+    build_dp_schedule(make_args(cost_model="h200/qwen3-8b", cost_model_allow_other_shape=True, **other),
+                      config(dp=4), lengths, **run)
 
 
 @pytest.mark.parametrize("flags", [{}, {"balance_data": True}])
