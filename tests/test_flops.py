@@ -8,6 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from costmodel.flops import (
+    attention_projection_flops_per_token,
     calculate_fwd_flops,
     calculate_train_flops,
     causal_pairs,
@@ -258,3 +259,36 @@ def test_megatron_args_as_the_model_as_slime_calls_it():
     for partial in (argparse.Namespace(num_layers=2), argparse.Namespace(hidden_size=64)):
         with pytest.raises(ValueError, match="spec must be a ModelSpec.*or Megatron args"):
             calculate_fwd_flops([512], partial)
+
+
+# -- edges a mutation run found untested ------------------------------------------------
+SWA = dict(name="swa", num_layers=4, hidden_size=64, num_heads=4, num_kv_heads=2, head_dim=16,
+           intermediate_size=128, vocab_size=100)
+
+
+def test_per_sequence_flops_cap_sliding_window_layers_too():
+    """The scheduler's per-sequence FLOPs window the window layers as the total does."""
+    spec = ModelSpec(**SWA, sliding_window=8, sliding_window_layers=3)
+    lengths = [20, 5, 8, 9, 1000]
+    per_seq = sequence_fwd_flops(lengths, spec)
+    assert per_seq.sum() == calculate_fwd_flops(lengths, spec)
+    assert per_seq[0] == calculate_fwd_flops([20], spec)
+
+
+def test_sum_past_int64_stays_exact():
+    """Eight sequences of 2^31 - 1 tokens: ~2^61 pairs each, past int64 once summed."""
+    spec = ModelSpec.from_preset("qwen3-0.6b")
+    longest = 2**31 - 1  # L(L+1)/2 ~ 2**61: eight of them overflow an int64 sum
+    assert calculate_fwd_flops([longest] * 8, spec) == 8 * calculate_fwd_flops([longest], spec)
+
+
+def test_mla_without_query_compression_by_hand():
+    """q_lora_rank = 0 (DeepSeek-V2-Lite): one direct query projection, nope + rope dims."""
+    spec = ModelSpec(name="mla", num_layers=2, hidden_size=40, num_heads=4, num_kv_heads=4,
+                     head_dim=0, intermediate_size=56, vocab_size=31, q_lora_rank=0,
+                     kv_lora_rank=10, qk_nope_head_dim=8, qk_rope_head_dim=4, v_head_dim=6)
+    h, nh = 40, 4
+    q = 2 * h * nh * (8 + 4)  # one direct projection to nope + rope
+    kv = 2 * h * (10 + 4) + 2 * 10 * nh * (8 + 6)
+    o = 2 * nh * 6 * h
+    assert attention_projection_flops_per_token(spec) == q + kv + o == 8000

@@ -518,3 +518,31 @@ def test_token_curve_marginal_per_token_is_the_secant_slope():
 
     t = TokenCurve([16, 1024], [0.2, 0.5])
     assert t.marginal_per_token(512) == pytest.approx(0.3 / 1008)
+
+
+# -- edges a mutation run found untested ------------------------------------------------
+def test_attention_low_exponent_is_clipped_to_two():
+    a = AttentionCurve([100, 200, 400], [0.01, 0.1, 0.2])  # log-log slope 3.3 at the start
+    assert a.low_exponent == 2.0
+    assert float(a(50)[()]) == pytest.approx(0.01 / 4)
+
+
+def test_attention_between_knots_is_pchip_in_log_log():
+    from scipy.interpolate import PchipInterpolator
+
+    xs, ys = [64, 1024, 8192, 32768], [0.001, 0.05, 2.0, 30.0]
+    a = AttentionCurve(xs, ys)
+    L = np.array([100.0, 3000.0, 20000.0])
+    want = np.exp(PchipInterpolator(np.log(xs), np.log(ys))(np.log(L)))
+    np.testing.assert_allclose(a(L), want, rtol=1e-12)
+
+
+def test_stack_cost_by_hand_for_dense_and_moe_layers():
+    m = estimate_cost_model("deepseek-v3", "h200")  # has both a dense and a moe curve
+    c = m.curves["train"]
+    L = np.array([1000.0, 3000.0])
+    for moe, kind in ((False, "dense"), (True, "moe")):
+        want = 3 * (c.layer_overhead_ms + float(c.attention(L).sum()) + float(c.linear[kind](4000)))
+        got = m.stack_cost([1000, 3000], num_layers=3, moe=moe, head=False)
+        assert got == pytest.approx(want, rel=1e-12)
+    assert c.layer_overhead_ms > 0

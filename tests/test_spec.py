@@ -397,3 +397,82 @@ def test_a_padded_vocabulary_gets_a_registry_estimate_of_its_model_too():
                                   "name": "megatron"})
     model = load_cost_model("h100/qwen3-8b", spec=padded)
     assert model.is_estimate and model.spec.name == "qwen3-8b"
+
+
+# -- edges a mutation run found untested ------------------------------------------------
+SMALL = dict(name="small", num_layers=4, hidden_size=64, num_heads=4, num_kv_heads=2, head_dim=16,
+             intermediate_size=128, vocab_size=100)
+
+
+def _hf(tmp_path, cfg):
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    return ModelSpec.from_hf_config(tmp_path)
+
+
+@pytest.mark.parametrize("change, field", [
+    (dict(sliding_window=8, sliding_window_layers=5), "sliding_window_layers"),
+    (dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+          moe_layers=(1, 1)), "moe_layers"),
+    (dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+          first_k_dense_layers=5), "first_k_dense_layers"),
+    (dict(intermediate_size=0), "intermediate_size"),
+])
+def test_more_inconsistent_shapes_are_refused(change, field):
+    with pytest.raises(ValueError, match=field):
+        ModelSpec(**{**SMALL, **change})
+
+
+_DS = {"model_type": "deepseek_v3", "hidden_size": 64, "num_attention_heads": 4,
+       "num_hidden_layers": 4, "vocab_size": 100, "intermediate_size": 96,
+       "moe_intermediate_size": 32, "n_routed_experts": 8, "num_experts_per_tok": 2,
+       "n_shared_experts": 2, "q_lora_rank": None, "kv_lora_rank": 16, "qk_nope_head_dim": 8,
+       "qk_rope_head_dim": 4, "v_head_dim": 8, "first_k_dense_replace": 1, "moe_layer_freq": 1}
+
+
+def test_hf_deepseek_shared_experts_are_count_times_width(tmp_path):
+    spec = _hf(tmp_path, _DS)  # Moonlight-16B-A3B (deepseek_v3) has 2 shared experts
+    assert spec.shared_expert_intermediate_size == 2 * 32
+    assert spec.q_lora_rank == 0 and spec.moe_layer_ids() == (1, 2, 3)
+
+
+def test_hf_qwen2_moe_reads_its_shared_expert(tmp_path):
+    spec = _hf(tmp_path, {"model_type": "qwen2_moe", "hidden_size": 64, "num_attention_heads": 4,
+                          "num_hidden_layers": 4, "vocab_size": 100, "intermediate_size": 96,
+                          "moe_intermediate_size": 32, "num_experts": 8, "num_experts_per_tok": 2,
+                          "shared_expert_intermediate_size": 128})
+    assert spec.shared_expert_intermediate_size == 128
+
+
+def test_hf_qwen2_window_needs_use_sliding_window(tmp_path):
+    # Qwen2.5-0.5B's published config: a window and max_window_layers < layers, but off.
+    cfg = {"model_type": "qwen2", "hidden_size": 896, "num_attention_heads": 14,
+           "num_key_value_heads": 2, "num_hidden_layers": 24, "vocab_size": 151936,
+           "intermediate_size": 4864, "sliding_window": 32768, "max_window_layers": 21,
+           "use_sliding_window": False}
+    assert _hf(tmp_path, cfg).sliding_window_layers == 0
+    on = _hf(tmp_path, {**cfg, "use_sliding_window": True})
+    assert (on.sliding_window, on.sliding_window_layers) == (32768, 3)
+
+
+def test_hf_qwen2_max_window_layers_past_the_model_means_no_window_layers(tmp_path):
+    cfg = {"model_type": "qwen2", "hidden_size": 64, "num_attention_heads": 4,
+           "num_hidden_layers": 4, "vocab_size": 100, "intermediate_size": 96,
+           "sliding_window": 16, "max_window_layers": 28, "use_sliding_window": True}
+    assert _hf(tmp_path, cfg).sliding_window_layers == 0
+
+
+def _small_megatron(**kw):
+    base = dict(num_layers=4, hidden_size=64, num_attention_heads=4, vocab_size=100,
+                ffn_hidden_size=96)
+    return argparse.Namespace(**{**base, **kw})
+
+
+def test_megatron_int_moe_layer_freq_starts_at_layer_zero():
+    spec = ModelSpec.from_megatron_args(_small_megatron(num_experts=8, moe_router_topk=2,
+                                                  moe_ffn_hidden_size=32, moe_layer_freq=2))
+    assert spec.moe_layer_ids() == (0, 2)
+
+
+def test_megatron_prefers_the_padded_vocabulary():
+    spec = ModelSpec.from_megatron_args(_small_megatron(vocab_size=100, padded_vocab_size=128))
+    assert spec.vocab_size == 128
