@@ -552,6 +552,27 @@ def test_a_broken_guarantee_is_an_error_not_a_schedule(monkeypatch):
         build_schedule([1, 1], dp_size=2, max_tokens_per_microbatch=2)
 
 
+def test_the_recount_checks_align_and_groups_too():
+    """A count that is no multiple of align (a pipeline schedule that does not divide) or a
+    group split over ranks passed the final recount unnoticed (a mutation run)."""
+    from costmodel.scheduler.costs import as_cost
+    from costmodel.scheduler.refine import BinState
+    from costmodel.scheduler.schedule import _check_invariants
+
+    lengths = np.array([3, 3, 3, 3, 3, 3], dtype=np.int64)
+
+    def state(bin_of, m):
+        return BinState(lengths, lengths.copy(), np.array(bin_of), 2, m, 10, as_cost("tokens"), 1.0)
+
+    _check_invariants(state([0, 1, 2, 3, 4, 5], 3), 1, None)
+    with pytest.raises(RuntimeError, match="3 micro-batches per rank, not a multiple of align=2"):
+        _check_invariants(state([0, 1, 2, 3, 4, 5], 3), 2, None)
+    groups = np.array([0, 0, 1, 1, 2, 2])
+    _check_invariants(state([0, 0, 1, 1, 2, 3], 2), 1, groups)  # groups 0, 1 | group 2
+    with pytest.raises(RuntimeError, match="sample 3's group is on more than one rank"):
+        _check_invariants(state([0, 0, 1, 2, 2, 3], 2), 1, groups)
+
+
 # -- from a mutation check: each test fails when the code it names is broken ---------------
 
 

@@ -334,7 +334,8 @@ def test_evaluating_under_a_plain_callable_prices_each_micro_batch_and_bounds_th
     """Micro-batches built elsewhere, priced by a callable the scheduler can only call:
     each micro-batch's cost is the callable's, and the lower bound is the documented one
     (the samples longest first cut every cap tokens, here {7, 6} and {5}, over the ranks;
-    or the costliest sample alone), which no legal schedule beats."""
+    or the costliest sample alone): for a callable a reference, not a guaranteed bound
+    (`lower_bound`'s docstring)."""
     lengths = np.array([5, 6, 7])
     s = evaluate_schedule([[[0, 1]], [[2]]], lengths, max_tokens_per_microbatch=12,
                           cost=quadratic)
@@ -443,3 +444,142 @@ def test_slime_cost_model_without_a_model_shape_on_args_schedules_the_same(caplo
     check_slime(res, lengths, list(range(64)), 64, config(dp=2), cap=8192)
     with_shape = make_args(max_tokens_per_gpu=8192, cost_model="h200/qwen3-8b")  # Qwen3-8B's
     assert res == build_dp_schedule(with_shape, config(dp=2), lengths, **steps)
+
+
+# -- scheduler edges a mutation run found untested (groups, counts, pack, bounds, order) ----
+def test_assign_bins_balances_few_micro_batches_per_rank_as_kk_does():
+    """Mutant: assign_bins always uses rounds of LPT (_KK_MAX_ROUNDS = 0): 19 instead of
+    the optimal 17 here, and up to 4.3% worse makespans in the 1,200 digest schedules."""
+    from costmodel.scheduler.pack import assign_bins, rank_makespan
+
+    q = np.array([7, 5, 1, 9, 5, 7], dtype=np.int64)
+    ranks = assign_bins(q, 2, 3)
+    assert np.bincount(ranks, minlength=2).tolist() == [3, 3]
+    assert rank_makespan(ranks, q, 2) == 17  # {9, 7, 1} | {7, 5, 5}
+
+
+def test_min_num_microbatches_is_rounded_up_to_a_multiple_of_align():
+    """Mutant: microbatch_range takes min_num_microbatches as is (m_lb = max(m_cap, min_m)):
+    3 micro-batches per rank at align 2, which nothing (not even _check_invariants) caught."""
+    for dp, group_ids in ((1, None), (2, None), (1, [i // 2 for i in range(16)])):
+        n = 16 * dp
+        s = build_schedule([10] * n, dp_size=dp, max_tokens_per_microbatch=1000,
+                           min_num_microbatches=3, align=2,
+                           group_ids=None if group_ids is None else group_ids[:n])
+        assert [len(r) for r in s.microbatches] == [4] * dp
+
+
+def test_cheapest_per_token_is_a_bound_past_the_exact_fills():
+    """Mutant: each geometric cell priced at its right end (token_costs(b) / b, not
+    token_costs(a) / b): above the ~1/4096 cell the bound sits over a stepped curve's
+    cheapest fill, so lower_bound can exceed a schedule's makespan."""
+    from costmodel.scheduler.bounds import _cheapest_per_token
+
+    class Stepped:
+        def token_costs(self, tokens):  # flat steps of 150,000 tokens: cheapest at 150,000
+            return np.ceil(np.asarray(tokens, dtype=np.float64) / 150_000) * 150_000
+
+    fills = np.arange(1, 200_001, dtype=np.float64)
+    exact = float(np.min(Stepped().token_costs(fills) / fills))
+    assert exact == 1.0
+    assert _cheapest_per_token(Stepped(), 200_000) <= exact
+
+
+def test_run_order_breaks_ties_by_position():
+    """Mutant: ties broken by descending position. The module promises ties by position."""
+    from costmodel.scheduler.order import run_order
+
+    assert run_order(np.array([5, 5, 5, 5]), "longest-first") == [0, 1, 2, 3]
+    assert run_order(np.array([5, 5, 5, 5]), "pipeline") == [2, 0, 1, 3]
+    assert run_order(np.array([1, 3, 3, 2]), "longest-first") == [1, 2, 3, 0]
+
+
+def test_quantise_rounds_to_the_nearest_unit():
+    """Mutant: truncation (astype) instead of np.rint: 0.6 units became 0."""
+    from costmodel.scheduler.costs import quantise
+
+    assert quantise(np.array([0.4, 0.6, 2.5000001, 7.9]), 1.0, "c").tolist() == [0, 1, 3, 8]
+
+
+def test_grouped_rl_batch_at_a_small_cap_balances_to_the_bound():
+    """Mutant: the grouped token budget without its +1 (m * (cap - short)): this digest
+    case (4,096 rl samples, groups of 4, dp 8, cap 4,096) went from 1.00003x to 1.0075x
+    the lower bound."""
+    lengths = np.minimum(generate_lengths(4096, "rl", seed=504), 8192)
+    ids = np.arange(lengths.size) // 4
+    s = build_schedule(lengths, dp_size=8, max_tokens_per_microbatch=4096, group_ids=ids)
+    assert s.makespan <= 1.001 * s.lower_bound, s.makespan / s.lower_bound
+
+
+def _digest_callable(lengths):  # scripts/schedule_digests.py's plain callable
+    return 3.0 + float(np.sum(lengths + lengths.astype(float) ** 2 / 4096)) + 0.001 * len(lengths) ** 2
+
+
+@pytest.mark.parametrize("seed, n, dp, cap, cost, bound", [
+    (305, 64, 8, 4096, "callable", 1.005),  # 1.0022x; mutant 1.034x
+    (188, 256, 64, 4096, "profile", 1.12),  # 1.1146x; mutant 1.253x (LPT-only assign: 1.162x)
+])
+def test_heavy_ranks_get_the_rest_of_a_share_on_digest_cases(seed, n, dp, cap, cost, bound):
+    """Mutant: heavy_apart's fractions divided by the whole total, not by what the heavy
+    samples leave (rest_cost = total): heavy ranks got too few riders, up to 12% worse."""
+    from costmodel.model import load_cost_model
+
+    lengths = np.minimum(generate_lengths(n, "bimodal" if seed % 2 else "rl", seed=seed), 2 * cap)
+    c = _digest_callable if cost == "callable" else load_cost_model("h200/qwen3-8b")
+    s = build_schedule(lengths, dp_size=dp, max_tokens_per_microbatch=cap, cost=c, spec="qwen3-8b")
+    assert s.makespan <= bound * s.lower_bound, s.makespan / s.lower_bound
+
+
+def test_group_moves_go_to_the_roomiest_micro_batch():
+    """Mutant: group_search's moves sent to the fullest micro-batches of the light rank
+    (argsort of -fill): moves that fit only the roomiest are lost; 29 (the optimum) -> 30."""
+    from costmodel.scheduler.costs import as_cost
+    from costmodel.scheduler.group_search import group_local_search
+    from costmodel.scheduler.refine import BinState
+
+    lengths = np.array([4, 5, 4, 1, 6, 4, 8, 5, 9, 8, 3], dtype=np.int64)
+    groups = np.array([0, 1, 1, 2, 2, 3, 4, 5, 5, 6, 7])
+    bin_of = np.array([3, 1, 1, 0, 0, 2, 0, 3, 2, 1, 0])
+    st = BinState(lengths, lengths.copy(), bin_of, 2, 2, 19, as_cost("tokens"), 1.0)
+    group_local_search(st, groups)
+    assert int(st.load.max()) == 29  # ceil(57 / 2)
+    rank = st.bin_of // 2
+    assert all(np.unique(rank[groups == g]).size == 1 for g in range(8))
+    assert (st.fill <= 19).all() and (np.bincount(st.bin_of, minlength=4) > 0).all()
+
+
+def test_group_search_applies_only_strict_improvements():
+    """Mutant: a change is taken where it only ties the pair's maximum (best <= load_a):
+    on this layout, already optimal (15 of 29), it cycled through 8 sideways changes (the
+    docstring's "sweeps cannot cycle" rests on strictness)."""
+    from costmodel.scheduler.costs import as_cost
+    from costmodel.scheduler.group_search import group_local_search
+    from costmodel.scheduler.refine import BinState
+
+    lengths = np.array([8, 5, 5, 2, 1, 1, 7], dtype=np.int64)
+    bin_of = np.array([2, 1, 3, 3, 1, 1, 0])
+    st = BinState(lengths, lengths.copy(), bin_of.copy(), 2, 2, 16, as_cost("tokens"), 1.0)
+    assert group_local_search(st, np.arange(7)) == 0
+    assert st.bin_of.tolist() == bin_of.tolist() and int(st.load.max()) == 15
+
+
+def test_heavy_groups_apart_takes_a_count_equal_to_the_most_allowed():
+    """Mutant: `m < m_apart < m_max` (the most allowed itself refused): the existing test
+    checks m_max 15 (refused) and 64, never the boundary 16."""
+    from costmodel.scheduler.counts import Grouped, heavy_groups_apart
+
+    lens = np.r_[np.full(96, 1000), [500_000, 500_000]]
+    groups = np.r_[np.arange(96) // 2, [48, 49]]
+    q = np.r_[np.full(96, 1), [10**6, 10**6]].astype(np.int64)
+    g = Grouped(lens, q, groups, dp=4, align=1, cap=4096, short=1097)
+    placed = heavy_groups_apart(g, m=2, m_max=16)
+    assert placed is not None and placed[1] == 16
+
+
+def test_run_order_sorts_two_micro_batches_too():
+    """Mutant: `m <= 2` returns two micro-batches in packing order for every order."""
+    from costmodel.scheduler.order import run_order
+
+    assert run_order(np.array([1, 3]), "longest-first") == [1, 0]
+    assert run_order(np.array([1, 3]), "pipeline") == [1, 0]
+    assert run_order(np.array([1, 3]), "none") == [0, 1]

@@ -418,6 +418,7 @@ def build_schedule(
             if int(usual[0].load.max()) <= int(state.load.max()):
                 state, greedy_imbalance, steps = usual[0], usual[1], usual[2] + usual_steps
 
+    _check_invariants(state, align, groups)
     return _finish(
         state,
         cost_obj,
@@ -454,15 +455,26 @@ def _imbalance(load: np.ndarray) -> float:
     return float(load.max()) / mean if mean > 0 else 1.0
 
 
-def _check_invariants(st: BinState) -> None:
+def _check_invariants(st: BinState, align: int, groups: np.ndarray | None) -> None:
     """Recount what every step keeps by construction: every sample in one of the dp x m
-    micro-batches, none empty, none of several samples over the cap. A step that broke it
-    would cost an OOM on a cluster, or a rank with nothing to run; here it is an error
-    instead (a bug: report it with the input)."""
+    micro-batches, none empty, none of several samples over the cap, m a multiple of
+    ``align``, each group on one rank. A step that broke it would cost an OOM on a cluster,
+    a rank with nothing to run or a pipeline schedule that does not divide; here it is an
+    error instead (a bug: report it with the input)."""
     k = st.dp * st.m
     lowest, highest = (int(st.bin_of.min()), int(st.bin_of.max())) if st.bin_of.size else (0, 0)
     what = ""
-    if lowest < 0 or highest >= k:
+    split = None
+    if groups is not None and st.bin_of.size:
+        rank = st.bin_of // st.m  # each group's members must share their group's first rank
+        first = np.full(int(groups.max()) + 1, -1, dtype=np.int64)
+        first[groups[::-1]] = rank[::-1]
+        split = np.flatnonzero(first[groups] != rank)
+    if st.m % align:
+        what = f"{st.m} micro-batches per rank, not a multiple of align={align}"
+    elif split is not None and split.size:
+        what = f"sample {int(split[0])}'s group is on more than one rank"
+    elif lowest < 0 or highest >= k:
         what = f"a sample is in micro-batch {lowest if lowest < 0 else highest}, of 0..{k - 1}"
     else:
         count = np.bincount(st.bin_of, minlength=k)
@@ -487,7 +499,6 @@ def _finish(
     stats: dict[str, Any],
 ) -> Schedule:
     dp, m = st.dp, st.m
-    _check_invariants(st)
     # Members of each micro-batch, ascending sample index (a stable sort keeps index order).
     flat, offsets = members_of(st.bin_of, dp * m)
     if cost.additive:
