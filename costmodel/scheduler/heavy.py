@@ -108,8 +108,6 @@ def heavy_apart(
     return layouts
 
 
-
-
 def _fewest_for_the_rest(lens, by_length, fractions, ranks, m_lo, step, cap) -> int:
     """The fewest micro-batches per rank (a multiple of ``step``, at least ``m_lo``) whose
     cap holds, on ``ranks`` ranks, what the heavy ranks leave of the rest."""
