@@ -184,6 +184,9 @@ def _profile_summary(model, shipped) -> list[str]:
     if validation.get("stopped_at_time_limit"):
         lines.append(f"  validation stopped at its time limit: {validation.get('count')} of "
                      f"{validation.get('requested_count')} micro-batches")
+    if validation.get("interrupted"):
+        lines.append(f"  validation interrupted ({validation['interrupted']}): "
+                     f"{validation.get('count')} of {validation.get('requested_count')} micro-batches")
     for mode in MODES:
         summary = (validation.get("modes", {}).get(mode) or {}).get("summary")
         if not summary:

@@ -392,6 +392,36 @@ def test_cpu_dry_run_of_calibrate_validate_report(tmp_path, preset, one_thread):
     assert set(loaded.curves["train"].linear) == ({"dense", "moe"} if spec.is_moe else {"dense"})
 
 
+def _synthetic_device(monkeypatch, timer_class=None):
+    """The command path on CPU: a 'NVIDIA H200' whose timer is the synthetic one (or
+    ``timer_class``, a SyntheticTimer subclass)."""
+    import costmodel.calibration.device as device
+    import costmodel.calibration.workloads as workloads
+    from costmodel.calibration.timer import SyntheticTimer
+
+    timer_class = timer_class or SyntheticTimer
+    monkeypatch.setattr(device, "require_cuda", lambda: None)
+    monkeypatch.setattr(device, "settle_gpu", lambda seconds: None)
+    monkeypatch.setattr(device, "device_fingerprint", lambda: {"name": "NVIDIA H200"})
+    monkeypatch.setattr(workloads, "KernelTimer",
+                        lambda spec, **kw: timer_class(spec, noise=0.003, timing=kw["timing"]))
+
+
+def _fail_first_fsync(monkeypatch, failure: BaseException) -> None:
+    """The first atomic write (its fsync) raises ``failure``; later ones go through."""
+    import os
+
+    real_fsync, fsyncs = os.fsync, []
+
+    def the_first_write_fails(fd):
+        fsyncs.append(fd)
+        if len(fsyncs) == 1:
+            raise failure
+        return real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", the_first_write_fails)
+
+
 def test_calibrate_and_validate_commands_with_a_synthetic_device(tmp_path, monkeypatch, capsys):
     """The command code path end to end, with the CUDA timer swapped for the synthetic one."""
     import costmodel.calibration.device as device
@@ -448,8 +478,6 @@ def test_sigterm_during_calibrate_saves_a_partial_file_that_refits(tmp_path, mon
     import os
     import signal
 
-    import costmodel.calibration.device as device
-    import costmodel.calibration.workloads as workloads
     from costmodel.calibration.plan import make_plan
     from costmodel.calibration.timer import SyntheticTimer
     from costmodel.spec import ModelSpec
@@ -463,10 +491,7 @@ def test_sigterm_during_calibrate_saves_a_partial_file_that_refits(tmp_path, mon
                 os.kill(os.getpid(), signal.SIGTERM)
             return super().measure(point, **kw)
 
-    monkeypatch.setattr(device, "require_cuda", lambda: None)
-    monkeypatch.setattr(device, "settle_gpu", lambda seconds: None)
-    monkeypatch.setattr(device, "device_fingerprint", lambda: {"name": "NVIDIA H200"})
-    monkeypatch.setattr(workloads, "KernelTimer", lambda spec, **kw: Killed(spec, noise=0.003, timing=kw["timing"]))
+    _synthetic_device(monkeypatch, Killed)
     out = tmp_path / "cal.json"
     args = ["calibrate", "--gpu", "h200", "--model", "qwen3-0.6b", "--quick", "--max-len", "4096", "-o", str(out)]
     assert main(args) == 130
@@ -482,32 +507,87 @@ def test_sigterm_during_calibrate_saves_a_partial_file_that_refits(tmp_path, mon
     assert json.loads(out.read_text())["provenance"]["refit"]["partial_error"].startswith("KeyboardInterrupt")
 
 
+@pytest.fixture(scope="module")
+def small_calibrated(tmp_path_factory):
+    """`calibrate --quick` of qwen3-0.6b up to 4k tokens on the synthetic device, once."""
+    path = tmp_path_factory.mktemp("cal") / "cal.json"
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        _synthetic_device(monkeypatch)
+        assert main(["calibrate", "--gpu", "h200", "--model", "qwen3-0.6b", "--quick",
+                     "--max-len", "4096", "-o", str(path)]) == 0
+    return path
+
+
+@pytest.mark.parametrize("stop_at, rc", [(13, 130), (5, 130)])
+def test_sigterm_during_validate_reports_and_stores_what_was_measured(
+        small_calibrated, tmp_path, monkeypatch, capsys, stop_at, rc):
+    """`timeout` mid-validation: the micro-batches measured in every mode (6 of 20, the 7th
+    half done) are reported and stored, marked interrupted, and the exit is 130; before 4
+    are measured nothing is stored (too few to judge) and the file is as it was."""
+    import os
+    import shutil
+    import signal
+
+    from costmodel.calibration.timer import SyntheticTimer
+
+    class Killed(SyntheticTimer):
+        def measure(self, point, **kw):
+            if self.calls == stop_at:
+                os.kill(os.getpid(), signal.SIGTERM)
+            return super().measure(point, **kw)
+
+    _synthetic_device(monkeypatch, Killed)
+    path = tmp_path / "cal.json"
+    shutil.copy(small_calibrated, path)
+    before = path.read_bytes()
+    assert main(["validate", str(path), "--count", "20", "--layers", "1"]) == rc
+    captured = capsys.readouterr()
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # restored
+    if stop_at < 8:  # two modes: 4 micro-batches take 8 measurements
+        assert path.read_bytes() == before and "stored" not in captured.out
+        return
+    block = json.loads(path.read_text())["validation"]
+    assert block["interrupted"] == "signal SIGTERM" and block["count"] == 6
+    assert block["requested_count"] == 20 and not block["stopped_at_time_limit"]
+    for mode in ("train", "forward"):
+        assert len(block["modes"][mode]["points"]) == 6
+    assert "interrupted (signal SIGTERM), 20 requested" in captured.out
+    assert "stored the validation" in captured.out
+    assert main(["report", str(path)]) == 0
+    assert "validation: 6 random micro-batches" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("failure, rc", [(KeyboardInterrupt(), 130),
+                                         (OSError(28, "No space left on device"), 2)])
+def test_a_failed_write_of_the_validation_keeps_it_beside_the_file(
+        small_calibrated, tmp_path, monkeypatch, capsys, failure, rc):
+    """Ctrl-C or a full disk while validate stores its result: the cost model file is as it
+    was (never half-written) and the result, every point, is in PATH-stem.validation.json."""
+    import shutil
+
+    _synthetic_device(monkeypatch)
+    path = tmp_path / "cal.json"
+    shutil.copy(small_calibrated, path)
+    before = path.read_bytes()
+    _fail_first_fsync(monkeypatch, failure)
+    assert main(["validate", str(path), "--count", "8", "--layers", "1"]) == rc
+    assert path.read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cal.json", "cal.validation.json"]
+    aside = json.loads((tmp_path / "cal.validation.json").read_text())
+    assert aside["count"] == 8 and len(aside["modes"]["train"]["points"]) == 8
+    assert "saved it to" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("failure, rc", [(KeyboardInterrupt(), 130),
                                          (OSError(28, "No space left on device"), 2)])
 def test_a_failed_write_of_the_fitted_model_keeps_the_measurements(tmp_path, monkeypatch, capsys,
                                                                   failure, rc):
     """Ctrl-C or a full disk while the finished model is written: nothing half-written, and
     the sweep's points in OUT.partial.json (they were lost once the sweep had returned)."""
-    import os
 
-    import costmodel.calibration.device as device
-    import costmodel.calibration.workloads as workloads
-    from costmodel.calibration.timer import SyntheticTimer
 
-    monkeypatch.setattr(device, "require_cuda", lambda: None)
-    monkeypatch.setattr(device, "settle_gpu", lambda seconds: None)
-    monkeypatch.setattr(device, "device_fingerprint", lambda: {"name": "NVIDIA H200"})
-    monkeypatch.setattr(workloads, "KernelTimer",
-                        lambda spec, **kw: SyntheticTimer(spec, noise=0.003, timing=kw["timing"]))
-    real_fsync, fsyncs = os.fsync, []
-
-    def the_first_write_fails(fd):
-        fsyncs.append(fd)
-        if len(fsyncs) == 1:
-            raise failure
-        return real_fsync(fd)
-
-    monkeypatch.setattr(os, "fsync", the_first_write_fails)
+    _synthetic_device(monkeypatch)
+    _fail_first_fsync(monkeypatch, failure)
     out = tmp_path / "cal.json"
     args = ["calibrate", "--gpu", "h200", "--model", "qwen3-0.6b", "--quick", "--max-len", "4096", "-o", str(out)]
     assert main(args) == rc

@@ -135,6 +135,9 @@ def run_validation(
 
     Micro-batches run in random order (caps mixed), each in every mode before the next, so
     that stopping at `time_limit_s` leaves a fair sample of the same micro-batches per mode.
+    A KeyboardInterrupt (Ctrl-C; SIGTERM within `signals_interrupt`) stops it the same way,
+    recorded under "interrupted", once 4 micro-batches are measured in every mode; before
+    that it propagates.
     """
     import time
 
@@ -157,20 +160,31 @@ def run_validation(
     t0 = time.perf_counter()
     total = len(batches) * len(modes)
     measured: dict[str, list[float]] = {m: [] for m in modes}
-    done, stopped = 0, False
-    for lengths in batches:
-        if time_limit_s is not None and time.perf_counter() - t0 > time_limit_s:
-            stopped = True
-            logger.warning("validation stopped at its time limit of %.0f s after %d of %d "
-                           "micro-batches", time_limit_s, len(measured[modes[0]]), len(batches))
-            break
-        for mode in modes:
-            point = SweepPoint("stack", mode, lengths, moe=moe, num_layers=num_layers)
-            measured[mode].append(timer.measure(point, repeats=repeats, warmup=warmup).median_ms)
-            done += 1
-            if progress is not None:
-                progress(done, total, point, time.perf_counter() - t0)
-    batches = batches[: len(measured[modes[0]])]
+    done, stopped, interrupted = 0, False, None
+    try:
+        for lengths in batches:
+            if time_limit_s is not None and time.perf_counter() - t0 > time_limit_s:
+                stopped = True
+                logger.warning("validation stopped at its time limit of %.0f s after %d of %d "
+                               "micro-batches", time_limit_s, len(measured[modes[0]]), len(batches))
+                break
+            for mode in modes:
+                point = SweepPoint("stack", mode, lengths, moe=moe, num_layers=num_layers)
+                measured[mode].append(timer.measure(point, repeats=repeats, warmup=warmup).median_ms)
+                done += 1
+                if progress is not None:
+                    progress(done, total, point, time.perf_counter() - t0)
+    except KeyboardInterrupt as err:
+        # Ctrl-C or a job's time limit (SIGTERM, see `signals_interrupt`): minutes of GPU
+        # time already measured are reported, as at --time-limit-s, when they are enough.
+        kept = min(len(v) for v in measured.values())  # the last micro-batch, in every mode
+        if kept < 4:
+            raise
+        interrupted = str(err) or "KeyboardInterrupt"
+        logger.warning("validation interrupted (%s) after %d of %d micro-batches; reporting "
+                       "those", interrupted, kept, len(batches))
+    kept = min(len(v) for v in measured.values())
+    batches = batches[:kept]
     if len(batches) < 4:
         raise RuntimeError(f"validation measured only {len(batches)} micro-batches before its "
                            f"time limit of {time_limit_s} s; raise the limit or lower --count")
@@ -183,12 +197,13 @@ def run_validation(
         "count": len(batches),
         "requested_count": count,
         "stopped_at_time_limit": stopped,
+        "interrupted": interrupted,
         "seed": seed,
         "repeats": repeats,
         "modes": {},
     }
     for mode in modes:
-        result["modes"][mode] = _compare(model, batches, np.array(measured[mode]), mode,
+        result["modes"][mode] = _compare(model, batches, np.array(measured[mode][:kept]), mode,
                                          num_layers=num_layers, moe=moe)
     result["seconds"] = round(time.perf_counter() - t0, 2)
     return result
@@ -277,6 +292,8 @@ def format_validation(block: dict[str, Any]) -> str:
     """A table of the validation block (also used by `report`)."""
     stopped = (f"; stopped at the time limit, {block.get('requested_count')} requested"
                if block.get("stopped_at_time_limit") else "")
+    if block.get("interrupted"):
+        stopped += f"; interrupted ({block['interrupted']}), {block.get('requested_count')} requested"
     if block.get("revalidated"):
         stopped += "; times as measured, predictions of the refitted curves"
     lines = [

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 from costmodel.commands.common import add_settle_argument, comma_ints
+from costmodel.interrupts import signals_interrupt
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -53,7 +54,7 @@ def run(args: argparse.Namespace) -> int:
     from costmodel.calibration.validate import format_validation, run_validation
     from costmodel.commands.calibrate import parse_modes, print_peak_memory
     from costmodel.model import load_cost_model
-    from costmodel.model_file import check_output_path, read_document, write_json_atomic
+    from costmodel.model_file import check_output_path
 
     path = Path(args.path)
     if path.is_file():
@@ -106,16 +107,35 @@ def run(args: argparse.Namespace) -> int:
     settle_gpu(args.settle_s)
     print(f"validating {model.label} with {args.count} micro-batches per mode through "
           f"{args.layers} layers + head ({attention}, {timing} timing)", file=sys.stderr)
-    result = run_validation(
-        model, timer, count=args.count, caps=caps, modes=modes, num_layers=args.layers,
-        repeats=args.repeats, seed=args.seed, time_limit_s=args.time_limit_s,
-        progress=ProgressLine(sys.stderr, "validate"),
-    )
-    print(format_validation(result))
-    print_peak_memory()
-    if not args.no_save:
+    with signals_interrupt():  # `timeout` or a job's time limit: report what was measured
+        result = run_validation(
+            model, timer, count=args.count, caps=caps, modes=modes, num_layers=args.layers,
+            repeats=args.repeats, seed=args.seed, time_limit_s=args.time_limit_s,
+            progress=ProgressLine(sys.stderr, "validate"),
+        )
+        result["timing"] = timing
+        print(format_validation(result))
+        print_peak_memory()
+        if not args.no_save:
+            store_validation(path, result)
+    # An interrupted run still exits as interrupted (a job script sees it), after reporting.
+    return 130 if result.get("interrupted") else 0
+
+
+def store_validation(path: Path, result: dict) -> None:
+    """The validation into the cost model file, atomically; where that write fails (a full
+    disk, Ctrl-C), into PATH-stem.validation.json beside it, so the GPU minutes of
+    per-micro-batch measurements are not lost, and the error propagates."""
+    from costmodel.model_file import read_document, write_json_atomic
+
+    try:
         doc = read_document(path)
-        doc["validation"] = {**result, "timing": timing}
+        doc["validation"] = result
         write_json_atomic(path, doc)
-        print(f"stored the validation in {path}")
-    return 0
+    except (KeyboardInterrupt, OSError) as err:
+        aside = path.with_name(path.stem + ".validation.json")
+        write_json_atomic(aside, result)
+        print(f"could not store the validation in {path} ({type(err).__name__}: {err}); saved "
+              f"it to {aside}", file=sys.stderr)
+        raise
+    print(f"stored the validation in {path}")
