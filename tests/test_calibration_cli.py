@@ -407,6 +407,23 @@ def _synthetic_device(monkeypatch, timer_class=None):
                         lambda spec, **kw: timer_class(spec, noise=0.003, timing=kw["timing"]))
 
 
+def _sigterm_at(call: int):
+    """A synthetic timer class that sends this process SIGTERM at its ``call``-th measurement
+    (a `timeout` or a job's time limit mid-run)."""
+    import os
+    import signal
+
+    from costmodel.calibration.timer import SyntheticTimer
+
+    class Killed(SyntheticTimer):
+        def measure(self, point, **kw):
+            if self.calls == call:
+                os.kill(os.getpid(), signal.SIGTERM)
+            return super().measure(point, **kw)
+
+    return Killed
+
+
 def _fail_first_fsync(monkeypatch, failure: BaseException) -> None:
     """The first atomic write (its fsync) raises ``failure``; later ones go through."""
     import os
@@ -475,23 +492,15 @@ def test_calibrate_and_validate_commands_with_a_synthetic_device(tmp_path, monke
 def test_sigterm_during_calibrate_saves_a_partial_file_that_refits(tmp_path, monkeypatch, capsys):
     """A `timeout` (SIGTERM/SIGINT) mid-sweep: exit 130, the measurements so far in
     OUT.partial.json, and `calibrate --refit` turns them into a cost model."""
-    import os
     import signal
 
     from costmodel.calibration.plan import make_plan
-    from costmodel.calibration.timer import SyntheticTimer
     from costmodel.spec import ModelSpec
 
     plan = make_plan(ModelSpec.from_preset("qwen3-0.6b"), quick=True, max_len=4096, gpu="h200")
     stop_at = plan.essential + 5  # the coarse grid of both modes is measured
 
-    class Killed(SyntheticTimer):
-        def measure(self, point, **kw):
-            if self.calls == stop_at:
-                os.kill(os.getpid(), signal.SIGTERM)
-            return super().measure(point, **kw)
-
-    _synthetic_device(monkeypatch, Killed)
+    _synthetic_device(monkeypatch, _sigterm_at(stop_at))
     out = tmp_path / "cal.json"
     args = ["calibrate", "--gpu", "h200", "--model", "qwen3-0.6b", "--quick", "--max-len", "4096", "-o", str(out)]
     assert main(args) == 130
@@ -518,29 +527,21 @@ def small_calibrated(tmp_path_factory):
     return path
 
 
-@pytest.mark.parametrize("stop_at, rc", [(13, 130), (5, 130)])
+@pytest.mark.parametrize("stop_at", [13, 5])
 def test_sigterm_during_validate_reports_and_stores_what_was_measured(
-        small_calibrated, tmp_path, monkeypatch, capsys, stop_at, rc):
+        small_calibrated, tmp_path, monkeypatch, capsys, stop_at):
     """`timeout` mid-validation: the micro-batches measured in every mode (6 of 20, the 7th
     half done) are reported and stored, marked interrupted, and the exit is 130; before 4
     are measured nothing is stored (too few to judge) and the file is as it was."""
-    import os
     import shutil
     import signal
 
-    from costmodel.calibration.timer import SyntheticTimer
 
-    class Killed(SyntheticTimer):
-        def measure(self, point, **kw):
-            if self.calls == stop_at:
-                os.kill(os.getpid(), signal.SIGTERM)
-            return super().measure(point, **kw)
-
-    _synthetic_device(monkeypatch, Killed)
+    _synthetic_device(monkeypatch, _sigterm_at(stop_at))
     path = tmp_path / "cal.json"
     shutil.copy(small_calibrated, path)
     before = path.read_bytes()
-    assert main(["validate", str(path), "--count", "20", "--layers", "1"]) == rc
+    assert main(["validate", str(path), "--count", "20", "--layers", "1"]) == 130
     captured = capsys.readouterr()
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # restored
     if stop_at < 8:  # two modes: 4 micro-batches take 8 measurements
