@@ -135,7 +135,8 @@ if want calibrate; then
 fi
 if [[ -f "$CAL" ]]; then
   # Its own time limit stays ~40 s (start-up, settling) inside the step's timeout, even
-  # when a fallback left less than 110 s: a timeout's interrupt would save nothing.
+  # when a fallback left less than 110 s: a timeout's interrupt saves what was measured
+  # too, but only from 4 micro-batches on, and the step then reads as failed (rc 130).
   want validate && step "validate $MODEL" 110 "$PY" -m costmodel -v validate "$CAL" \
     --count 120 --layers 4 --time-limit-s "$(seconds_left 40 70)" --settle-s 3
   want report && step "report $MODEL" 40 "$PY" -m costmodel report "$CAL" --png "$OUT/$MODEL.png"
