@@ -5,6 +5,7 @@ GPU tests at the bottom run only with CUDA (skipped with a reason otherwise)."""
 import builtins
 import dataclasses
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -151,6 +152,7 @@ def test_validate_needs_a_measured_file(tmp_path, capsys):
     assert main(["validate", str(path)]) == 2
     assert "is an estimate" in capsys.readouterr().err
     assert main(["validate", str(tmp_path / "missing.json")]) == 2
+    assert "no cost model file at" in capsys.readouterr().err
     # a shipped profile by name: only with --no-save (nothing to store it in); then it gets
     # as far as the GPU check
     assert main(["validate", "h200/qwen3-8b"]) == 2
@@ -707,3 +709,195 @@ def test_gpu_auto_in_any_case():
 
     h200 = {"name": "NVIDIA H200"}
     assert resolve_gpu("AUTO", h200)[0] == "h200" and resolve_gpu(" auto", h200)[0] == "h200"
+
+
+def _no_gpu_past_here(monkeypatch):
+    """require_cuda fails with a marker: a command that gets that far has passed every check
+    made before the GPU (on a GPU machine too, where it would otherwise start measuring)."""
+    import costmodel.calibration.device as device
+
+    def stop():
+        raise RuntimeError("reached the GPU")
+
+    monkeypatch.setattr(device, "require_cuda", stop)
+
+
+PROFILE = "costmodel/profiles/h200/qwen3-8b.json"
+
+
+@pytest.mark.parametrize("flags, says", [
+    (["--count", "3"], "--count must be at least 4 micro-batches per mode, got 3"),
+    (["--layers", "0"], "--layers must be at least 1, got 0"),
+    (["--time-limit-s", "0"], "--time-limit-s must be > 0 seconds, got 0.0"),
+    (["--caps", "32,4096"], "reached the GPU"),  # one cap >= 64 is enough
+    (["--caps", "32,48"], "at least one cap >= 64 tokens"),
+])
+def test_validate_flags_are_checked_before_the_gpu(flags, says, capsys, monkeypatch):
+    _no_gpu_past_here(monkeypatch)
+    assert main(["validate", PROFILE, "--no-save", *flags]) == 2
+    err = capsys.readouterr().err
+    assert says in err and err.count("\n") == 1, err
+
+
+def test_validate_refuses_a_mode_the_file_lacks_and_a_file_it_cannot_store_into(
+        tmp_path, capsys, monkeypatch):
+    """--modes forward of a train-only file, and (without --no-save) a file in a folder that
+    takes no writes, are refused before the GPU, not after minutes of measuring."""
+    import os
+    import shutil
+
+    doc = json.loads(Path(PROFILE).read_text())
+    doc["measurements"] = [m for m in doc["measurements"] if m["mode"] != "forward"]
+    src, train_only = tmp_path / "src.json", tmp_path / "train-only.json"
+    src.write_text(json.dumps(doc))
+    assert main(["calibrate", "--refit", str(src), "-o", str(train_only)]) == 0
+    capsys.readouterr()
+    _no_gpu_past_here(monkeypatch)
+    assert main(["validate", str(train_only), "--no-save", "--modes", "forward"]) == 2
+    assert "--modes forward: " in capsys.readouterr().err
+    assert main(["validate", str(train_only), "--no-save", "--modes", "train"]) == 2
+    assert "reached the GPU" in capsys.readouterr().err
+    copy = tmp_path / "copy.json"
+    shutil.copy(PROFILE, copy)
+    real_access = os.access
+    monkeypatch.setattr(os, "access", lambda p, mode, **kw: mode != os.W_OK and real_access(p, mode, **kw))
+    assert main(["validate", str(copy)]) == 2
+    err = capsys.readouterr().err
+    assert "no permission to write in" in err and "reached the GPU" not in err, err
+
+
+def test_calibrate_gpu_auto_in_any_case_and_output_checked_before_the_gpu(tmp_path, capsys, monkeypatch):
+    """--gpu AUTO passes calibrate's own check (as resolve_gpu reads it), and an -o that
+    cannot be written fails before the GPU starts."""
+    _no_gpu_past_here(monkeypatch)
+    assert main(["calibrate", "--gpu", "AUTO", "--model", "qwen3-8b", "-o", str(tmp_path / "x.json")]) == 2
+    assert "reached the GPU" in capsys.readouterr().err
+    assert main(["calibrate", "--gpu", "h200", "--model", "qwen3-8b", "-o", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "is a directory" in err and "reached the GPU" not in err, err
+
+
+def test_parse_modes_refuses_none_and_keeps_each_once():
+    from costmodel.commands.calibrate import parse_modes
+
+    assert parse_modes(" train, forward,train ") == ("train", "forward")
+    for text in (",", " ", ""):
+        with pytest.raises(ValueError, match="use a comma-separated subset of train, forward"):
+            parse_modes(text)
+
+
+def test_refit_refuses_max_tokens_and_judges_the_stored_validation_again(tmp_path, capsys):
+    """--max-tokens shapes a sweep, so --refit refuses it like --max-len; a refit of a file
+    with a validation prints that validation judged by the new curves."""
+    out = tmp_path / "o.json"
+    assert main(["calibrate", "--refit", PROFILE, "--max-tokens", "4096", "-o", str(out)]) == 2
+    assert "--max-tokens would be ignored" in capsys.readouterr().err
+    assert main(["calibrate", "--refit", PROFILE, "-o", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "the stored validation's measured times, judged by the refitted curves:" in text
+    assert "cost_model" in text.split("judged by the refitted curves:")[1]
+
+
+def test_calibrate_dtype_reaches_the_timer_and_the_file(tmp_path, monkeypatch, capsys):
+    """--dtype fp16 times and records an fp16 model, not the preset's bf16."""
+    import costmodel.calibration.workloads as workloads
+    from costmodel.calibration.timer import SyntheticTimer
+
+    _synthetic_device(monkeypatch)
+    specs = []
+    monkeypatch.setattr(workloads, "KernelTimer", lambda spec, **kw: specs.append(spec) or SyntheticTimer(
+        spec, noise=0.003, timing=kw["timing"]))
+    out = tmp_path / "fp16.json"
+    assert main(["calibrate", "--gpu", "h200", "--model", "qwen3-0.6b", "--quick", "--max-len", "4096",
+                 "--modes", "train", "--dtype", "fp16", "-o", str(out)]) == 0, capsys.readouterr().err
+    assert [s.dtype for s in specs] == ["fp16"]
+    from costmodel.model import load_cost_model
+
+    assert load_cost_model(out).spec.dtype == "fp16"
+
+
+def test_report_spec_must_match_unless_allowed(capsys):
+    """--spec names the shape the file must be for; --allow-other-shape lets another pass."""
+    assert main(["report", "h200/qwen3-8b", "--spec", "qwen3-4b"]) == 2
+    assert "made for model 'qwen3-8b'" in capsys.readouterr().err
+    assert main(["report", "h200/qwen3-8b", "--spec", "qwen3-4b", "--allow-other-shape"]) == 0
+    assert main(["report", "h200/qwen3-8b", "--spec", "qwen3-8b"]) == 0
+
+
+@pytest.mark.parametrize("name, magic", [("plot.PDF", b"%PDF"), ("plot.svg", b"<svg"), ("plot", b"\x89PNG")])
+def test_report_plot_is_written_in_the_format_its_suffix_names(name, magic, tmp_path, capsys):
+    """.pdf in any case is a PDF, .svg an SVG, no suffix a PNG."""
+    assert main(["report", "h200/qwen3-8b", "--png", str(tmp_path / name)]) == 0
+    assert magic in (tmp_path / name).read_bytes()[:400]
+
+
+def test_report_table_overhead_and_extrapolation(capsys):
+    """The per-micro-batch overhead is layers x per-layer overhead + the micro-batch's own;
+    attention rows up to the longest knot are measured, beyond it extrapolated; an
+    estimate says where it comes from."""
+    from costmodel.model import load_cost_model
+
+    m = load_cost_model("h200/qwen3-8b")
+    assert main(["report", "h200/qwen3-8b"]) == 0
+    out = capsys.readouterr().out
+    c = m.curves["train"]
+    shown = float(re.search(r"\[train\] overhead ([\d.]+) ms per micro-batch", out).group(1))
+    assert shown == pytest.approx(m.spec.num_layers * c.layer_overhead_ms + c.microbatch_overhead_ms, abs=1e-3)
+    train = out.split("[train]")[1].split("[forward]")[0]
+    assert int(c.attention.lengths[-1]) == 32768
+    assert "(extrapolated)" not in re.search(r"^\s+32768 .*$", train, re.M).group(0)
+    assert "(extrapolated)" in re.search(r"^\s+65536 .*$", train, re.M).group(0)
+    assert main(["report", "h100/qwen3-8b"]) == 0
+    assert "from registry peak rates times assumed efficiency" in capsys.readouterr().out
+
+
+def test_report_plot_draws_measured_points_fitted_curves_flops_lines_and_efficiency(
+        tmp_path, monkeypatch):
+    """What the plot promises, read off the figure: the FLOPs-proportional lines go through
+    the fitted curves at the longest knot; the efficiency curve is pass factor x FLOPs /
+    time / peak; the measured points of a pass are that pass's well-formed ones."""
+    import matplotlib.figure
+    import numpy as np
+
+    from costmodel import flops
+    from costmodel.calibration.report import plot_report
+    from costmodel.gpus import lookup_gpu
+    from costmodel.model import CostModel, load_cost_model
+
+    doc = json.loads(Path(PROFILE).read_text())
+    good = [m for m in doc["measurements"] if m["kind"] == "linear" and m["mode"] == "train"
+            and not m.get("moe")]
+    doc["measurements"] += [{"kind": "linear", "mode": "train", "tokens": "4096", "ms": 1.0},
+                            {"kind": "linear", "mode": "train", "tokens": 4096}]
+    path = tmp_path / "extra.json"
+    path.write_text(json.dumps(doc))
+    m = load_cost_model(path)
+    assert isinstance(m, CostModel) and good
+    figures = []
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig",
+                        lambda self, fname, **kw: figures.append(self) or Path(fname).write_bytes(b"x"))
+    plot_report(m, str(tmp_path / "p.png"))
+    ax_a, ax_l, ax_e, _ = figures[0].axes
+
+    def line(ax, label):
+        (found,) = [ln for ln in ax.get_lines() if ln.get_label() == label]
+        return np.asarray(found.get_xdata(), float), np.asarray(found.get_ydata(), float)
+
+    c, spec = m.curves["train"], m.spec
+    ref = int(c.attention.lengths[-1])
+    x, y = line(ax_a, "train: FLOPs-proportional")
+    scale = y / flops.attention_core_flops(x.astype(np.int64), spec)
+    assert scale * float(flops.attention_core_flops([ref], spec)[0]) == pytest.approx(
+        float(c.attention(np.array([ref]))[0]), rel=1e-9)
+    curve = c.linear["dense"]
+    x, y = line(ax_l, "train: FLOPs-proportional")
+    top = int(curve.tokens[-1])
+    assert y / flops.layer_linear_flops(x.astype(np.int64), spec, moe=False) * float(
+        flops.layer_linear_flops(top, spec, moe=False)) == pytest.approx(float(curve(top)), rel=1e-9)
+    x, y = line(ax_l, "train: measured")
+    assert len(x) == len(good)
+    peak = lookup_gpu("h200").peak_bf16_flops
+    x, y = line(ax_e, "train: attention vs L")
+    L = x.astype(np.int64)
+    assert y == pytest.approx(3 * flops.attention_core_flops(L, spec) / (c.attention(L) * 1e-3) / peak, rel=1e-9)
+    assert ax_e.get_ylabel() == f"fraction of peak bf16 ({peak / 1e12:.0f} TFLOP/s)"

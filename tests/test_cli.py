@@ -278,3 +278,65 @@ def test_presets_active_parameters(capsys):
             if ln.endswith("B")}
     assert 7.0 < rows["qwen3-8b"] < 8.2
     assert 2.5 < rows["qwen3-30b-a3b"] < 4.0
+
+
+def test_no_command_prints_help_and_exits_2(capsys):
+    """`costmodel` alone is a usage error (exit 2, as argparse's own), not a success."""
+    assert main([]) == 2
+    assert "COMMAND" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("lengths", ["abc", "", ","])
+def test_flops_lengths_that_hold_no_number_say_what_is_expected(lengths, capsys):
+    """junk, empty or only commas: the flag's own message, not min()'s 'empty sequence'."""
+    assert main(["flops", "--lengths", lengths]) == 2
+    err = capsys.readouterr().err
+    assert f"--lengths must be comma-separated positive integers, got {lengths!r}" in err, err
+
+
+def test_settle_s_zero_means_no_settling():
+    """--settle-s 0 is documented as 'none' and accepted; a negative number is not."""
+    from costmodel.cli import build_parser
+
+    parser = build_parser()
+    for command in (["calibrate", "--model", "qwen3-8b", "-o", "x.json"], ["validate", "x.json"]):
+        assert parser.parse_args([*command, "--settle-s", "0"]).settle_s == 0.0
+        with pytest.raises(SystemExit):
+            parser.parse_args([*command, "--settle-s", "-1"])
+
+
+def test_flops_columns_and_the_all_column(capsys):
+    """one length: one column, no 'all'; several: 'all' is the sum over them; a component
+    that is zero for every length (MoE rows of a dense model) is left out."""
+    assert main(["flops", "--model", "qwen3-8b", "--lengths", "4096"]) == 0
+    out = capsys.readouterr().out
+    assert out.splitlines()[1].split() == ["component", "4096"]
+    assert "moe" not in out
+    assert main(["flops", "--model", "qwen3-8b", "--lengths", "512,4096"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[1].split() == ["component", "512", "4096", "all"]
+    total = [float(x) for x in next(ln for ln in lines if ln.startswith("total")).split()[1:]]
+    assert total[2] == pytest.approx(total[0] + total[1], abs=2e-3)
+
+
+def test_presets_heads_column_is_query_over_kv_and_names_mla(capsys):
+    """qwen3-8b has 32 query heads over 8 KV heads; deepseek-v3's attention is MLA."""
+    assert main(["presets"]) == 0
+    rows = {ln.split()[0]: ln.split() for ln in capsys.readouterr().out.splitlines()[2:]}
+    assert rows["qwen3-8b"][3] == "32/8" and "MLA" not in rows["qwen3-8b"]
+    assert rows["deepseek-v3"][3:5] == ["128/128", "MLA"]
+
+
+def test_schedule_and_simulate_check_the_json_path_before_scheduling(tmp_path, capsys, monkeypatch):
+    """A --json that cannot be written fails before the batch is scheduled (atomic_output
+    would refuse it too, but only after the work)."""
+    import costmodel.scheduler as scheduler
+
+    def must_not_run(*args, **kwargs):
+        raise AssertionError("scheduled before the output path was checked")
+
+    monkeypatch.setattr(scheduler, "build_schedule", must_not_run)
+    monkeypatch.setattr(scheduler, "baseline_microbatches", must_not_run)
+    for command in ("schedule", "simulate"):
+        assert main([command, "--n", "64", "--dp", "2", "--json", str(tmp_path)]) == 2
+        assert "is a directory" in capsys.readouterr().err

@@ -252,3 +252,73 @@ def test_simulate_does_not_call_a_sample_of_exactly_the_cap_longer(tmp_path, cap
     f.write_text("1000\n" * 4 + "100\n" * 8)
     assert main(["simulate", "--lengths", str(f), "--dp", "2", "--max-tokens", "1000"]) == 0
     assert "longer than the cap" not in capsys.readouterr().out
+
+
+def test_schedule_flags_reach_the_scheduler(tmp_path, capsys):
+    """--mode, --align and --order change the schedule as they say: a forward-only pass is
+    cheaper than a training step, --align 2 rounds 13 micro-batches per rank up to 14, and
+    longest-first runs each rank's costliest micro-batch first (the default keeps the
+    packer's order, which here is not sorted)."""
+    def schedule(*flags):
+        out = tmp_path / "s.json"
+        assert main(["schedule", "--n", "256", "--dp", "4", "--cost", "h200/qwen3-8b",
+                     "--json", str(out), *flags]) == 0
+        return json.loads(out.read_text())
+
+    train = schedule()
+    assert train["num_microbatches"] == 13
+    assert schedule("--mode", "forward")["makespan"] < 0.5 * train["makespan"]
+    assert schedule("--align", "2")["num_microbatches"] == 14
+    assert not all(c == sorted(c, reverse=True) for c in train["microbatch_costs"])
+    assert all(c == sorted(c, reverse=True)
+               for c in schedule("--order", "longest-first")["microbatch_costs"])
+    capsys.readouterr()
+
+
+@pytest.mark.parametrize("dp, shown", [(16, list(range(16))), (20, [0, 1, 2, 3, 16, 17, 18, 19])])
+def test_schedule_table_shows_every_rank_up_to_16_then_the_ends(dp, shown, capsys):
+    """up to 16 ranks every one is a row; more: the first 4, '...', the last 4."""
+    assert main(["schedule", "--n", "256", "--dp", str(dp)]) == 0
+    out = capsys.readouterr().out
+    assert [int(r[0]) for r in _rows(out)] == shown
+    assert (re.search(r"^\s+\.\.\.$", out, re.M) is not None) == (dp > 16)
+
+
+def test_schedule_n_over_the_limit_names_the_flag(capsys, monkeypatch):
+    """--n over what the command schedules is refused naming --n (not the API's 'n'), and
+    exactly the limit is accepted."""
+    from costmodel.commands import schedule
+
+    monkeypatch.setattr(schedule, "MAX_GENERATED", 64)
+    assert main(["schedule", "--n", "64", "--dp", "2"]) == 0
+    capsys.readouterr()
+    assert main(["schedule", "--n", "65", "--dp", "2"]) == 2
+    assert "--n 65 samples is more than this command schedules (at most 64" in capsys.readouterr().err
+
+
+def test_simulate_cost_model_row_is_the_schedule_command_s_in_the_mode_asked(tmp_path, capsys):
+    """The 'cost-model' policy is `schedule --cost MODEL` with the same flags (--mode,
+    --align): the same makespan under the same judge; every policy honours --align; the
+    validation line is the mode's; no slow-variant note for a small batch."""
+    sched, sim = tmp_path / "s.json", tmp_path / "sim.json"
+    flags = ["--n", "256", "--dp", "4", "--mode", "forward", "--align", "2"]
+    assert main(["schedule", *flags, "--cost", "h200/qwen3-8b", "--json", str(sched)]) == 0
+    capsys.readouterr()
+    assert main(["simulate", *flags, "--cost-model", "h200/qwen3-8b", "--variant",
+                 "--json", str(sim)]) == 0
+    out, err = capsys.readouterr()
+    rows = {r["policy"]: r for r in json.loads(sim.read_text())["policies"]}
+    assert rows["cost-model"]["makespan_ms"] == pytest.approx(
+        json.loads(sched.read_text())["makespan"], rel=1e-9)
+    assert all(r["microbatches_per_rank"] % 2 == 0 for r in rows.values()), rows
+    assert "validated (forward," in out and "validated (train," not in out
+    assert "quadratic" not in err
+
+
+def test_simulate_judges_with_the_h200_model_of_model_s_shape_by_default(capsys):
+    """no --cost-model: the H200 cost model of --model's shape (not qwen3-8b's), and FLOPS
+    in capitals is a row of the table, as lower case is."""
+    assert main(["simulate", "--model", "qwen3-4b", "--n", "64", "--dp", "2"]) == 0
+    assert "judged by: qwen3-4b on NVIDIA H200" in capsys.readouterr().out
+    assert main(["simulate", "--n", "64", "--cost-model", "FLOPS"]) == 2
+    assert "already a row of the table" in capsys.readouterr().err

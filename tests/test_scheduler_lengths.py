@@ -162,3 +162,39 @@ def test_npy_lengths_are_one_dimensional_and_positive(tmp_path):
     np.save(tmp_path / "matrix.npy", np.ones((2, 3), dtype=np.int64))
     with pytest.raises(ValueError, match="1-D integer array"):
         read_lengths(tmp_path / "matrix.npy")
+
+
+# -- from a mutation check: each test fails when the code it names is broken ---------------
+
+
+def test_the_longest_length_allowed_is_accepted():
+    """MAX_LENGTH itself is a length; one more is not."""
+    from costmodel.flops import MAX_LENGTH
+
+    assert parse_lengths(f"5\n{MAX_LENGTH}\n").tolist() == [5, MAX_LENGTH]
+    with pytest.raises(ValueError, match="line 2: length .* too large"):
+        parse_lengths(f"5\n{MAX_LENGTH + 1}\n")
+
+
+def test_generate_refuses_an_empty_response_range_and_a_non_integer_seed():
+    with pytest.raises(ValueError, match="max_response must be >= 1, got 0"):
+        generate_lengths(10, "rl", max_response=0)
+    for seed in (True, 1.5):
+        with pytest.raises(ValueError, match="seed must be an integer >= 0"):
+            generate_lengths(10, "rl", seed=seed)
+
+
+def test_files_of_the_wrong_shape_or_encoding_are_named(tmp_path):
+    """A JSON object without "lengths" says the form expected (not 'no lengths found'); a
+    file that is not UTF-8, text or JSON, names the file (not only the codec's complaint);
+    an out-of-range entry of a .npy is the one named."""
+    (tmp_path / "other.json").write_text('{"sizes": [100]}')
+    with pytest.raises(ValueError, match=r'other\.json: expected a JSON list of lengths or \{"lengths"'):
+        read_lengths(tmp_path / "other.json")
+    for name in ("latin1.json", "latin1.txt"):
+        (tmp_path / name).write_bytes(b"[100, 2\xe900]")
+        with pytest.raises(ValueError, match=rf"{name.replace('.', '[.]')}: not "):
+            read_lengths(tmp_path / name)
+    np.save(tmp_path / "big.npy", np.array([5, 2**40], dtype=np.int64))
+    with pytest.raises(ValueError, match=r"big\.npy: entry 1 is 1099511627776"):
+        read_lengths(tmp_path / "big.npy")
