@@ -484,3 +484,243 @@ def test_each_policy_balances_its_own_cost():
 
     assert planned["flops"].microbatch_lengths != planned["tokens"].microbatch_lengths
     assert flops_max_over_mean(planned["flops"]) < flops_max_over_mean(planned["tokens"])
+
+
+# -- from a second mutation check (issue 6): each test fails when the code it names is broken --
+
+
+def test_a_schedule_is_checked_for_every_sample_once_and_the_cap():
+    """A sample longer than the cap may run alone; a duplicated or missing sample, or a
+    micro-batch of several samples over the cap, is an error naming the policy."""
+    lengths = np.array([500, 40, 60, 30])
+    bench.check_schedule([[[0], [1, 2]], [[3]]], 4, 100, lengths, "p")
+    with pytest.raises(RuntimeError, match="policy p: a sample is missing or scheduled twice"):
+        bench.check_schedule([[[0], [1, 2]], [[3], [2]]], 4, 100, lengths, "p")
+    with pytest.raises(RuntimeError, match="policy p: a sample is missing or scheduled twice"):
+        bench.check_schedule([[[0], [1, 2]], []], 4, 100, lengths, "p")
+    with pytest.raises(RuntimeError, match="policy p: a micro-batch of 130 tokens exceeds the cap 100"):
+        bench.check_schedule([[[0]], [[1, 2, 3]]], 4, 100, lengths, "p")
+
+
+def test_plan_refuses_a_cap_under_one_token_and_takes_one_sample_per_rank():
+    """plan_benchmark is the API's check before the GPU: a cap of 0 says so; as many ranks
+    as samples is the smallest valid batch, one more is refused."""
+    lengths = np.array([100, 200, 300, 400])
+    with pytest.raises(ValueError, match="the token cap must be at least 1, got 0"):
+        bench.plan_benchmark(lengths, spec=SPEC, cap=0, dp_sizes=[2], policies=["tokens"])
+    (run,) = bench.plan_benchmark(lengths, spec=SPEC, cap=1000, dp_sizes=[4], policies=["tokens"])
+    assert sorted(len(rank) for rank in run.schedule) == [1, 1, 1, 1]
+    with pytest.raises(ValueError, match="DP size 5 is larger than the 4 samples"):
+        bench.plan_benchmark(lengths, spec=SPEC, cap=1000, dp_sizes=[5], policies=["tokens"])
+
+
+def test_policies_with_more_micro_batches_are_measured_in_full():
+    """Interleaving stops for no policy: one with more micro-batches than the others has
+    the rest measured after them (each policy's micro-batches in its own order)."""
+    def run(policy, mbs):
+        return bench.PlannedRun(policy, 1, None, [[[n] for n in mbs]])
+
+    planned = [run("tokens", [10, 11, 12]), run("flops", [20]), run("baseline", [30, 31])]
+    assert [k[0] for k in bench._measuring_order(planned)] == [10, 20, 30, 11, 31, 12]
+
+
+def test_a_runs_record_has_the_speed_up_and_the_per_rank_error():
+    """speed-up = token balance's makespan / this one's; rank errors are predicted / measured
+    - 1 per rank, their MAPE the mean of the absolute values; max/mean by each source."""
+    run = bench.PolicyRun(policy="flops", dp_size=2, schedule=[[[0]], [[1]]],
+                          microbatch_lengths=[[[5]], [[7]]], measured_ms=[10.0, 8.0],
+                          predicted_ms=[11.0, 6.0], predicted_own=[3.0, 1.0])
+    d = run.to_dict(12.0)
+    assert d["speedup_over_tokens"] == pytest.approx(1.2)
+    assert d["measured_makespan_ms"] == 10.0 and d["measured_max_over_mean"] == pytest.approx(10 / 9)
+    assert d["rank_error_pct"] == pytest.approx([10.0, -25.0])
+    assert d["rank_mape_pct"] == pytest.approx(17.5)
+    assert d["predicted_makespan_ms"] == 11.0
+    assert d["predicted_max_over_mean"] == pytest.approx(11 / 8.5)
+    assert d["own_cost_max_over_mean"] == pytest.approx(1.5)
+    assert run.to_dict(None)["speedup_over_tokens"] is None
+
+
+def test_whole_ranks_are_timed_over_every_round_and_not_after_a_stop(clock):
+    """The slowest rank's end-to-end time is the median of one timing per round; once
+    measuring stopped (time limit, Ctrl-C), no rank is timed end to end any more."""
+    clock, total = clock
+    calls = []
+
+    class Timer:
+        def __call__(self, lengths):
+            return clock.measure(lengths)
+
+        def measure_rank(self, microbatches):
+            calls.append(len(calls))
+            return 100.0 + len(calls)  # 101, 102, ...: the median of 2 is x.5
+
+    planned = bench.plan_benchmark(np.array([100, 2000, 300, 4000, 500, 600]), spec=SPEC,
+                                   cap=16384, dp_sizes=[2], policies=["tokens"])
+    (r,) = bench.measure_benchmark(planned, measure=Timer(), spec=SPEC, repeats=2, warmup=0)
+    assert len(calls) == 2 and r.slowest_rank_direct_ms == pytest.approx(101.5)
+    distinct = len(set(bench._measuring_order(planned)))
+    for stop in ("time limit", "Ctrl-C"):  # each in the second round
+        calls.clear()
+        deadline = clock.t + distinct + 0.5 if stop == "time limit" else None
+        clock.interrupt_at = None if deadline else clock.t + distinct
+        out = bench.measure_benchmark(planned, measure=Timer(), spec=SPEC, repeats=2, warmup=0,
+                                      deadline=deadline)
+        assert calls == [] and out[0].slowest_rank_direct_ms is None, stop
+
+
+def test_each_runs_predicted_balance_is_by_its_own_cost():
+    """pred max/mean judges each policy by what it balanced: tokens by Σ tokens, the
+    baseline by its FLOPs (head included, as frameworks count them)."""
+    from costmodel.flops import calculate_train_flops
+
+    planned = bench.plan_benchmark(np.array([100, 2000, 300, 4000, 500, 600, 7000, 80]),
+                                   spec=SPEC, cap=8192, dp_sizes=[2], policies=["tokens", "baseline"])
+    runs = {r.policy: r for r in bench.measure_benchmark(planned, measure=fake_measure, spec=SPEC,
+                                                          repeats=1, warmup=0)}
+    for policy, cost in (("tokens", sum), ("baseline", lambda mb: calculate_train_flops(mb, SPEC))):
+        run = runs[policy]
+        expected = [float(sum(cost(mb) for mb in rank)) for rank in run.microbatch_lengths]
+        assert run.predicted_own == pytest.approx(expected, rel=1e-12), policy
+
+
+def test_warm_up_runs_the_largest_and_the_smallest_micro_batches_untimed():
+    calls = []
+
+    def counting(lengths):
+        calls.append(tuple(lengths))
+        return 1.0
+
+    keys = [(5,), (1, 2), (9, 9), (4,)]
+    times, _, _ = timer_mod.measure_microbatches(keys, counting, repeats=1, warmup=1)
+    assert calls[:2] == [(9, 9), (1, 2)] and calls[2:] == keys
+    assert set(times) == set(keys)
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -1.0])
+def test_a_measurer_returning_no_time_is_an_error(bad):
+    """NaN, inf or a negative time is the measurer's failure, reported, never averaged in."""
+    times, stopped, _ = timer_mod.measure_microbatches(
+        [(3,), (4,)], lambda lengths: 2.0 if lengths == (3,) else bad, repeats=1, warmup=0)
+    assert stopped == f"error: RuntimeError: the measurer returned {bad} ms for a micro-batch of 1 samples"
+    assert times == {(3,): 2.0}
+
+
+def test_the_noise_floor_is_that_of_a_perfectly_balanced_schedule():
+    """Ranks are rescaled to the mean rank time first: an unbalanced schedule gets the floor
+    of a balanced one with the same micro-batch structure, not its own imbalance."""
+    unbalanced = timer_mod.noise_floor([[10.0] * 4, [20.0] * 4], 0.01)
+    assert unbalanced == pytest.approx(timer_mod.noise_floor([[15.0] * 4] * 2, 0.01), rel=1e-12)
+    assert 1.0 < unbalanced < 1.02
+
+
+def test_layer_timer_needs_at_least_one_replay():
+    pytest.importorskip("torch")
+    tiny = ModelSpec(name="tiny", num_layers=1, hidden_size=32, num_heads=2, num_kv_heads=1,
+                     head_dim=16, intermediate_size=64, vocab_size=64, dtype="fp32")
+    with pytest.raises(ValueError, match="replays must be at least 1, got 0"):
+        timer_mod.LayerTimer(tiny, attention="sdpa", dtype="fp32", device="cpu", replays=0)
+
+
+def _report_runs():
+    """dp 2: calibrated 19% below tokens and better than flops; dp 4: 5% below tokens,
+    worse than flops, max/mean 1.056."""
+    def run(policy, dp, measured, predicted=None, direct=None, noise=None, floor=None):
+        return bench.PolicyRun(policy=policy, dp_size=dp, schedule=[[[0]]] * dp,
+                               microbatch_lengths=[[[1]]] * dp, measured_ms=measured,
+                               predicted_ms=predicted, predicted_own=[1.0] * dp,
+                               slowest_rank_direct_ms=direct, timing_noise=noise, noise_floor=floor)
+
+    return [run("tokens", 2, [10.0, 6.0], direct=9.9),
+            run("flops", 2, [9.0, 8.0]),
+            run("calibrated", 2, [8.1, 7.9], predicted=[8.5, 7.9], direct=8.262, noise=0.005,
+                floor=1.01),
+            run("tokens", 4, [10.0] * 4),
+            run("flops", 4, [9.0] * 4),
+            run("calibrated", 4, [9.5, 8.5, 9.0, 9.0])]
+
+
+def test_the_report_table_and_its_notes():
+    """speed-up = token balance's makespan / this one's; rank err % mean/worst; the noise
+    floor of the calibrated policy and the end-to-end ratios' range are printed."""
+    from costmodel.training.bench_report import format_report
+
+    lines = format_report(_report_runs()).splitlines()
+    assert lines[1].split() == ["2", "tokens", "1", "10.00", "1.250", "1.000x", "1.000", "-"]
+    assert lines[3].split() == ["2", "calibrated", "1", "8.10", "1.012", "1.235x", "1.000", "2.5/4.9"]
+    assert lines[6].split()[:6] == ["4", "calibrated", "1", "9.50", "1.056", "1.053x"]
+    assert ("dp 2: timing noise ~0.5% per micro-batch; a perfectly balanced schedule of the "
+            "calibrated policy's micro-batches would measure max/mean ~1.010") in lines
+    assert lines[-1] == ("slowest rank timed end to end / sum of its micro-batches: 0.990 to "
+                         "1.020 over 2 schedules")
+
+
+def test_target_checks_per_dp_size():
+    """The issue's targets: calibrated max/mean < 1.03, makespan >= 10% below tokens',
+    no worse than flops; each judged per DP size, met or not."""
+    from costmodel.training.bench_report import target_checks
+
+    met, missed = target_checks(_report_runs())
+    assert met["dp_size"] == 2 and missed["dp_size"] == 4
+    assert met["makespan_cut_vs_tokens"] == pytest.approx(0.19)
+    assert met["tokens_balance_headroom"] == pytest.approx(0.2)
+    assert (met["max_over_mean_below_1.03"], met["cut_at_least_10pct"], met["no_worse_than_flops"]) \
+        == (True, True, True)
+    assert missed["makespan_cut_vs_tokens"] == pytest.approx(0.05)
+    assert (missed["max_over_mean_below_1.03"], missed["cut_at_least_10pct"],
+            missed["no_worse_than_flops"]) == (False, False, False)
+
+
+def test_samples_of_a_lengths_file_and_the_recorded_config(tmp_path, capsys):
+    """--samples N takes the file's first N (all of it when N is its size; 0 and more than
+    it are refused); the JSON records it, and no samples per rank, for a fixed batch; the
+    default rounds are 2 eagerly and 1 with graph timing (a median of replays already)."""
+    lengths = tmp_path / "lengths.txt"
+    lengths.write_text("\n".join(str(n) for n in np.random.default_rng(1).integers(100, 9000, 40)))
+    out = tmp_path / "b.json"
+    base = ["--lengths", str(lengths), "--dp", "2", "--policies", "tokens", "-o", str(out)]
+    assert _run([*base, "--samples", "10"]) == 0
+    doc = json.loads(out.read_text())
+    assert doc["batches"]["2"]["samples"] == 10
+    assert doc["config"]["samples"] == 10 and doc["config"]["samples_per_rank"] is None
+    assert doc["config"]["repeats"] == 2
+    assert _run([*base, "--samples", "40", "--timing", "graph"]) == 0
+    doc = json.loads(out.read_text())
+    assert doc["batches"]["2"]["samples"] == 40 and doc["config"]["repeats"] == 1
+    with pytest.raises(ValueError, match="--samples 41 but .* holds 40 lengths"):
+        _run([*base, "--samples", "41"])
+    with pytest.raises(ValueError, match="--samples must be in 1..10,000,000, got 0"):
+        _run([*base, "--samples", "0"])
+
+
+def test_samples_per_rank_are_limited_at_the_largest_dp_size():
+    with pytest.raises(ValueError, match="--samples-per-rank must be at least 1 and at most "
+                                         "10,000,000 in all at the largest --dp, got 2000000"):
+        _run(["--samples-per-rank", "2000000", "--dp", "1,8", "--policies", "tokens"])
+
+
+def test_no_timing_note_when_the_cost_model_and_the_benchmark_time_alike(tmp_path, capsys):
+    doc = json.loads(Path(_truth_file()).read_text())
+    doc["kernels"] = {"timing": "graph"}
+    graph_timed = tmp_path / "graph.json"
+    graph_timed.write_text(json.dumps(doc))
+
+    class GraphGPU:
+        timing = "graph"
+
+        def __call__(self, lengths):
+            return fake_measure(lengths)
+
+    argv = [*SMALL, "--cost-model", str(graph_timed), "--policies", "tokens,calibrated"]
+    assert _run(argv, measure=GraphGPU()) == 0
+    assert "calibrated with" not in capsys.readouterr().err
+
+
+def test_the_printed_targets_match_the_written_ones(tmp_path, capsys):
+    out = tmp_path / "bench.json"
+    assert _run([*SMALL, "--policies", ALL, "-o", str(out)]) == 0
+    text = capsys.readouterr().out
+    for t in json.loads(out.read_text())["targets"]:
+        cut = 100 * t["makespan_cut_vs_tokens"]
+        assert (f"dp {t['dp_size']}: calibrated max/mean {t['calibrated_max_over_mean']:.3f}; "
+                f"makespan {abs(cut):.1f}% {'below' if cut >= 0 else 'ABOVE'} tokens") in text

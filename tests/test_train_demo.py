@@ -646,3 +646,279 @@ def test_a_file_of_exactly_one_step_and_samples_at_the_cap_train(tmp_path):
                                       "--max-tokens-per-gpu", "100"])
     plan = prepare(args, 2)
     assert len(plan.schedules) == 1 and plan.schedules[0].cap_violations == 0
+
+
+# -- from a second mutation check (issue 6): each test fails when the code it names is broken --
+
+
+def _trainer_args(*argv: str):
+    import argparse
+
+    from costmodel.training.config import add_trainer_arguments
+
+    return add_trainer_arguments(argparse.ArgumentParser()).parse_args(list(argv))
+
+
+@pytest.mark.parametrize(("argv", "needle"), [
+    (["--steps", "0"], "--steps must be at least 1"),  # trained nothing and printed no step
+    (["--lr", "0"], "--lr must be a positive finite number"),  # trained with frozen weights
+    (["--max-len", "-1"], "--max-len must be 0 (no clip) or positive"),  # read as "no clip"
+])
+def test_flag_values_that_cannot_train_are_refused_before_any_step(argv, needle):
+    from costmodel.training.config import prepare
+
+    with pytest.raises(ValueError, match=needle.replace("(", r"\(").replace(")", r"\)")):
+        prepare(_trainer_args("--samples-per-step", "8", *argv), 2)
+
+
+def test_a_step_of_one_token_samples_is_refused_before_training(tmp_path):
+    """A step whose samples are all 1 token long has no target token: the loss would be
+    divided by zero at that step, mid-run. Refused by prepare, naming the step."""
+    from costmodel.training.config import prepare
+
+    path = tmp_path / "lengths.txt"
+    path.write_text("5\n7\n1\n1\n")  # step 1: 5 and 7 tokens; step 2: two 1-token samples
+    args = _trainer_args("--lengths-file", str(path), "--samples-per-step", "2", "--steps", "2")
+    with pytest.raises(ValueError, match="every sample of step 2 is 1 token long"):
+        prepare(args, 2)
+
+
+def test_synthetic_lengths_differ_per_step_and_file_lengths_are_clipped_too():
+    """A step's lengths depend on (seed, step): steps differ, seeds differ, and a scale so
+    small it rounds to nothing still gives 1-token samples; --max-len clips lengths from a
+    file as it clips drawn ones."""
+    from costmodel.training.data import LengthSource
+
+    source = LengthSource(samples_per_step=32, seed=3, scale=1 / 32)
+    assert not np.array_equal(source.lengths(0), source.lengths(1))
+    np.testing.assert_array_equal(source.lengths(1), LengthSource(samples_per_step=32, seed=3,
+                                                                  scale=1 / 32).lengths(1))
+    assert not np.array_equal(source.lengths(0), LengthSource(samples_per_step=32, seed=4,
+                                                              scale=1 / 32).lengths(0))
+    assert LengthSource(samples_per_step=32, scale=1e-6).lengths(0).tolist() == [1] * 32
+    from_file = LengthSource(samples_per_step=3, max_len=50, file_lengths=(10, 80, 50, 200))
+    assert from_file.lengths(0).tolist() == [10, 50, 50]
+    assert from_file.lengths(1).tolist() == [50, 10, 50]  # wraps around the file
+
+
+def test_loss_and_gradient_are_the_global_mean_over_the_steps_target_tokens(tmp_path, monkeypatch):
+    """The step record's loss is Σ of every micro-batch's summed cross-entropy over the
+    step's target tokens (Σ (length - 1)), its tokens Σ length, and the gradient AdamW steps
+    on is that global mean's gradient (not a sum: Adam hides a scale, the promise does not):
+    recomputed here from the same initial weights on the whole batch at once."""
+    import costmodel.training.trainer as trainer
+    from costmodel.training.data import sample_tokens
+    from costmodel.training.model import TinyGPT, packed_batch
+
+    stepped = []
+
+    class AdamW(torch.optim.AdamW):
+        def step(self, closure=None):
+            stepped.append([p.grad.clone() for g in self.param_groups for p in g["params"]])
+            return super().step(closure)
+
+    monkeypatch.setattr(torch.optim, "AdamW", AdamW)
+    lengths = [30, 50, 20, 40, 60, 10, 45, 25]
+    path = tmp_path / "lengths.txt"
+    path.write_text("\n".join(map(str, lengths)))
+    args = _trainer_args("--lengths-file", str(path), "--samples-per-step", "8", "--steps", "1",
+                         "--max-tokens-per-gpu", "64", "--device", "cpu", "--seed", "5")
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT"):
+        monkeypatch.delenv(name, raising=False)
+    result = trainer.train(args)
+    (record,) = result.records
+    assert record.microbatches_per_rank > 2  # several micro-batches, each summed in
+    assert record.tokens == sum(lengths)
+
+    torch.manual_seed(5)  # the trainer's initial weights
+    model = TinyGPT(result.model.spec, attention="sdpa")
+    vocab = result.model.spec.vocab_size
+    ids, targets, cu, max_len = packed_batch(
+        [sample_tokens(5, 0, i, n, vocab) for i, n in enumerate(lengths)], device="cpu")
+    loss = torch.nn.functional.cross_entropy(model(ids, cu, max_len), targets,
+                                             ignore_index=-100, reduction="sum")
+    mean = loss / sum(n - 1 for n in lengths)
+    mean.backward()
+    assert record.loss == pytest.approx(float(mean.detach()), rel=1e-5)
+    (grads,) = stepped
+    expected = [p.grad for p in model.parameters()]
+    assert len(grads) == len(expected)
+    for got, want in zip(grads, expected):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-6)
+
+
+def test_ranks_that_disagree_are_named_whatever_the_number_of_runs():
+    """Two ranks with two fingerprints (the common case) disagree as much as four with three."""
+    from costmodel.training.trainer import check_run_agreement
+
+    with pytest.raises(RuntimeError, match=r"rank\(s\) \[1\] were started"):
+        check_run_agreement([5, 6])
+    with pytest.raises(RuntimeError, match="step 1: the ranks built different schedules"):
+        check_schedule_agreement([1, 2], step=0)
+
+
+def test_as_many_ranks_per_node_as_gpus_is_fine(monkeypatch):
+    """The boundary of the check above: one rank per GPU is what NCCL needs."""
+    import argparse
+
+    import costmodel.training.trainer as trainer
+
+    monkeypatch.setattr(trainer, "device_kind", lambda requested: "cuda")
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    chosen = []
+    monkeypatch.setattr(torch.cuda, "set_device", chosen.append)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: chosen[-1])
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    device, backend, *_ = trainer._resolve_device(argparse.Namespace(device="cuda", attention=None), 1)
+    assert (device, backend, chosen) == (torch.device("cuda", 1), "nccl", [1])
+
+
+def test_the_parent_checks_the_dp_size_and_gpus_before_spawning(monkeypatch):
+    """`launch` validates with dp = --nproc before any worker starts (a worker would also
+    refuse, after spawning, with a traceback per rank); with CUDA, --nproc up to the GPU
+    count passes."""
+    from costmodel.cli import build_parser
+    from costmodel.training import launch
+
+    class Started(Exception):
+        pass
+
+    def start(*args):
+        raise Started
+
+    monkeypatch.setattr(launch, "_start", start)
+    monkeypatch.setattr(launch, "_check_attention_runs", lambda *a: None)
+    args = build_parser().parse_args(["train-demo", "--device", "cpu", "--samples-per-step", "2"])
+    with pytest.raises(ValueError, match="--nproc must be at least 1, got 0"):
+        launch.launch(args, 0)
+    with pytest.raises(ValueError, match="3 data-parallel ranks but only 2 samples per step"):
+        launch.launch(args, 3)
+    with pytest.raises(Started):
+        launch.launch(args, 2)
+    monkeypatch.setattr(launch, "device_kind", lambda requested: "cuda")
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    with pytest.raises(ValueError, match="--nproc 3 but only 2 GPUs are visible"):
+        launch.launch(build_parser().parse_args(["train-demo", "--samples-per-step", "8"]), 3)
+    with pytest.raises(Started):
+        launch.launch(build_parser().parse_args(["train-demo", "--samples-per-step", "8"]), 2)
+
+
+def test_a_chained_workers_error_names_the_exception_it_ended_with():
+    from costmodel.training.launch import _worker_error
+
+    text = """Traceback (most recent call last):
+  File "trainer.py", line 3, in step
+KeyError: 'train'
+
+During handling of the above exception, another exception occurred:
+
+Traceback (most recent call last):
+  File "trainer.py", line 9, in train
+ValueError: cost model has no train curves
+"""
+    assert _worker_error(text) == "ValueError: cost model has no train curves"
+    assert _worker_error("Traceback\nKeyboardInterrupt\nadvice after it\n") == "KeyboardInterrupt"
+
+
+def test_train_demo_prints_one_line_per_step_and_the_run_summary(monkeypatch, capsys):
+    """The table counts steps from 1 (as the log does) and the summary names the cost,
+    the ranks, the first and last loss and the mean predicted and measured max/mean."""
+    from costmodel.training import launch
+
+    def record(step, loss, pred, meas):
+        return {"step": step, "loss": loss, "tokens": 900 + step, "microbatches_per_rank": 2,
+                "predicted_imbalance": pred, "measured_imbalance": meas,
+                "compute_ms": [10.0, 12.5, 11.0], "cost": "flops"}
+
+    records = [record(0, 4.5, 1.01, 1.20), record(1, 4.0, 1.03, 1.10), record(2, 3.5, 1.02, 1.3)]
+    monkeypatch.setattr(launch, "launch", lambda args, nproc: records)
+    assert main(["train-demo", "--nproc", "3"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[1].split() == ["1", "4.5000", "900", "2", "1.010", "1.200", "10.0", "12.5", "11.0"]
+    assert lines[3].split()[:2] == ["3", "3.5000"]
+    assert lines[4] == ("balanced by flops over 3 ranks: loss 4.5000 -> 3.5000; schedules agreed "
+                        "on every step; mean max/mean predicted 1.020, measured 1.200")
+    assert main(["train-demo", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out) == records
+
+
+def test_bf16_gradients_of_every_micro_batch_go_into_fp32_buffers(tmp_path, monkeypatch):
+    """The trainer, not just the helper: with a bf16 model each micro-batch's gradients are
+    moved into fp32 buffers (summed in the bf16 .grad they drifted 0.84% over 64)."""
+    import costmodel.training.trainer as trainer
+
+    path = tmp_path / "lengths.txt"
+    path.write_text("30\n50\n20\n40\n60\n10\n")
+    args = _trainer_args("--lengths-file", str(path), "--samples-per-step", "6", "--steps", "1",
+                         "--max-tokens-per-gpu", "64", "--device", "cpu")
+    monkeypatch.setattr(trainer, "_resolve_device", lambda a, rank: (
+        torch.device("cpu"), "gloo", torch.bfloat16, "bf16", "sdpa"))
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT"):
+        monkeypatch.delenv(name, raising=False)
+    moved = []
+    real = trainer.move_grads_into
+
+    def spy(accum, params):
+        moved.append({buf.dtype for buf in accum})
+        real(accum, params)
+
+    monkeypatch.setattr(trainer, "move_grads_into", spy)
+    (record,) = trainer.train(args).records
+    assert record.microbatches_per_rank > 1
+    assert moved == [{torch.float32}] * record.microbatches_per_rank
+
+
+def test_packed_targets_never_cross_a_sequence_boundary():
+    """Each token's target is the next token of its own sequence; a sequence's last token
+    has none (-100, ignored), and cu_seqlens / max_seqlen describe the packing."""
+    from costmodel.training.model import packed_batch
+
+    ids, targets, cu, max_len = packed_batch([np.array([1, 2, 3]), np.array([4, 5])], device="cpu")
+    assert ids.tolist() == [1, 2, 3, 4, 5]
+    assert targets.tolist() == [2, 3, -100, 5, -100]
+    assert cu.tolist() == [0, 3, 5] and cu.dtype == torch.int32 and max_len == 3
+
+
+def test_stopping_several_stubborn_workers_waits_once_per_step_not_per_worker(monkeypatch):
+    """Each escalation step has one deadline for all workers: three workers that ignore
+    SIGINT and SIGTERM are killed after ~2 s here, not ~6 s (a full wait each)."""
+    import multiprocessing
+    import signal
+    import time
+
+    from costmodel.training import launch
+
+    monkeypatch.setattr(launch, "_ESCALATION", ((signal.SIGINT, 1.0), (signal.SIGTERM, 1.0),
+                                                (signal.SIGKILL, 5.0)))
+    ctx = multiprocessing.get_context("fork")
+    events = [ctx.Event() for _ in range(3)]
+    processes = [ctx.Process(target=_stubborn, args=(event,)) for event in events]
+    for process in processes:
+        process.start()
+    try:
+        assert all(event.wait(30) for event in events)
+        start = time.monotonic()
+        launch._stop(processes)
+        assert time.monotonic() - start < 4.5  # ~2 s; a wait per worker: ~6 s
+        assert [p.exitcode for p in processes] == [-signal.SIGKILL] * 3
+    finally:
+        for process in processes:
+            if process.is_alive():
+                process.kill()
+
+
+def test_tiny_gpt_ties_its_head_to_the_embedding_and_builds_dense_models_only():
+    """The spec says tie_word_embeddings (one vocab x hidden matrix, as counted); an MoE or
+    MLA shape is refused, not silently built as a dense one."""
+    import dataclasses
+
+    from costmodel.training.model import TinyGPT
+
+    spec = ModelSpec(name="t", num_layers=1, hidden_size=32, num_heads=2, num_kv_heads=1,
+                     head_dim=16, intermediate_size=64, vocab_size=50, tie_word_embeddings=True,
+                     dtype="fp32")
+    model = TinyGPT(spec, attention="sdpa")
+    assert model.lm_head.weight is model.embed.weight
+    moe = dataclasses.replace(spec, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32)
+    with pytest.raises(ValueError, match="dense, non-MLA models only"):
+        TinyGPT(moe, attention="sdpa")
