@@ -896,3 +896,241 @@ def test_max_seqlen_one_short_is_a_value_error():
     q, k, v, cu = _qkv()
     with pytest.raises(ValueError, match="max_seqlen=6 < longest sequence .7."):
         attn.get_attention("sdpa")(q, k, v, cu, 6)
+
+
+# -- from a second mutation check (adapters without their GPU, validation corners) ----------
+
+
+def test_misshapen_inputs_are_value_errors_naming_the_problem():
+    """Each check of validate_attention_inputs, where the call would otherwise go on: sdpa
+    takes a v of another head dim (a silently different output), zero KV heads was a
+    ZeroDivisionError, a one-offset cu_seqlens "min() arg is an empty sequence", max_seqlen
+    True read as 1, and cu_seqlens on another device reached the host read."""
+    q, k, v, cu = _qkv()
+    sdpa = attn.get_attention("sdpa")
+    with pytest.raises(ValueError, match="k and v must have the same shape"):
+        sdpa(q, k, v[..., :32], cu, 7)
+    with pytest.raises(ValueError, match="positive multiple of num_kv_heads"):
+        sdpa(q, k[:, :0], v[:, :0], cu, 7)
+    with pytest.raises(ValueError, match="at least 2 offsets"):
+        sdpa(q[:0], k[:0], v[:0], cu[:1], 7)
+    with pytest.raises(ValueError, match="max_seqlen must be a positive Python int"):
+        sdpa(q, k, v, cu, True)
+    with pytest.raises(ValueError, match="must be on one device"):
+        sdpa(q, k, v, cu.to("meta"), 7)
+
+
+def test_sdpa_without_enable_gqa_repeats_each_kv_head_for_its_group():
+    """On a torch whose sdpa lacks enable_gqa the adapter expands KV heads itself: query head
+    h reads KV head h // group (repeat_interleave), not h % num_kv_heads (repeat)."""
+    from unittest import mock
+
+    q, k, v, do = _inputs(LENGTHS, 8, 2, 64, torch.float32, seed=14)
+    cu = _cu(LENGTHS)
+    with mock.patch.object(attn, "_sdpa_supports_gqa", lambda: False):
+        out = attn.get_attention("sdpa")(q, k, v, cu, max(LENGTHS))
+    out.backward(do)
+    _check((out.detach(), q.grad, k.grad, v.grad), _reference(q, k, v, do, cu),
+           1e-2 if CUDA else 1e-5)
+
+
+def _fake_varlen(new_style: bool):
+    """A CPU stand-in for torch's varlen_attn with the signature of torch >= 2.12 (causal as
+    window_size=(-1, 0), a tuple; enable_gqa) or of 2.10 (is_causal, no GQA)."""
+    calls = []
+
+    if new_style:
+        def varlen_attn(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, *, scale=None,
+                        window_size=(-1, -1), enable_gqa=False):
+            assert window_size == (-1, 0), f"not causal: window_size={window_size!r}"
+            assert enable_gqa == (key.shape[1] != query.shape[1])
+            calls.append(key.shape[1])
+            return attn.attention_reference(query, key, value, cu_seq_q, max_q).to(query.dtype)
+    else:
+        def varlen_attn(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, *, is_causal=False):
+            assert is_causal is True
+            calls.append(key.shape[1])
+            return attn.attention_reference(query, key, value, cu_seq_q, max_q).to(query.dtype)
+    return varlen_attn, calls
+
+
+@pytest.mark.parametrize("new_style", [True, False], ids=["window_size+gqa", "is_causal"])
+def test_torch_varlen_adapter_asks_for_causal_gqa_as_its_torch_can(monkeypatch, new_style):
+    """The adapter reads varlen_attn's signature: causal as window_size=(-1, 0) (a tuple:
+    torch compares it with ==) or is_causal=True; enable_gqa where it exists, else the KV
+    heads expanded per group (kv_as_given passes them as they are)."""
+    fake, calls = _fake_varlen(new_style)
+    monkeypatch.setattr(attn, "_varlen_attn_fn", lambda: fake)
+    attn._varlen_call_style.cache_clear()
+    try:
+        assert attn.torch_varlen_gqa_mode() == ("native" if new_style else "expanded")
+        q, k, v, _ = _inputs(LENGTHS, 8, 2, 64, torch.float32, seed=15)
+        cu = _cu(LENGTHS)
+        out = attn._torch_varlen_attention(q, k, v, cu, max(LENGTHS))
+        assert _rel_err(out.detach(), attn.attention_reference(q, k, v, cu)) < 1e-5
+        attn._torch_varlen_attention(q, k, v, cu, max(LENGTHS), kv_as_given=True)
+        assert calls == ([2, 2] if new_style else [8, 2])  # KV heads varlen_attn was given
+    finally:
+        attn._varlen_call_style.cache_clear()
+
+
+def test_flash_attn_adapter_asks_for_causal_and_takes_half_precision_only(monkeypatch):
+    """flash_attn_varlen_func is non-causal by default: the adapter must pass causal=True.
+    Its kernels take fp16/bf16 only, refused up front for fp32. (A stand-in module.)"""
+    import sys
+    import types
+
+    def flash_attn_varlen_func(q, k, v, cu_q, cu_k, max_q, max_k, dropout_p=0.0,
+                               softmax_scale=None, causal=False):
+        assert causal is True and max_q == max_k == 9
+        return attn.attention_reference(q, k, v, cu_q, max_q).to(q.dtype)
+
+    monkeypatch.setitem(sys.modules, "flash_attn",
+                        types.SimpleNamespace(flash_attn_varlen_func=flash_attn_varlen_func))
+    q, k, v, _ = _inputs([9, 4], 4, 2, 64, torch.float16, seed=16)
+    cu = _cu([9, 4])
+    out = attn._flash_attn_attention(q, k, v, cu, 9)
+    assert out.dtype == torch.float16
+    assert _rel_err(out.detach(), attn.attention_reference(q, k, v, cu)) < 1e-3
+    with pytest.raises(ValueError, match="dtype torch.float32 not supported"):
+        attn._flash_attn_attention(q.float(), k.float(), v.float(), cu, 9)
+
+
+def test_a_flash_attn_that_does_not_import_is_unavailable_not_a_crash(monkeypatch):
+    """flash-attn installed but built against another torch fails at import: on a GPU
+    machine get_attention says so (RuntimeError with the reinstall command) instead of
+    handing out an adapter that crashes at its first call."""
+    import sys
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(attn.importlib.util, "find_spec", lambda name: object())
+    monkeypatch.setitem(sys.modules, "flash_attn", None)  # `from flash_attn import` raises
+    attn._flash_attn_import_error.cache_clear()
+    try:
+        with pytest.raises(RuntimeError, match="does not import.*pip install flash-attn"):
+            attn.get_attention("flash-attn", "cuda")
+    finally:
+        attn._flash_attn_import_error.cache_clear()
+
+
+def test_missing_triton_says_how_to_install(monkeypatch):
+    real = attn.importlib.util.find_spec
+    monkeypatch.setattr(attn.importlib.util, "find_spec",
+                        lambda name: None if name == "triton" else real(name))
+    with pytest.raises(RuntimeError, match="triton package is not installed; pip install triton"):
+        attn.get_attention("triton")
+
+
+def test_launch_limits_at_their_edges():
+    """65535 sequences fit the grid (65536 do not, above); 65536 query heads do not; nor
+    heads × tokens past int32 (the logsumexp offsets)."""
+    def meta(*shape):
+        return torch.empty(shape, device="meta")
+
+    q, kv = meta(8, 2, 64), meta(8, 1, 64)
+    ta._check_launch_limits(q, kv, kv, 65535, 8)
+    with pytest.raises(ValueError, match="65536 query heads exceed the launch limit of 65535"):
+        ta._check_launch_limits(meta(8, 65536, 64), kv, kv, 1, 8)
+    tokens = 2**25 + 1
+    with pytest.raises(ValueError, match="64 heads × 33554433 tokens .* logsumexp"):
+        ta._check_launch_limits(meta(tokens, 64, 64), meta(tokens, 8, 64), meta(tokens, 8, 64), 1, 8)
+
+
+@pytest.mark.parametrize(("configs", "says"), [
+    ({"fwd": dict(BLOCK_M=16, BLOCK_N=32)}, "fwd config needs BLOCK_M % BLOCK_N == 0"),
+    ({"dkdv": dict(BLOCK_M=16, BLOCK_N=16, MASK_BLOCK_M=32)}, "dkdv config needs BLOCK_N % MASK"),
+    ({"dq": dict(BLOCK_M=32, BLOCK_N=16, MASK_BLOCK_N=64)}, "dq config needs BLOCK_M divisible"),
+    ([("fwd", dict(BLOCK_M=32, BLOCK_N=16))], "configs must be a dict of kernel name"),
+])
+def test_block_sizes_that_do_not_nest_are_refused(configs, says):
+    """Each kernel steps its inner loop by the smaller block inside the larger one."""
+    q, k, v, _ = _inputs([9], 2, 1, 64, torch.float32, seed=10)
+    with pytest.raises(ValueError, match=says):
+        ta.flash_attn_varlen(q, k, v, _cu([9]), 9, configs=configs)
+
+
+def test_kernel_configs_are_copies(monkeypatch):
+    """kernel_configs hands out copies: editing them leaves the shipped configs alone."""
+    import copy
+
+    monkeypatch.setattr(ta, "_CONFIGS", copy.deepcopy(ta._CONFIGS))
+    shipped = copy.deepcopy(ta._CONFIGS)
+    got = ta.kernel_configs(64)
+    got["fwd"][0]["BLOCK_M"] = 16
+    got["dq"].clear()
+    assert shipped == ta._CONFIGS
+
+
+def test_num_stages_must_be_an_int():
+    q, k, v, _ = _inputs([9], 2, 1, 64, torch.float32, seed=10)
+    with pytest.raises(ValueError, match="'num_stages' must be an int >= 1, got 1.5"):
+        ta.flash_attn_varlen(q, k, v, _cu([9]), 9,
+                             configs={"dq": dict(SMALL_BLOCKS["dq"], num_stages=1.5)})
+
+
+# Future keys' exp2 overflows to inf on the diagonal block before the causal where() drops it
+# (the interpreter warns; the result is exact): large scores on purpose.
+@pytest.mark.filterwarnings("ignore:overflow encountered in exp2:RuntimeWarning")
+def test_fp16_backward_keeps_the_logsumexp_in_float32(poisoned):
+    """The backward recomputes P = exp2(s - lse) from the saved logsumexp: stored in fp16,
+    large scores (lse above 64 in base 2, where fp16 steps are 1/16 or coarser) put ~1%
+    errors into dq, dk and dv (here 1e-2 against 1.6e-3 with the float32 buffer)."""
+    lengths = [40, 23]
+    q, k, v, do = _inputs(lengths, 4, 2, 64, torch.float16, seed=20)
+    q = (q.detach() * 40).requires_grad_()
+    cu = _cu(lengths)
+    got = _run_triton(q, k, v, do, cu, max(lengths), SMALL_BLOCKS)
+    _check(got, _reference(q, k, v, do, cu), 5e-3)
+
+
+def test_a_caller_editing_its_configs_after_the_forward_does_not_change_the_backward(poisoned):
+    """The backward launches with the configs the forward checked (a copy): an edit made
+    in between (here a block that is not a power of 2) must not reach it."""
+    q, k, v, do = _inputs([9, 4], 2, 1, 64, torch.float32, seed=17)
+    configs = {kernel: dict(cfg) for kernel, cfg in SMALL_BLOCKS.items()}
+    cu = _cu([9, 4])
+    out = ta.flash_attn_varlen(q, k, v, cu, 9, configs=configs)
+    configs["dkdv"]["BLOCK_N"] = 48
+    configs["dq"] = {"BLOCK_M": 48}
+    out.backward(do)
+    _check((out.detach(), q.grad, k.grad, v.grad), _reference(q, k, v, do, cu),
+           1e-2 if CUDA else 1e-5)
+
+
+def test_custom_scale_odd_strides_and_a_strided_gradient(poisoned):
+    """sm_scale reaches the forward and the backward; q whose head dim is not unit-stride
+    is made so (the kernels assume it), and so is a strided incoming gradient."""
+    lengths = [9, 20]
+    total, h, hkv, d = sum(lengths), 4, 2, 64
+    gen = torch.Generator().manual_seed(18)
+    q = torch.randn(total, d, h, generator=gen).to(DEVICE).transpose(1, 2).requires_grad_()
+    k = torch.randn(total, hkv, d, generator=gen).to(DEVICE).requires_grad_()
+    v = torch.randn(total, hkv, d, generator=gen).to(DEVICE).requires_grad_()
+    do = torch.randn(total, h, 2 * d, generator=gen).to(DEVICE)[..., ::2]
+    assert q.stride(-1) != 1 and do.stride(-1) != 1
+    cu = _cu(lengths)
+    out = ta.flash_attn_varlen(q, k, v, cu, max(lengths), sm_scale=0.3, configs=SMALL_BLOCKS)
+    out.backward(do)
+    q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
+    ref = attn.attention_reference(q64, k64, v64, cu, scale=0.3)
+    ref.backward(do.double())
+    _check((out.detach(), q.grad, k.grad, v.grad), (ref.detach(), q64.grad, k64.grad, v64.grad),
+           1e-2 if CUDA else 1e-5)
+
+
+def test_no_config_that_fits_is_a_runtime_error(monkeypatch):
+    """Every config of a kernel out of resources: a RuntimeError naming the kernel and the
+    smallest config, not a silently skipped launch (an unwritten output)."""
+    from triton.runtime.errors import OutOfResources
+
+    class NeverFits:
+        def __getitem__(self, grid):
+            def launch(*args, **kwargs):
+                raise OutOfResources(300_000, 232_448, "shared memory")
+            return launch
+
+    monkeypatch.setattr(ta, "_attn_fwd", NeverFits())
+    monkeypatch.setattr(ta, "_chosen", {})
+    q, k, v, _ = _inputs([9], 2, 1, 64, torch.float32, seed=19)
+    with pytest.raises(RuntimeError, match="fwd kernel: no config fits this GPU for head_dim=64"):
+        ta.flash_attn_varlen(q, k, v, _cu([9]), 9)

@@ -336,3 +336,129 @@ def test_gpu_moe_and_mla_layers_forward_backward(kind):
     out.float().square().mean().backward()
     assert torch.isfinite(out).all() and torch.isfinite(x.grad).all()
     assert all(p.grad is not None for p in layer.parameters())
+
+
+# -- from a mutation check: the layer against a float64 formula written out -----------------
+def _rms(x, w):
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * w.double()
+
+
+def _rope(x, positions, theta=1e6):
+    """Rotate-half rotary written out: dims i and i + d/2 turn by position · theta^(-2i/d)."""
+    d = x.shape[-1]
+    angle = positions.double()[:, None] * theta ** (-torch.arange(0, d, 2).double() / d)
+    cos, sin = angle.cos()[:, None, :], angle.sin()[:, None, :]
+    x1, x2 = x[..., : d // 2], x[..., d // 2:]
+    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
+
+
+def _layer_reference(layer, x, lengths):
+    """h = x + W_o·attn(rope(q), rope(k), v) from RMSNorm(x); out = h + MLP(RMSNorm(h))."""
+    from costmodel.kernels.attention import attention_reference
+    from costmodel.kernels.moe import moe_reference
+
+    p = {n: t.detach().double() for n, t in layer.named_parameters()}
+    s, t, heads = layer.spec, x.shape[0], layer.num_heads
+    x = x.double()
+    pos = torch.cat([torch.arange(n) for n in lengths])
+    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
+    h = _rms(x, p["input_norm"])
+    if layer.is_mla:
+        nope, rope = s.qk_nope_head_dim, s.qk_rope_head_dim
+        q = _rms(h @ p["w_q_a"].T, p["q_a_norm"]) @ p["w_q_b"].T
+        q = q.view(t, heads, nope + rope)
+        ckv_pe = h @ p["w_kv_a"].T
+        ckv, k_pe = ckv_pe[:, : s.kv_lora_rank], ckv_pe[:, s.kv_lora_rank:]
+        kv = (_rms(ckv, p["kv_a_norm"]) @ p["w_kv_b"].T).view(t, heads, nope + s.v_head_dim)
+        k_pe = _rope(k_pe[:, None, :], pos).expand(t, heads, rope)
+        q = torch.cat([q[..., :nope], _rope(q[..., nope:], pos)], dim=-1)
+        k, v = torch.cat([kv[..., :nope], k_pe], dim=-1), kv[..., nope:]
+    else:
+        d, kv_heads = s.head_dim, s.num_kv_heads
+        qkv = h @ p["w_qkv"].T
+        q = qkv[:, : heads * d].view(t, heads, d)
+        k = qkv[:, heads * d: (heads + kv_heads) * d].view(t, kv_heads, d)
+        v = qkv[:, (heads + kv_heads) * d:].view(t, kv_heads, d)
+        q, k = _rope(_rms(q, p["q_norm"]), pos), _rope(_rms(k, p["k_norm"]), pos)
+    x = x + attention_reference(q, k, v, cu).reshape(t, -1) @ p["w_o"].T
+    h = _rms(x, p["post_attention_norm"])
+    if layer.is_moe:
+        return x + moe_reference(layer.mlp, h, torch.float64)
+    gate_up = h @ p["mlp.w_gate_up"].T
+    f = gate_up.shape[-1] // 2
+    return x + (F.silu(gate_up[:, :f]) * gate_up[:, f:]) @ p["mlp.w_down"].T
+
+
+@pytest.mark.parametrize("kind", list(SPECS))
+def test_layer_matches_its_formula_in_float64(kind):
+    """Every piece at its place: the norms (and their eps), the QKV split order, rotary on q
+    and k (rotate-half, base 1e6, positions restarting per sequence), GQA or MLA heads (v
+    padded and sliced back), both residuals and the MLP or experts."""
+    layer = _layer(kind, seed=10)
+    with torch.no_grad():  # non-trivial norm weights, so swapping two norms shows
+        for p in layer.parameters():
+            if p.dim() == 1:
+                p.uniform_(0.5, 1.5)
+    x, cu, max_len = packed_inputs(LENGTHS, SPECS[kind], dtype=torch.float32, seed=11)
+    with torch.no_grad():
+        out = layer(x, cu, max_len)
+    torch.testing.assert_close(out.double(), _layer_reference(layer, x, LENGTHS),
+                               rtol=1e-4, atol=1e-4)
+
+
+def test_layer_default_activation_is_torch_off_cuda():
+    """activation=None picks the Triton kernel on CUDA only: on CPU it would need the
+    interpreter, so the default there (and for device=None, torch's default CPU) is torch's."""
+    from costmodel.kernels.layer import _default_activation
+
+    for device in (None, "cpu", "meta"):
+        assert TransformerLayer(SPECS["dense"], attention="none", device=device).activation == "torch"
+    assert _default_activation("cuda") == _default_activation(torch.device("cuda", 1)) == "triton"
+
+
+def test_rotary_tables_need_an_even_dim_and_one_device():
+    """An odd rotary dim built a table one column wider than asked; cos/sin on another
+    device than x failed inside the multiply with torch's words."""
+    with pytest.raises(ValueError, match="rotary_dim must be even and >= 2, got 5"):
+        rotary_cos_sin(torch.arange(4), 5)
+    cos, sin = rotary_cos_sin(torch.arange(4), 8)
+    with pytest.raises(ValueError, match="x, cos, sin must be on one device"):
+        apply_rotary(torch.randn(4, 2, 8), cos.to("meta"), sin.to("meta"))
+
+
+def test_cu_seqlens_on_another_device_than_x_is_a_value_error():
+    layer = _layer("dense")
+    x, cu, max_len = packed_inputs(LENGTHS, SPECS["dense"], dtype=torch.float32, seed=12)
+    with pytest.raises(ValueError, match="cu_seqlens on meta but x on cpu"):
+        layer(x, cu.to("meta"), max_len)
+
+
+def test_mla_with_v_wider_than_qk_is_refused_at_construction():
+    """The layer pads MLA's v to the qk head dim; a spec with a wider v (accepted by
+    ModelSpec) built fine and every forward failed as "mat1 and mat2 shapes cannot be
+    multiplied", with or without an attention core."""
+    spec = ModelSpec(name="tiny-mla-wide-v", **{**_BASE, "num_kv_heads": 4, "qk_norm": False,
+                                               "head_dim": 0, "q_lora_rank": 32,
+                                               "kv_lora_rank": 24, "qk_nope_head_dim": 8,
+                                               "qk_rope_head_dim": 8, "v_head_dim": 24})
+    for attention in ("sdpa", "none"):
+        with pytest.raises(ValueError, match="v_head_dim=24 > qk head dim 16"):
+            TransformerLayer(spec, attention=attention, dtype=torch.float32)
+
+
+def test_mla_stand_in_without_attention_still_trains_the_key_projection():
+    """attention="none" times the token-linear part: for MLA the stand-in takes the first
+    v_head_dim columns of k too, so the kv up-projection's key rows (k_nope) get gradients
+    and their backward is timed, as with an attention core."""
+    layer = _layer("mla", attention="none")
+    spec = SPECS["mla"]
+    x, cu, max_len = packed_inputs(LENGTHS, spec, dtype=torch.float32, seed=13)
+    layer(x, cu, max_len).square().sum().backward()
+    used = min(spec.qk_nope_head_dim, spec.v_head_dim)
+    rows = layer.w_kv_b.grad.view(spec.num_heads, spec.qk_nope_head_dim + spec.v_head_dim, -1)
+    assert rows[:, :used].abs().sum(-1).min() > 0
+
+
+def test_packed_inputs_refuse_more_tokens_than_int32_offsets_hold():
+    with pytest.raises(ValueError, match="2147483648 tokens overflow int32 cu_seqlens"):
+        packed_inputs([2**30, 2**30], SPECS["dense"], device="meta")

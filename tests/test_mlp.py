@@ -360,3 +360,63 @@ def test_bench_mlp_keeps_its_rows_when_the_step_timeout_interrupts(load_benchmar
     assert [r["tokens"] for r in rows] == [1, 2]
     assert errors == [{"tokens": 3, "error": "interrupted (the step's time ran out)"}]
     assert "keeping 2 rows" in capsys.readouterr().err
+
+
+# -- from a mutation check: each test fails when the check it names is broken ---------------
+def test_launch_grid_limits_are_checked_at_their_edges():
+    """A grid one block past CUDA's limit on either axis is a ValueError; the largest that
+    fits launches (checked on the launch parameters alone, no kernel runs)."""
+    from costmodel.kernels.triton_swiglu import _GRID1_LIMIT, _launch_config
+
+    grid, block_m, block_n = _launch_config(3, _GRID1_LIMIT * 1024)
+    assert grid == (1, _GRID1_LIMIT) and (block_m, block_n) == (4, 1024)
+    with pytest.raises(ValueError, match="grid; the limit is"):
+        _launch_config(3, (_GRID1_LIMIT + 1) * 1024)
+    assert _launch_config(4 * (2**31 - 1), 1024)[0] == (2**31 - 1, 1)
+    with pytest.raises(ValueError, match="grid; the limit is"):
+        _launch_config(4 * (2**31 - 1) + 1, 1024)
+
+
+def test_given_output_and_gradient_buffers_and_dout_are_checked():
+    """The kernels write out/dgate/dup at row stride with unit feature stride and read dout
+    with gate's shape: a transposed buffer or a dout of another shape is a ValueError, not
+    a silently scrambled result."""
+    g = torch.randn(4, 8, device=DEV)
+    bad = torch.empty(8, 4, device=DEV).t()  # (4, 8), feature stride 4
+    with pytest.raises(ValueError, match="out must be a .4, 8. torch.float32 tensor with unit"):
+        swiglu_forward(g, g, out=bad)
+    with pytest.raises(ValueError, match="dgate must be"):
+        swiglu_backward(g, g, g, dgate=bad)
+    with pytest.raises(ValueError, match="dup must be"):
+        swiglu_backward(g, g, g, dup=bad)
+    with pytest.raises(ValueError, match="dout shape .4, 4. != gate shape .4, 8."):
+        swiglu_backward(g[:, :4], g, g)
+
+
+def test_gate_and_up_on_two_devices_or_without_features_are_value_errors():
+    g = torch.randn(4, 8, device=DEV)
+    with pytest.raises(ValueError, match="gate and up must be on one device"):
+        swiglu_forward(g, g.to("meta"))
+    with pytest.raises(ValueError, match="positive feature dim"):
+        swiglu(g[:, :0], g[:, :0])
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-without-interpreter error")
+def test_cpu_with_the_interpreter_unset_raises_runtime_error(monkeypatch):
+    """Only TRITON_INTERPRET=1 lets the kernel run on CPU tensors; unset is refused too."""
+    monkeypatch.delenv("TRITON_INTERPRET")
+    with pytest.raises(RuntimeError, match="activation='torch'"):
+        swiglu_forward(torch.randn(4, 8), torch.randn(4, 8))
+
+
+def test_mlp_weight_shapes_and_devices_are_checked_up_front():
+    """An odd number of fused gate/up rows, gate and up weights of different shapes, or a
+    weight on another device: ValueErrors naming the weight, not a broadcast error in the
+    activation or a device error in the GEMM."""
+    x = torch.randn(2, 8)
+    with pytest.raises(ValueError, match="w_gate_up must have 2F rows .gate then up., got 15"):
+        swiglu_mlp(x, torch.randn(15, 8), torch.randn(8, 7), "torch")
+    with pytest.raises(ValueError, match="w_gate .8, 8. and w_up .6, 8. differ"):
+        swiglu_mlp(x, (torch.randn(8, 8), torch.randn(6, 8)), torch.randn(8, 8), "torch")
+    with pytest.raises(ValueError, match="weight on meta but input on cpu"):
+        swiglu_mlp(x, torch.randn(16, 8, device="meta"), torch.randn(8, 8), "torch")

@@ -231,3 +231,98 @@ def test_moe_integer_arguments_are_checked(args, kw, says):
     and top_k=2.5 was silently truncated to 2."""
     with pytest.raises(ValueError, match=says):
         MoEMLP(*args, activation="torch", dtype=torch.float32, **kw)
+
+
+# -- from a mutation check: each test fails when the code it names is broken ---------------
+def test_route_may_pick_every_expert_and_softmaxes_in_float32():
+    """top_k == num_experts is allowed (each token uses all experts, weights summing to 1),
+    and a bf16 router's softmax and weights are float32, as documented."""
+    torch.manual_seed(1)
+    x, w = torch.randn(5, 8), torch.randn(3, 8)
+    weights, ids = route(x, w, 3)
+    assert sorted(ids[0].tolist()) == [0, 1, 2]
+    torch.testing.assert_close(weights.sum(-1), torch.ones(5))
+    weights, _ = route(x.bfloat16(), w.bfloat16(), 2)
+    assert weights.dtype == torch.float32
+    MoEMLP(8, 3, 3, 4, activation="torch", dtype=torch.float32)  # top_k == num_experts
+
+
+def test_group_by_expert_is_stable_at_sizes_where_a_plain_argsort_is_not():
+    """Rows of one expert keep token order (``order // k`` stays ascending within each
+    group): torch's default argsort reorders ties from ~100 elements on."""
+    gen = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, 4, (60, 2), generator=gen)
+    order, counts, offsets = group_by_expert(ids, 4)
+    start = 0
+    for expert, end in enumerate(offsets.tolist()):
+        group = order[start:end]
+        assert (ids.reshape(-1)[group] == expert).all()
+        assert torch.equal(group, group.sort().values), f"expert {expert}: {group.tolist()}"
+        start = end
+
+
+def test_grouped_linear_with_no_rows_and_its_grouped_mm_refusal():
+    """No rows at all (every expert empty) gives (0, out) rows; impl="grouped_mm" where it
+    cannot run (here: in-features 3, not 16-byte aligned) is a RuntimeError naming the
+    fallback, never a silent loop."""
+    w = torch.randn(3, 4, 8, device=DEV)
+    out = grouped_linear(torch.randn(0, 8, device=DEV), w,
+                         torch.zeros(3, dtype=torch.int32, device=DEV), impl="loop")
+    assert out.shape == (0, 4)
+    with pytest.raises(RuntimeError, match="use impl='loop'"):
+        grouped_linear(torch.randn(6, 3, device=DEV), torch.randn(3, 4, 3, device=DEV),
+                       torch.tensor([2, 4, 6], dtype=torch.int32, device=DEV), impl="grouped_mm")
+
+
+def test_grouped_linear_takes_int64_offsets_on_every_path():
+    torch.manual_seed(7)
+    x, w = torch.randn(12, 16, device=DEV), torch.randn(3, 8, 16, device=DEV)
+    offsets = torch.tensor([5, 5, 12], device=DEV)  # int64
+    want = grouped_linear(x, w, offsets, impl="loop")
+    torch.testing.assert_close(grouped_linear(x, w, offsets, impl="auto"), want)
+
+
+def test_grouped_gemm_probe_accepts_a_correct_op_and_refuses_a_wrong_one(monkeypatch):
+    """The probe compares the op with per-group matmuls, per (device, dtype): a correct op
+    passes, one that is wrong only for float64 is refused for float64 alone."""
+    import costmodel.kernels.moe as moe_mod
+
+    def grouped(a, b, offs):  # b: (E, in, out); rows offs[e-1]:offs[e] of a times b[e]
+        ends = offs.tolist()
+        starts = [0, *ends[:-1]]
+        out = torch.cat([a[s:e] @ b[i] for i, (s, e) in enumerate(zip(starts, ends))])
+        return out * (1.5 if a.dtype == torch.float64 else 1.0)
+
+    monkeypatch.setattr(moe_mod, "_GROUPED_MM_OK", {})
+    monkeypatch.setattr(moe_mod, "_grouped_mm_fn", lambda: grouped)
+    assert grouped_gemm_available("cpu", torch.float32)
+    assert not grouped_gemm_available("cpu", torch.float64)
+
+
+def test_moe_input_device_and_shared_width_are_checked():
+    moe = MoEMLP(16, 4, 2, 8, activation="torch", dtype=torch.float32)
+    with pytest.raises(ValueError, match="x on meta but MoE weights on cpu"):
+        moe(torch.randn(3, 16, device="meta"))
+    for width in (0.0, False):
+        with pytest.raises(ValueError, match="shared_intermediate_size"):
+            MoEMLP(16, 4, 2, 8, shared_intermediate_size=width, activation="torch")
+
+
+def test_auto_grouped_gemm_is_used_only_for_16_byte_aligned_dims(monkeypatch):
+    """cuBLAS's grouped GEMM needs every row stride 16-byte aligned, the weight's out dim
+    included: "auto" falls back to the loop for an out dim of 6 floats (24 bytes)."""
+    import costmodel.kernels.moe as moe_mod
+
+    calls = []
+
+    def grouped(a, b, offs):
+        calls.append(tuple(b.shape))
+        return moe_mod.grouped_linear(a, b.transpose(-2, -1), offs, impl="loop")
+
+    monkeypatch.setattr(moe_mod, "_GROUPED_MM_OK", {("cpu", None, torch.float32): True})
+    monkeypatch.setattr(moe_mod, "_grouped_mm_fn", lambda: grouped)
+    x, offsets = torch.randn(6, 16), torch.tensor([2, 4, 6], dtype=torch.int32)
+    grouped_linear(x, torch.randn(3, 8, 16), offsets)
+    assert calls == [(3, 16, 8)]
+    grouped_linear(x, torch.randn(3, 6, 16), offsets)
+    assert calls == [(3, 16, 8)]  # the loop ran

@@ -139,6 +139,15 @@ class TransformerLayer(nn.Module):
             self.num_kv_heads = spec.num_heads  # MLA expands the latent to every head
             self.qk_head_dim = spec.qk_nope_head_dim + spec.qk_rope_head_dim
             self.v_head_dim = spec.v_head_dim
+            if self.v_head_dim > self.qk_head_dim:
+                # `attend` zero-pads v to the qk head dim (one head dim for the backends);
+                # a wider v would be cut, and the forward failed on a shape mismatch.
+                raise ValueError(
+                    f"{spec.name}: v_head_dim={spec.v_head_dim} > qk head dim "
+                    f"{self.qk_head_dim} (qk_nope_head_dim + qk_rope_head_dim) is not "
+                    "supported: the timed layer pads v up to the qk head dim, so v_head_dim "
+                    f"must be at most {self.qk_head_dim}"
+                )
             q_out = spec.num_heads * self.qk_head_dim
             if spec.q_lora_rank > 0:
                 self.w_q_a = init_weight(spec.q_lora_rank, hidden, **kw)
