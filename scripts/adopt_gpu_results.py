@@ -87,6 +87,11 @@ def _profiles(folders: list[Path], unvalidated: set[str] | bool) -> list[tuple[P
     for path in sorted(p for f in folders for p in f.glob("*.json")):
         if path.stem in BENCHES or path.name.endswith(".partial.json"):
             continue
+        if path.name.endswith(".validation.json"):  # `validate` could not store it
+            print(f"skip {path.name}: a validation that could not be stored in "
+                  f"{path.name.replace('.validation', '')} (see session.log); it is not a "
+                  "cost model")
+            continue
         try:
             model = load_cost_model(path)
         except (ValueError, OSError) as exc:

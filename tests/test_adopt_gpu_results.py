@@ -91,10 +91,11 @@ def test_bad_or_ambiguous_files_are_skipped_or_refused_before_anything_moves(
     doc = json.loads((out / "qwen3-8b.json").read_text())
     synthetic = {**doc, "provenance": {**doc["provenance"], "kind": "synthetic"}}
     (out / "llama-3.1-8b.json").write_text(json.dumps(synthetic))  # a test's file, names a GPU
-    doc.pop("validation")
+    (out / "qwen3-4b.validation.json").write_text(json.dumps(doc.pop("validation")))
     (out / "qwen3-4b.json").write_text(json.dumps(doc))  # unvalidated (a --quick run)
     assert adopt_script.main([str(out)]) == 0
     text = capsys.readouterr().out
+    assert "skip qwen3-4b.validation.json: a validation that could not be stored in qwen3-4b.json" in text
     assert "skip llama-3.1-8b.json: made by a synthetic run, not measured on a GPU" in text
     assert "skip bench_mlp.json: not a benchmark result" in text
     assert "skip bench_schedule: unexpected contents" in text
