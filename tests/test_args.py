@@ -410,3 +410,74 @@ def test_two_gpus_the_registry_does_not_know_differ_by_name():
                  ("h100 sxm", "NVIDIA H100 PCIe")):
         assert not cm_args._same_gpu(a, b) and not cm_args._same_gpu(b, a), (a, b)
     assert cm_args._same_gpu("rtx 4090", "NVIDIA GeForce RTX 4090")  # a short name of it
+
+
+# -- from a second mutation check: costmodel.checks' promises no flag test reached ----------
+
+
+def test_positive_int_refuses_switches_which_int_would_read_as_one():
+    import numpy as np
+
+    from costmodel.checks import positive_int
+
+    assert positive_int(np.int32(3), "num_layers") == 3 and type(positive_int(np.int32(3), "x")) is int
+    for value in (True, np.bool_(True), 0, -1, 2.0, "4"):
+        with pytest.raises(ValueError, match=r"num_layers must be an integer >= 1"):
+            positive_int(value, "num_layers")
+
+
+def test_an_unset_switch_is_off_and_only_zero_and_one_are_switches():
+    import numpy as np
+
+    from costmodel.checks import on_off
+
+    assert on_off(None, "--balance-by-flops") is False
+    assert on_off(np.array(1), "--balance-by-flops") is True and on_off(0, "x") is False
+    for value in ("False", 2, -1, 0.0):
+        with pytest.raises(ValueError, match="--balance-by-flops must be true or false"):
+            on_off(value, "--balance-by-flops")
+
+
+def test_a_whole_number_is_at_most_a_hundred_digits_and_an_array_of_one_is_no_scalar():
+    """int() takes up to 4,300 digits; a count or a length has far fewer, and a 200-digit
+    one is named as such. A 1-element array is a list of numbers, not a number (only 0-d
+    arrays are scalars)."""
+    import numpy as np
+
+    from costmodel.checks import plain_scalar, whole_number
+
+    assert whole_number("9" * 100, "--max-tokens-per-gpu") == int("9" * 100)
+    with pytest.raises(ValueError, match="--max-tokens-per-gpu is a 101-digit number, far above"):
+        whole_number("9" * 101, "--max-tokens-per-gpu")
+    one = np.array([8192])
+    assert plain_scalar(one) is one
+    with pytest.raises(ValueError, match="--max-tokens-per-gpu must be a whole number"):
+        whole_number(one, "--max-tokens-per-gpu")
+
+
+def test_a_cost_model_flag_of_true_or_a_number_is_refused_and_false_is_none():
+    """A config's `cost_model: true` names no file: refused, naming the flag; false, 0 and
+    None mean no cost model (balance FLOPs)."""
+    import numpy as np
+
+    from costmodel.checks import cost_model_choice
+
+    for value in (None, False, 0, 0.0, np.bool_(False)):
+        assert cost_model_choice(value, "--cost-model") is None
+    for value in (True, 1, 2.5, np.bool_(True)):
+        with pytest.raises(ValueError, match=r"--cost-model is .*: give a cost model file"):
+            cost_model_choice(value, "--cost-model")
+    assert cost_model_choice("h200/qwen3-8b", "--cost-model") == "h200/qwen3-8b"
+
+
+def test_a_mig_slice_or_a_suffixed_variant_is_another_gpu_than_the_whole_one():
+    """A cost model measured on a whole H100 does not describe a MIG slice of it (a fraction
+    of its SMs), and an H200 model does not describe an 'NVIDIA H200 NVL 141GB', which
+    calibrate takes as the H200 NVL: each warns. The same slice, or a memory-size suffix of
+    the same GPU, does not."""
+    assert not cm_args._same_gpu("NVIDIA H100 80GB HBM3", "NVIDIA H100 80GB HBM3 MIG 1g.10gb")
+    assert not cm_args._same_gpu("NVIDIA H100 80GB HBM3 MIG 1g.10gb", "NVIDIA H100 80GB HBM3")
+    assert cm_args._same_gpu("NVIDIA H100 80GB HBM3 MIG 1g.10gb", "NVIDIA H100 80GB HBM3 MIG 1g.10gb")
+    assert not cm_args._same_gpu("NVIDIA H200", "NVIDIA H200 NVL 141GB")
+    assert cm_args._same_gpu("h200-nvl", "NVIDIA H200 NVL 141GB")
+    assert cm_args._same_gpu("NVIDIA H200", "NVIDIA H200 144GB")

@@ -565,3 +565,91 @@ def test_refit_keeps_the_measuring_command_and_records_its_own():
     m = refit(doc, source="x.json", command="costmodel calibrate --refit x.json -o y.json")
     assert m.extra["command"] == doc["command"]
     assert m.provenance["refit"]["command"] == "costmodel calibrate --refit x.json -o y.json"
+
+
+def test_progress_on_a_terminal_redraws_one_line_and_ends_it(monkeypatch):
+    """On a terminal the line is redrawn in place ('\\r') at most every 0.2 s, and the last
+    one (the work done) is always drawn and ends with a newline."""
+    import io
+
+    import costmodel.calibration.progress as progress
+    from costmodel.calibration.plan import SweepPoint
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    clock = {"now": 1000.0}
+    monkeypatch.setattr(progress.time, "monotonic", lambda: clock["now"])
+    buf = Terminal()
+    line = progress.ProgressLine(buf, "calibrate")
+    point = SweepPoint("linear", "train", (1024,))
+    for done in range(1, 51):  # all within the same instant: the first and the last drawn
+        line(done, 50, point, done * 0.1)
+    out = buf.getvalue()
+    assert out.count("\r") == 2 and out.startswith("\r") and out.endswith("\n")
+    assert "[   1/50]" in out and "[  50/50]" in out and "\n" not in out[:-1]
+    buf.truncate(0)
+    buf.seek(0)
+    line = progress.ProgressLine(buf, "calibrate")
+    for done in range(1, 5):  # 0.25 s apart: each drawn
+        clock["now"] += 0.25
+        line(done, 10, point, done * 0.25)
+    assert buf.getvalue().count("\r") == 4
+
+
+def test_plan_attention_lengths_stay_within_max_len_that_is_no_multiple_of_8():
+    """Lengths are rounded to multiples of 8, but none past --max-len (1005 rounds up to
+    1008) and --max-len itself is measured."""
+    plan = make_plan(SPEC, quick=True, max_len=1005, gpu="h200")
+    lengths = sorted({p.length for p in plan.points if p.kind == "attention"})
+    assert lengths[0] == 64 and lengths[-1] == 1005, lengths
+    assert all(L % 8 == 0 for L in lengths[:-1]), lengths
+
+
+def test_plan_bounds_and_deadline():
+    """Lengths and caps of 64 .. 1M tokens only, a cap at least the longest sequence, and
+    refinements skipped past 1.2 x the budget, as the summary says."""
+    for kw, says in ((dict(max_len=32), "max_len must be an integer number of tokens in 64.."),
+                     (dict(max_len=1024, max_tokens=63), "max_tokens must be an integer number"),
+                     (dict(max_len=8192, max_tokens=4096), r"max_tokens \(4096\) must be >= max_len \(8192\)")):
+        with pytest.raises(ValueError, match=says):
+            make_plan(SPEC, quick=True, **kw)
+    plan = make_plan(SPEC, quick=True, max_len=2048, budget_s=10)
+    assert plan.deadline_s == pytest.approx(12.0)
+    assert plan.summary().endswith("(budget 10 s, refinements skipped past 12 s)")
+
+
+def test_a_stack_point_records_its_layer_count():
+    """A validation micro-batch runs `num_layers` layers + head: its record says how many
+    (the time of 4 layers is not the time of 1)."""
+    from costmodel.calibration.plan import SweepPoint
+
+    d = SweepPoint("stack", "train", (100, 300), num_layers=4).to_dict()
+    assert d == {"kind": "stack", "mode": "train", "tokens": 400, "lengths": [100, 300], "num_layers": 4}
+    assert "num_layers" not in SweepPoint("layer", "train", (100, 300)).to_dict()
+
+
+def test_a_stack_point_costs_its_layers_and_the_head():
+    """`point_ms` of a stack: num_layers x (layer overhead + attention + linear) + head."""
+    from costmodel.calibration.plan import SweepPoint, point_ms
+    from costmodel.estimate import estimate_cost_model
+
+    c = estimate_cost_model(SPEC, "h200").curves["train"]
+    lengths = (100, 300)
+    layer = point_ms(c, SweepPoint("layer", "train", lengths), call_ms=0.0)
+    assert layer == pytest.approx(c.layer_overhead_ms + float(c.attention(np.array(lengths)).sum())
+                                  + float(c.linear["dense"](400)))
+    stack = point_ms(c, SweepPoint("stack", "train", lengths, num_layers=4), call_ms=0.0)
+    assert stack == pytest.approx(4 * layer + float(c.head(400)))
+
+
+def test_plan_head_probe_and_repeat_floors():
+    """The LM head is measured up to `head_max_tokens` only (above, extrapolated), the drift
+    probe is no larger than the cap, and thinning never takes a median of fewer than three
+    repeats (a quick plan starts there)."""
+    plan = make_plan(SPEC, max_len=32768, gpu="h200")
+    assert max(p.tokens for p in plan.points if p.kind == "head") == plan.settings.head_max_tokens
+    assert make_plan(SPEC, quick=True, max_len=1024, max_tokens=1024).probe.tokens == 1024
+    tight = make_plan(ModelSpec.from_preset("qwen3-32b"), quick=True, max_len=32768, gpu="h200")
+    assert any("thinned" in n for n in tight.notes) and tight.settings.repeats == 3

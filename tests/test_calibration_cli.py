@@ -901,3 +901,66 @@ def test_report_plot_draws_measured_points_fitted_curves_flops_lines_and_efficie
     L = x.astype(np.int64)
     assert y == pytest.approx(3 * flops.attention_core_flops(L, spec) / (c.attention(L) * 1e-3) / peak, rel=1e-9)
     assert ax_e.get_ylabel() == f"fraction of peak bf16 ({peak / 1e12:.0f} TFLOP/s)"
+
+
+# -- from a second mutation check (calibration/device.py) ----------------------------------
+
+
+def test_a_registered_name_plus_words_is_that_gpu_with_a_warning(caplog):
+    """'NVIDIA H200 144GB' (a memory-size suffix) is the H200 for --gpu auto and --gpu h200,
+    and the log says it was taken as such."""
+    import logging
+
+    found = {"name": "NVIDIA H200 144GB"}
+    with caplog.at_level(logging.WARNING, logger="costmodel.calibration.device"):
+        assert resolve_gpu("auto", found)[0] == "h200"
+    assert "'NVIDIA H200 144GB' is not in the registry by its exact name; taking it as h200" in caplog.text
+    assert resolve_gpu("h200", found)[0] == "h200"
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="costmodel.calibration.device"):
+        resolve_gpu("auto", H200)
+    assert not caplog.records  # an exact name: nothing to say
+
+
+def test_nvidia_smi_values_it_cannot_read_are_left_out(monkeypatch):
+    """nvidia-smi prints '[N/A]' for a field a GPU does not report: that field is None (the
+    fingerprint drops it), the others are read; output of another shape gives nothing,
+    not numbers from the wrong columns."""
+    import subprocess
+    import types
+
+    import costmodel.calibration.device as device
+
+    out = {"text": "550.54.15, 1980, 2619, 1755, [N/A]\n"}
+    monkeypatch.setattr(device.shutil, "which", lambda name: "/usr/bin/nvidia-smi")
+    monkeypatch.setattr(device.subprocess, "run",
+                        lambda *a, **k: types.SimpleNamespace(stdout=out["text"]))
+    assert device._nvidia_smi(0) == {"driver": "550.54.15", "max_sm_clock_mhz": 1980.0,
+                                     "max_mem_clock_mhz": 2619.0, "sm_clock_mhz": 1755.0,
+                                     "power_limit_w": None}
+    out["text"] = "550.54.15, 1980, 2619, 1755, 700.00\n550.54.15, 1980, 2619, 1755, 700.00\n"
+    assert device._nvidia_smi(0) == {}  # two GPUs' lines
+    monkeypatch.setattr(device.subprocess, "run", lambda *a, **k: (_ for _ in ()).throw(
+        subprocess.CalledProcessError(9, "nvidia-smi")))
+    assert device._nvidia_smi(0) == {}
+
+
+def test_settling_for_no_time_needs_no_gpu():
+    """`--settle-s 0` turns settling off: it returns at once, on a machine with no GPU too."""
+    from costmodel.calibration.device import settle_gpu
+
+    assert settle_gpu(0) is None and settle_gpu(-1.0) is None
+
+
+@pytest.mark.skipif(torch is None, reason="needs torch")
+def test_the_gpu_in_use_is_the_current_device_not_the_first(monkeypatch):
+    """A process on its local rank's GPU (torch.cuda.set_device(3)) names that GPU."""
+    from costmodel.calibration.device import current_gpu_name
+
+    names = ["NVIDIA H100 80GB HBM3", "NVIDIA H200"]
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda index=None: names[index])
+    assert current_gpu_name() == "NVIDIA H200"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert current_gpu_name() is None

@@ -157,3 +157,118 @@ def test_the_moe_estimate_gives_each_expert_its_share_of_the_tokens():
     got = [float(m.curves["train"].linear["moe"](t)) for t in (512, 2048, 8192)]
     assert got == pytest.approx([1.420314235181167, 1.9637889024772612, 5.502816545874748],
                                 rel=1e-6)
+
+
+# -- from a second mutation check (estimate.py, gpus.py) ----------------------------------
+
+
+def _gpu(peak: float, bandwidth: float):
+    from costmodel.gpus import GpuInfo
+
+    return GpuInfo(key="test", names=("Test GPU",), peak_bf16_flops=peak, hbm_bandwidth=bandwidth,
+                   sm_count=100, source="a test's own numbers")
+
+
+def test_the_estimate_is_built_from_the_assumptions_its_provenance_lists():
+    """The provenance says what an estimate was built from: its fixed costs are the ones
+    listed, on a GPU too fast for any work to show each curve is its launch floor, and the
+    GPU's source is the registry entry's."""
+    m = estimate_cost_model("qwen3-8b", "h200")
+    assert m.provenance["gpu_source"] == GPUS["h200"].source
+    listed = m.provenance["assumptions"]
+    fast = estimate_cost_model("qwen3-8b", _gpu(1e18, 1e18))
+    for mode in ("train", "forward"):
+        assert m.curves[mode].layer_overhead_ms == listed["attention_call_ms"][mode]
+        assert m.curves[mode].microbatch_overhead_ms == listed["microbatch_overhead_ms"][mode]
+        c = fast.curves[mode]
+        assert float(c.linear["dense"](16)) == pytest.approx(listed["layer_floor_ms"][mode], rel=1e-6)
+        assert float(c.head(16)) == pytest.approx(listed["head_floor_ms"][mode], rel=1e-6)
+
+
+def test_the_estimate_attention_runs_at_the_efficiency_its_provenance_states():
+    """Forward attention runs at ``a * L / (L + b)`` of the peak as the provenance writes
+    it, and a training pass takes the stated factor times the forward."""
+    import re
+
+    from costmodel import flops
+
+    spec = ModelSpec.from_preset("qwen3-8b")
+    m = estimate_cost_model(spec, "h100")
+    listed = m.provenance["assumptions"]
+    a, b = map(float, re.fullmatch(r"([\d.]+) \* L / \(L \+ ([\d.]+)\)",
+                                   listed["attention_efficiency"]).groups())
+    lengths = m.curves["forward"].attention.lengths  # the knots: no interpolation
+    fwd = m.curves["forward"].attention(lengths)
+    achieved = flops.attention_core_flops(lengths, spec) / (fwd / 1e3) / GPUS["h100"].peak_bf16_flops
+    np.testing.assert_allclose(achieved, a * lengths / (lengths + b), rtol=1e-9)
+    np.testing.assert_allclose(m.curves["train"].attention(lengths) / fwd,
+                               listed["attention_train_time_factor"], rtol=1e-9)
+
+
+@pytest.mark.parametrize("preset", ["qwen3-0.6b", "qwen3-30b-a3b"])
+def test_a_memory_bound_layer_reads_every_weight_once_a_pass(preset):
+    """Where the GPU waits on memory, a layer costs its weights' bytes over the bandwidth
+    (at the listed efficiency): read once forward, three times in training (the forward and
+    the two backward GEMMs). An MoE layer at 16 tokens × 8 experts each reads all of its 128
+    experts, as it does at 1k tokens."""
+    spec = ModelSpec.from_preset(preset)
+    m = estimate_cost_model(spec, _gpu(1e18, 1e9))
+    h, d = spec.hidden_size, spec.head_dim
+    params = 2 * h * spec.num_heads * d + 2 * h * spec.num_kv_heads * d  # q, o; k, v
+    if spec.num_experts:
+        params += spec.num_experts * 3 * h * spec.moe_intermediate_size + h * spec.num_experts
+    else:
+        params += 3 * h * spec.intermediate_size
+    efficiency = m.provenance["assumptions"]["bandwidth_efficiency"]
+    one_read_ms = params * 2 / (1e9 * efficiency) * 1e3  # bf16 weights
+    kind = spec.linear_kinds[0]
+    for mode, reads in (("forward", 1), ("train", 3)):
+        curve = m.curves[mode].linear[kind]
+        assert [float(curve(t)) for t in (16, 1024)] == pytest.approx([reads * one_read_ms] * 2,
+                                                                       rel=1e-6), mode
+
+
+def test_an_fp16_model_moves_as_many_bytes_as_a_bf16_one():
+    """fp16 and bf16 are both two bytes a value: the same estimate; fp32 moves twice as
+    many, so a memory-bound layer costs twice as long."""
+    import dataclasses
+
+    spec = ModelSpec.from_preset("qwen3-0.6b")
+    slow = _gpu(1e18, 1e9)
+    costs = {dtype: float(estimate_cost_model(dataclasses.replace(spec, dtype=dtype), slow)
+                          .curves["forward"].linear["dense"](64)) for dtype in ("bf16", "fp16", "fp32")}
+    assert costs["fp16"] == costs["bf16"]
+    assert costs["fp32"] == pytest.approx(2 * costs["bf16"], rel=1e-6)
+
+
+def test_each_bandwidth_is_the_one_its_source_cites():
+    """Like the peaks: each entry's memory bandwidth is the figure its source text gives
+    (an NVLink cap quoted there is not the memory's)."""
+    import re
+
+    checked = 0
+    for g in GPUS.values():
+        found = re.search(r"(?<!capped at )(?<![\d,.])([\d,.]+) ([TG])B/s", g.source)
+        if found is None:
+            continue
+        value = float(found.group(1).replace(",", "")) * (1e12 if found.group(2) == "T" else 1e9)
+        assert g.hbm_bandwidth == pytest.approx(value, rel=1e-3), g.key
+        checked += 1
+    assert checked >= 10
+
+
+def test_a_mig_slice_is_not_taken_for_its_whole_gpu():
+    """'NVIDIA H100 80GB HBM3 MIG 1g.10gb' is a registered name plus words, but a MIG slice
+    has a fraction of the SMs: it must not get the whole GPU's peak."""
+    assert find_gpu_by_device_name("NVIDIA H100 80GB HBM3 MIG 1g.10gb", allow_suffix=True) is None
+    assert find_gpu_by_device_name("NVIDIA H100 80GB HBM3 mig 3g.40gb", allow_suffix=True) is None
+    assert find_gpu_by_device_name("NVIDIA H100 80GB HBM3 PG", allow_suffix=True).key == "h100"
+
+
+def test_keys_in_any_case_and_a_name_that_is_no_string():
+    """`--gpu H200` is the key h200; a device name that is not a string (None from a
+    failed query) is a ValueError saying so, not an AttributeError."""
+    assert lookup_gpu(" H200 ").key == "h200"
+    assert lookup_gpu("H100-PCIe").key == "h100-pcie"
+    with pytest.raises(ValueError, match="device name is a string, got None"):
+        find_gpu_by_device_name(None)

@@ -546,3 +546,93 @@ def test_stack_cost_by_hand_for_dense_and_moe_layers():
         got = m.stack_cost([1000, 3000], num_layers=3, moe=moe, head=False)
         assert got == pytest.approx(want, rel=1e-12)
     assert c.layer_overhead_ms > 0
+
+
+# -- from a second mutation check (model_file.py) ------------------------------------------
+
+
+def test_curves_of_unknown_passes_and_kinds_are_named(tmp_path, good_doc):
+    """A pass or a layer kind this costmodel does not know ('training', a typo) is an error
+    naming it, not silently left out; so is a file with no curves at all."""
+    doc = json.loads(json.dumps(good_doc))
+    doc["curves"]["training"] = doc["curves"]["train"]
+    with pytest.raises(ValueError, match=r"bad\.json: unknown modes \['training'\] in 'curves'"):
+        load_cost_model(_write(tmp_path, json.dumps(doc)))
+    doc = json.loads(json.dumps(good_doc))
+    doc["curves"]["train"]["linear"]["dense2"] = doc["curves"]["train"]["linear"]["dense"]
+    with pytest.raises(ValueError, match=r"curves\.train\.linear has unknown kinds \['dense2'\]"):
+        load_cost_model(_write(tmp_path, json.dumps(doc)))
+    good_doc["curves"] = {}
+    with pytest.raises(ValueError, match=r"bad\.json: 'curves' is empty"):
+        load_cost_model(_write(tmp_path, json.dumps(good_doc)))
+
+
+def test_a_slightly_edited_extrapolation_exponent_is_named_too(tmp_path, good_doc, caplog):
+    """An exponent edited in its third decimal does nothing either: named as not read."""
+    attention = good_doc["curves"]["train"]["attention"]
+    attention["low_exponent"] = round(attention["low_exponent"] + 0.001, 6)
+    load_cost_model(_write(tmp_path, json.dumps(good_doc)))
+    assert "curves.train.attention.low_exponent is" in caplog.text
+
+
+def test_a_rewrite_keeps_the_files_mode_and_a_new_file_gets_the_umasks(tmp_path):
+    """Atomic writes go through a temp file, but the result has the mode a plain write
+    would give it: what the umask allows for a new file, the old mode for a rewrite."""
+    target = tmp_path / "calibrated.json"
+    old_umask = os.umask(0o022)
+    try:
+        write_json_atomic(target, {"a": 1})
+        assert target.stat().st_mode & 0o777 == 0o644
+        target.chmod(0o600)
+        write_json_atomic(target, {"a": 2})
+        assert target.stat().st_mode & 0o777 == 0o600 and json.loads(target.read_text()) == {"a": 2}
+    finally:
+        os.umask(old_umask)
+
+
+def test_output_paths_no_file_can_be_written_to_are_refused_before_any_work(tmp_path):
+    """`check_output_path` runs before minutes of measuring: a pipe (a rename would replace
+    it), a name longer than the filesystem takes, and a folder that takes no new files are
+    each a ValueError naming the flag, and nothing is left behind."""
+    from costmodel.model_file import check_output_path
+
+    long_name = tmp_path / ("a" * 300 + ".json")
+    # (Linux's stat refuses it before the name-length check: "File name too long")
+    with pytest.raises(ValueError, match=r"^-o .*aaa\.json: (the file name is longer|cannot write)"):
+        check_output_path(long_name, "-o")
+    if hasattr(os, "mkfifo"):
+        fifo = tmp_path / "fifo.json"
+        os.mkfifo(fifo)
+        with pytest.raises(ValueError, match=r"^-o .*fifo\.json is not a regular file"):
+            check_output_path(fifo, "-o")
+        with pytest.raises(ValueError, match="not a regular file"):
+            write_json_atomic(fifo, {"a": 1})
+        assert fifo.is_fifo()
+    assert sorted(p.name for p in tmp_path.iterdir()) == (["fifo.json"] if hasattr(os, "mkfifo") else [])
+    if os.path.isdir("/proc/self"):  # root may write anywhere, but /proc takes no new files
+        with pytest.raises(ValueError, match=r"^-o /proc/x\.json: (cannot write there|no permission)"):
+            check_output_path("/proc/x.json", "-o")
+    assert check_output_path(tmp_path / "new" / "dir" / "x.json", "-o") == tmp_path / "new" / "dir" / "x.json"
+    assert not (tmp_path / "new").exists()  # checked, not created
+
+
+def test_a_negative_number_past_float_is_named_too(tmp_path, good_doc):
+    """As a positive one: its digits and where it is, not an OverflowError or a message
+    about something else (a negative knot)."""
+    text = json.dumps(good_doc)
+    value = good_doc["curves"]["train"]["head"]["ms"][3]
+    huge = text.replace(json.dumps(value), "-1" + "0" * 400, 1)
+    with pytest.raises(ValueError, match=r"401 digits at curves\.train\.head\.ms\[3\], past any float"):
+        load_cost_model(_write(tmp_path, huge))
+
+
+def test_a_blank_output_path_and_the_fields_past_four_of_another_shape(tmp_path, good_doc):
+    """A blank -o is named as empty (not a file called '  ' in the working directory), and
+    another shape's message says how many more fields differ than it lists."""
+    from costmodel.model_file import check_output_path
+
+    for blank in ("", "  "):
+        with pytest.raises(ValueError, match="^-o is empty; give a file path"):
+            check_output_path(blank, "-o")
+    with pytest.raises(ValueError, match=r"differs in [^;]*, and \d+ more\)"):
+        load_cost_model(_write(tmp_path, json.dumps(good_doc)), spec=ModelSpec.from_preset("llama-3.1-70b"))

@@ -75,3 +75,8 @@ def test_geomspace_keeps_its_ends_and_ratio():
     np.testing.assert_allclose(g, np.geomspace(16, 131072, 53), rtol=1e-13)
     np.testing.assert_allclose(g[1:] / g[:-1], (131072 / 16) ** (1 / 52), rtol=1e-13)
     assert list(portable.geomspace(3, 9, 1)) == [3.0]
+
+
+def test_geomspace_of_no_points_is_empty():
+    """As numpy's: ``num=0`` gives no points (not the start alone)."""
+    assert portable.geomspace(3, 9, 0).size == 0 and np.geomspace(3, 9, 0).size == 0

@@ -264,12 +264,20 @@ def _same_gpu(model_gpu: str, device_name: str) -> bool:
     Uses the GPU registry when it can resolve both names; otherwise compares the
     normalised short name (``h200``) against the device name (``NVIDIA H200``).
     """
-    try:
-        from costmodel.gpus import lookup_gpu
+    from costmodel.gpus import find_gpu_by_device_name, lookup_gpu
 
-        return lookup_gpu(model_gpu).key == lookup_gpu(device_name).key
-    except ValueError:  # a name the registry does not know: compare the names themselves
-        logger.debug("GPU registry does not know %r or %r", model_gpu, device_name)
+    def registry_key(name: str) -> str | None:
+        try:
+            return lookup_gpu(name).key
+        except ValueError:  # a registered name plus words ("NVIDIA H200 NVL 141GB"), as
+            info = find_gpu_by_device_name(name, allow_suffix=True)  # calibrate reads it
+            return info.key if info is not None else None
+
+    keys = registry_key(model_gpu), registry_key(device_name)
+    if None not in keys:
+        return keys[0] == keys[1]
+    # a name the registry does not know: compare the names themselves
+    logger.debug("GPU registry does not know %r or %r", model_gpu, device_name)
 
     def norm(name: str) -> str:
         name = name.lower().replace("nvidia", "").replace("-", " ").replace("_", " ")
@@ -278,6 +286,8 @@ def _same_gpu(model_gpu: str, device_name: str) -> bool:
     # Every word of one name in the other ("rtx 4090" in "geforce rtx 4090"); a shared
     # first word ("geforce", "tesla") made an RTX 3090 the same GPU as an RTX 4090.
     a, b = set(norm(model_gpu).split()), set(norm(device_name).split())
+    if ("mig" in a) != ("mig" in b):  # a MIG slice is not the whole GPU (nor the reverse)
+        return False
     return bool(a and b) and (a <= b or b <= a)
 
 
