@@ -110,6 +110,16 @@ def test_lpt_partition():
     assert partition_sums([5, 5, 4, 3, 3], parts) == [9.0, 11.0]
 
 
+def test_ties_are_broken_as_documented():
+    """The result under ties is pinned, not only the same twice in one process: equal
+    weights are consumed in index order, and of two partial solutions with the same spread
+    the one with the larger top set is merged first (the scheduler's digests and the
+    baseline's layout rest on it). Mutants: ties by index descending; the smaller top
+    set first."""
+    assert karmarkar_karp([1, 1], 2) == [[0], [1]]
+    assert karmarkar_karp([4, 2, 2], 2) == [[0], [1, 2]]
+
+
 def test_deterministic_under_ties():
     w = [3] * 24
     assert karmarkar_karp(w, 4) == karmarkar_karp(list(w), 4)
@@ -125,6 +135,10 @@ def test_deterministic_under_ties():
         ([1, float("nan")], 2, False, "finite"),
         ([[1, 2]], 2, False, "1-D"),
         (["a", "b"], 2, False, "numbers"),
+        # Found untested by a mutation run: each check dropped or loosened passed them.
+        ([1, 2], True, False, "k"),  # a bool is not a count (True ran as 1 set)
+        ([1, 2], 3, True, "multiple"),  # fewer items than sets: 2 sets of 1 and one empty
+        ([True, False], 2, False, "numbers"),
     ],
 )
 def test_kk_bad_input(weights, k, equal_size, match):

@@ -583,3 +583,118 @@ def test_run_order_sorts_two_micro_batches_too():
     assert run_order(np.array([1, 3]), "longest-first") == [1, 0]
     assert run_order(np.array([1, 3]), "pipeline") == [1, 0]
     assert run_order(np.array([1, 3]), "none") == [0, 1]
+
+
+# -- baselines, evaluate_schedule, bounds, order: a second mutation run ----------------------
+def test_the_baselines_layouts_are_pinned():
+    """What the benchmark and `simulate` measure against is the baseline's exact layout:
+    a changed tie-break (which half of a split stays in place, equal weights in
+    Karmarkar-Karp), unsorted samples inside a split micro-batch, or the one-per-sample
+    layout of kk-samples (sample order) taken from Karmarkar-Karp's heaviest-first order
+    instead would each change it. Mutants: the split's tie to the second half, indices left
+    unsorted, `k > len(lens)` for one micro-batch per sample, KK's order ties by index
+    descending."""
+    from costmodel.scheduler.baselines import baseline_microbatches
+
+    lengths = [900, 3000, 120, 4000, 2500, 64, 700, 1800, 4096, 33]
+    flops = np.asarray(lengths, dtype=float) ** 2
+    kw = dict(dp_size=2, max_tokens_per_microbatch=4096, sample_flops=flops)
+    assert baseline_microbatches(lengths, **kw) == [
+        [[1], [8], [0, 2, 5]], [[3, 9], [4, 6], [7]]]
+    assert baseline_microbatches(lengths, variant="kk-samples", **kw) == [
+        [[3], [1], [0, 2, 5, 6, 9]], [[8], [4], [7]]]
+    # Two equal samples that share a micro-batch: split, the first stays, KK by index.
+    assert baseline_microbatches([50, 50], dp_size=2, max_tokens_per_microbatch=100,
+                                 sample_flops=np.ones(2)) == [[[1]], [[0]]]
+    # A split keeps its samples ascending (split longest first: 30 before 20).
+    assert baseline_microbatches([20, 30, 50], dp_size=2, max_tokens_per_microbatch=100,
+                                 sample_flops=np.ones(3)) == [[[0, 1]], [[2]]]
+    # kk-samples with as many micro-batches as samples: one each, in sample order.
+    assert baseline_microbatches([50, 60], dp_size=1, max_tokens_per_microbatch=100,
+                                 sample_flops=np.array([50.0, 60.0]),
+                                 variant="kk-samples") == [[[0], [1]]]
+
+
+def test_the_baseline_refuses_what_it_cannot_build():
+    """An unknown variant is an error, not the other variant; and no samples cannot make
+    the positive multiple of dp_size × align micro-batches slime needs (`align_bins`).
+    Mutants: the variant check dropped (anything else ran as kk-samples), the target
+    without its floor of one multiple (an empty step came back as empty ranks)."""
+    from costmodel.scheduler.baselines import align_bins, baseline_microbatches
+
+    with pytest.raises(ValueError, match="variant must be one of"):
+        baseline_microbatches([10, 20], dp_size=1, max_tokens_per_microbatch=100,
+                              sample_flops=np.ones(2), variant="best-fit")
+    with pytest.raises(ValueError, match="0 samples cannot make 2 micro-batches"):
+        align_bins([], 2, [])
+
+
+@pytest.mark.parametrize("microbatches, says", [
+    ([[[0, 1, 2]]], "sample index 2 is not in 0..1"),  # one past the end: an IndexError
+    ([[[0]], 5], "rank 1 is int"),  # a TypeError from enumerate
+    ([[[0, [1]]]], "micro-batch 0 is [0, [1]]"),  # numpy's ragged-array message
+])
+def test_evaluate_schedule_names_what_is_malformed(microbatches, says):
+    """A malformed layout is a ValueError that says where (not an IndexError, a TypeError
+    or numpy's inhomogeneous-shape text). Mutants: `idx > n` for the range check, the
+    rank check dropped, the ragged case re-raising numpy's error."""
+    import re
+
+    with pytest.raises(ValueError, match=re.escape(says)):
+        evaluate_schedule(microbatches, [10, 99], max_tokens_per_microbatch=100)
+
+
+def test_evaluate_schedule_lists_each_micro_batch_ascending():
+    """Samples inside a micro-batch are ascending, as build_schedule lists them: the same
+    layout listed in another order is the same schedule (and digest). Mutant: indices
+    kept in the order given."""
+    a = evaluate_schedule([[[1, 0]], [[2]]], [10, 99, 5], max_tokens_per_microbatch=200)
+    b = evaluate_schedule([[[0, 1]], [[2]]], [10, 99, 5], max_tokens_per_microbatch=200)
+    assert a.microbatches == [[[0, 1]], [[2]]]
+    assert a.digest() == b.digest()
+
+
+def test_evaluate_schedule_bounds_a_fixed_cost_per_micro_batch():
+    """Under an additive cost with a fixed part, the bound charges it to the fewest
+    micro-batches the cap allows (2,002 tokens under a cap of 1,000: three) and to the
+    costliest sample alone; here the schedule meets it. Mutants: the bound computed
+    at cap + 1 (two micro-batches), the costliest sample without its fixed cost."""
+    from costmodel.scheduler.costs import AdditiveCost
+
+    per_token = AdditiveCost("tokens+fixed", lambda n: n.astype(float), fixed=500.0)
+    s = evaluate_schedule([[[0], [1], [2]]], [1000, 1000, 2], max_tokens_per_microbatch=1000,
+                          cost=per_token)
+    assert s.lower_bound == s.makespan == 2002 + 3 * 500
+    s = evaluate_schedule([[[0]], [[1]]], [1000, 10], max_tokens_per_microbatch=1000,
+                          cost=per_token)
+    assert s.lower_bound == s.makespan == 500 + 1000
+
+
+def test_microbatch_range_counts_in_multiples_of_align_and_rounds_the_cap_up():
+    """Both ends of the range are counts a schedule can use: multiples of align (6
+    samples on one rank with align 4 allow 4, not 6); and a cap that needs 3
+    micro-batches over 2 ranks needs 2 per rank, refused when 3 samples allow 1. Mutants:
+    the most not rounded down to align, the cap's need over the ranks rounded down."""
+    from costmodel.scheduler.bounds import microbatch_range
+
+    assert microbatch_range(np.full(6, 10), 100, 1, 4, 1, None) == (4, 4)
+    with pytest.raises(ValueError, match="the cap of 100 tokens needs at least 2"):
+        microbatch_range(np.array([60, 60, 60]), 100, 2, 1, 1, None)
+
+
+def test_min_microbatches_fits_two_samples_over_a_third_of_the_cap_per_micro_batch():
+    """Five samples of 34 under a cap of 100 fit two to a micro-batch: at least three
+    (the token count alone says two). Mutant: that count halved rounding down."""
+    from costmodel.scheduler.bounds import min_microbatches
+
+    assert min_microbatches(np.full(5, 34), 100) == 3
+    assert min_microbatches(np.full(6, 34), 100) == 3
+
+
+def test_run_order_refuses_an_unknown_order():
+    """An unknown order is an error, not silently the pipeline order (verl calls
+    `run_order` directly). Mutant: the check dropped."""
+    from costmodel.scheduler.order import run_order
+
+    with pytest.raises(ValueError, match="order must be one of"):
+        run_order(np.array([1.0, 2.0, 3.0]), "shortest-first")
