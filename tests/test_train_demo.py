@@ -533,33 +533,40 @@ def _polite(ready) -> None:
         raise SystemExit(7) from None  # cleaned up on the interrupt, the first step
 
 
-def test_stopping_workers_ends_with_sigkill_for_one_that_ignores_signals(monkeypatch):
-    """Regression: the launcher's last step was SIGTERM, which a worker blocked in C (or
-    handling it as an interrupt) outlives; the launcher then hung waiting for it."""
+def _timed_stop(monkeypatch, escalation, targets) -> tuple[float, list[int]]:
+    """Start a forked process per target, wait until each is ready, stop them all with
+    `launch._stop` under ``escalation``: (seconds the stop took, exit codes)."""
     import multiprocessing
-    import signal
     import time
 
     from costmodel.training import launch
 
-    monkeypatch.setattr(launch, "_ESCALATION", ((signal.SIGINT, 2.0), (signal.SIGTERM, 1.0),
-                                                (signal.SIGKILL, 5.0)))
+    monkeypatch.setattr(launch, "_ESCALATION", escalation)
     ctx = multiprocessing.get_context("fork")
-    events = [ctx.Event(), ctx.Event()]
-    processes = [ctx.Process(target=_stubborn, args=(events[0],)),
-                 ctx.Process(target=_polite, args=(events[1],))]
+    events = [ctx.Event() for _ in targets]
+    processes = [ctx.Process(target=t, args=(e,)) for t, e in zip(targets, events)]
     for process in processes:
         process.start()
     try:
         assert all(event.wait(30) for event in events)
         start = time.monotonic()
         launch._stop(processes)
-        assert time.monotonic() - start < 6  # one deadline per step, not one per worker
-        assert [p.exitcode for p in processes] == [-signal.SIGKILL, 7]
+        return time.monotonic() - start, [p.exitcode for p in processes]
     finally:
         for process in processes:
             if process.is_alive():
                 process.kill()
+
+
+def test_stopping_workers_ends_with_sigkill_for_one_that_ignores_signals(monkeypatch):
+    """Regression: the launcher's last step was SIGTERM, which a worker blocked in C (or
+    handling it as an interrupt) outlives; the launcher then hung waiting for it."""
+    import signal
+
+    seconds, codes = _timed_stop(monkeypatch, ((signal.SIGINT, 2.0), (signal.SIGTERM, 1.0),
+                                               (signal.SIGKILL, 5.0)), [_stubborn, _polite])
+    assert seconds < 6  # one deadline per step, not one per worker
+    assert codes == [-signal.SIGKILL, 7]
 
 
 def test_an_interrupt_while_spawning_stops_the_workers_already_started(monkeypatch):
@@ -882,29 +889,12 @@ def test_packed_targets_never_cross_a_sequence_boundary():
 def test_stopping_several_stubborn_workers_waits_once_per_step_not_per_worker(monkeypatch):
     """Each escalation step has one deadline for all workers: three workers that ignore
     SIGINT and SIGTERM are killed after ~2 s here, not ~6 s (a full wait each)."""
-    import multiprocessing
     import signal
-    import time
 
-    from costmodel.training import launch
-
-    monkeypatch.setattr(launch, "_ESCALATION", ((signal.SIGINT, 1.0), (signal.SIGTERM, 1.0),
-                                                (signal.SIGKILL, 5.0)))
-    ctx = multiprocessing.get_context("fork")
-    events = [ctx.Event() for _ in range(3)]
-    processes = [ctx.Process(target=_stubborn, args=(event,)) for event in events]
-    for process in processes:
-        process.start()
-    try:
-        assert all(event.wait(30) for event in events)
-        start = time.monotonic()
-        launch._stop(processes)
-        assert time.monotonic() - start < 4.5  # ~2 s; a wait per worker: ~6 s
-        assert [p.exitcode for p in processes] == [-signal.SIGKILL] * 3
-    finally:
-        for process in processes:
-            if process.is_alive():
-                process.kill()
+    seconds, codes = _timed_stop(monkeypatch, ((signal.SIGINT, 1.0), (signal.SIGTERM, 1.0),
+                                               (signal.SIGKILL, 5.0)), [_stubborn] * 3)
+    assert seconds < 4.5  # ~2 s; a wait per worker: ~6 s
+    assert codes == [-signal.SIGKILL] * 3
 
 
 def test_tiny_gpt_ties_its_head_to_the_embedding_and_builds_dense_models_only():
