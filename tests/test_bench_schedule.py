@@ -202,23 +202,34 @@ def test_other_shape_cost_model_is_refused(tmp_path):
         _run([*SMALL, "--cost-model", str(other)])
 
 
-def test_a_graph_timed_cost_model_against_eager_measurements_is_noted(tmp_path, capsys):
-    """A profile calibrated from CUDA-graph replays (no launch overhead) judged by eager
-    micro-batch times: the per-rank error includes that difference; say so and record it."""
+def _graph_timed_profile(tmp_path) -> Path:
+    """The test's cost model, marked as calibrated from CUDA-graph replays."""
     doc = json.loads(Path(_truth_file()).read_text())
     doc["kernels"] = {"timing": "graph"}
-    graph_timed = tmp_path / "graph.json"
-    graph_timed.write_text(json.dumps(doc))
+    path = tmp_path / "graph.json"
+    path.write_text(json.dumps(doc))
+    return path
 
-    class EagerGPU:
-        timing = "eager"
 
+def _timed_gpu(timing: str) -> type:
+    """A fake measurer class that says it times micro-batches as ``timing``."""
+
+    class FakeGPU:
         def __call__(self, lengths):
             return fake_measure(lengths)
 
+    FakeGPU.timing = timing
+    return FakeGPU
+
+
+def test_a_graph_timed_cost_model_against_eager_measurements_is_noted(tmp_path, capsys):
+    """A profile calibrated from CUDA-graph replays (no launch overhead) judged by eager
+    micro-batch times: the per-rank error includes that difference; say so and record it."""
+    graph_timed = _graph_timed_profile(tmp_path)
+    eager_gpu = _timed_gpu("eager")()
     out = tmp_path / "bench.json"
     argv = [*SMALL, "--cost-model", str(graph_timed), "--policies", "tokens,calibrated"]
-    assert _run([*argv, "-o", str(out)], measure=EagerGPU()) == 0
+    assert _run([*argv, "-o", str(out)], measure=eager_gpu) == 0
     assert "calibrated with graph timing and this benchmark times eager" in capsys.readouterr().err
     written = json.loads(out.read_text())
     assert written["cost_model"]["timing"] == "graph" and written["device"]["timing"] == "eager"
@@ -700,19 +711,10 @@ def test_samples_per_rank_are_limited_at_the_largest_dp_size():
 
 
 def test_no_timing_note_when_the_cost_model_and_the_benchmark_time_alike(tmp_path, capsys):
-    doc = json.loads(Path(_truth_file()).read_text())
-    doc["kernels"] = {"timing": "graph"}
-    graph_timed = tmp_path / "graph.json"
-    graph_timed.write_text(json.dumps(doc))
-
-    class GraphGPU:
-        timing = "graph"
-
-        def __call__(self, lengths):
-            return fake_measure(lengths)
-
+    graph_timed = _graph_timed_profile(tmp_path)
+    graph_gpu = _timed_gpu("graph")()
     argv = [*SMALL, "--cost-model", str(graph_timed), "--policies", "tokens,calibrated"]
-    assert _run(argv, measure=GraphGPU()) == 0
+    assert _run(argv, measure=graph_gpu) == 0
     assert "calibrated with" not in capsys.readouterr().err
 
 
