@@ -124,7 +124,7 @@ def test_a_timer_returning_an_impossible_time_stops_the_sweep(ms):
                   attention="torch-varlen", command="test")
 
 
-@pytest.mark.parametrize("peak", [0.0, float("nan"), -1e15, "989e12"])
+@pytest.mark.parametrize("peak", [0.0, float("nan"), -1e15, "989e12", True])
 def test_flops_check_needs_a_real_peak(peak):
     from costmodel.calibration.check import flops_check
     from costmodel.calibration.fit import Record
@@ -132,6 +132,89 @@ def test_flops_check_needs_a_real_peak(peak):
     records = [Record("linear", "train", (4096,), 1e-6)]  # impossibly fast
     with pytest.raises(ValueError, match="peak_flops must be a finite number > 0"):
         flops_check(records, SPEC, peak_flops=peak, gpu_name="x")
+
+
+def test_flops_check_counts_each_kind_s_own_work_and_lists_it_by_length():
+    """Attention: the core FLOPs of every sequence in the pack; linear: one layer's
+    projections + MLP or MoE experts; head: per token x tokens; layer: attention + linear.
+    Rows are per kind/mode (MoE apart), sorted by length, then pack size; efficiency is
+    achieved / peak and max_efficiency the highest of them."""
+    from costmodel import flops
+    from costmodel.calibration.check import flops_check
+    from costmodel.calibration.fit import Record
+
+    spec = ModelSpec.from_preset("qwen3-30b-a3b")
+    peak = 1e18  # nothing comes near it
+    attn = lambda n, L: float(flops.attention_core_flops([L] * n, spec).sum())  # noqa: E731
+    records = [  # (record, its forward FLOPs)
+        (Record("attention", "train", (1024,) * 2, 2.0), attn(2, 1024)),
+        (Record("attention", "train", (512,) * 4, 1.0), attn(4, 512)),
+        (Record("attention", "train", (512,), 0.5), attn(1, 512)),
+        (Record("linear", "forward", (2048,), 4.0), float(flops.layer_linear_flops(2048, spec, moe=False))),
+        (Record("linear", "train", (2048,), 4.0, moe=True), float(flops.layer_linear_flops(2048, spec, moe=True))),
+        (Record("head", "train", (1000,), 0.25), 1000 * float(flops.lm_head_flops_per_token(spec))),
+        (Record("layer", "forward", (300, 700), 3.0),
+         attn(1, 300) + attn(1, 700) + float(flops.layer_linear_flops(1000, spec, moe=False))),
+    ]
+    out = flops_check([r for r, _ in records], spec, peak_flops=peak, gpu_name="H200")
+    assert set(out["points"]) == {"attention train", "linear forward", "linear moe train",
+                                  "head train", "layer forward"}
+    assert [(row["length"], row["n"]) for row in out["points"]["attention train"]] == [(512, 1), (512, 4), (1024, 2)]
+    want = {}
+    for r, fwd in records:
+        want[(r.kind, r.moe, r.mode, r.ms)] = flops.pass_factor(r.mode) * fwd / (r.ms * 1e-3)
+    got = {}
+    for key, rows in out["points"].items():
+        kind, mode = key.split()[0], key.split()[-1]
+        for row in rows:
+            got[(kind, "moe" in key, mode, row["ms"])] = row["tflops"] * 1e12
+            assert row["efficiency"] == pytest.approx(row["tflops"] * 1e12 / peak)
+    assert got.keys() == want.keys()
+    for key in want:
+        assert got[key] == pytest.approx(want[key], rel=1e-12), key
+    assert out["max_efficiency"] == pytest.approx(max(want.values()) / peak)
+
+
+def test_an_impossible_point_is_named_the_worst_first():
+    """Every point over the peak counts; the error names the fastest of them: kind, length
+    and pack size (attention) or tokens, mode, time and share of the peak."""
+    from costmodel import flops
+    from costmodel.calibration.check import flops_check
+    from costmodel.calibration.fit import Record
+
+    peak = H200.peak_bf16_flops
+    at = lambda fwd, passes, share: passes * fwd / (share * peak) * 1e3  # noqa: E731
+    linear = float(flops.layer_linear_flops(4096, SPEC, moe=False))
+    attention = float(flops.attention_core_flops([1024] * 8, SPEC).sum())
+    records = [Record("linear", "train", (4096,), at(linear, 3, 1.5)),
+               Record("attention", "forward", (1024,) * 8, at(attention, 1, 2.0)),
+               Record("linear", "forward", (4096,), at(linear, 1, 0.5))]
+    with pytest.raises(ValueError, match=r"broken measurement: 2 point\(s\) run faster than H200 "
+                       r"can; worst attention L=1024 n=8 \(forward\) .* 200% of the"):
+        flops_check(records, SPEC, peak_flops=peak, gpu_name="H200")
+    with pytest.raises(ValueError, match=r"1 point\(s\) .* worst linear T=4096 \(train\) .* 150% of the"):
+        flops_check(records[:1] + records[2:], SPEC, peak_flops=peak, gpu_name="H200")
+
+
+def test_flops_check_tolerance_is_a_finite_number_and_zero_is_strict():
+    """Points up to `tolerance` over the peak pass (clock boost, rounding), past it fail."""
+    from costmodel import flops
+    from costmodel.calibration.check import flops_check
+    from costmodel.calibration.fit import Record
+
+    peak = H200.peak_bf16_flops
+    ms = lambda share: float(flops.layer_linear_flops(4096, SPEC, moe=False)) / (share * peak) * 1e3  # noqa: E731
+    records = [Record("linear", "forward", (4096,), ms(1.01))]  # 1% over
+    assert flops_check(records, SPEC, peak_flops=peak, gpu_name="H200")["max_efficiency"] == pytest.approx(1.01)
+    with pytest.raises(ValueError, match="broken measurement"):
+        flops_check(records, SPEC, peak_flops=peak, gpu_name="H200", tolerance=0.0)
+    with pytest.raises(ValueError, match="broken measurement"):  # the default 5%, not more
+        flops_check([Record("linear", "forward", (4096,), ms(1.07))], SPEC, peak_flops=peak, gpu_name="H200")
+    flops_check([Record("linear", "forward", (4096,), ms(1.07))], SPEC, peak_flops=peak, gpu_name="H200",
+                tolerance=0.08)
+    for bad in (float("nan"), float("inf"), -0.01):  # NaN would pass every point
+        with pytest.raises(ValueError, match="tolerance must be a finite number >= 0"):
+            flops_check(records, SPEC, peak_flops=peak, gpu_name="H200", tolerance=bad)
 
 
 @pytest.mark.parametrize("drift, warns", [(0.2, True), (-0.2, True), (0.08, True), (0.02, False)])

@@ -282,6 +282,87 @@ def test_workloads_build_and_run_on_cpu(one_thread):
 
 
 @pytest.mark.skipif(torch is None, reason="needs torch")
+def test_an_attention_point_runs_its_pack_through_the_backend(one_thread):
+    """n sequences of length L, as offsets and max_seqlen; forward without autograd; train
+    computes q/k/v gradients without accumulating them (a layer's flow on)."""
+    from costmodel.calibration.plan import SweepPoint
+    from costmodel.calibration.workloads import KernelTimer
+
+    timer = KernelTimer(_tiny("qwen3-8b"), attention="sdpa", dtype="fp32", device="cpu")
+    calls = []
+    backend = timer.attn_fn
+
+    def recording(q, k, v, cu, max_seqlen, **kw):
+        calls.append((q, cu.tolist(), max_seqlen, torch.is_grad_enabled()))
+        return backend(q, k, v, cu, max_seqlen, **kw)
+
+    timer.attn_fn = recording
+    timer.measure(SweepPoint("attention", "forward", (16,) * 2), repeats=2, warmup=1)
+    assert [c[1:] for c in calls] == [([0, 16, 32], 16, False)] * 3
+    calls.clear()
+    timer.measure(SweepPoint("attention", "train", (8,) * 3), repeats=2, warmup=1)
+    assert [c[1:] for c in calls] == [([0, 8, 16, 24], 8, True)] * 3
+    q = calls[0][0]
+    assert q.shape == (24, 4, 16) and q.requires_grad and q.grad is None
+
+
+@pytest.mark.skipif(torch is None, reason="needs torch")
+def test_layer_and_stack_points_build_the_layers_they_name(one_thread):
+    """linear: a layer without attention; layer: one with the timed backend; stack:
+    `num_layers` distinct layers and the head, all learning; MoE points MoE layers;
+    forward passes without autograd."""
+    from costmodel.calibration.plan import SweepPoint
+    from costmodel.calibration.workloads import KernelTimer
+
+    timer = KernelTimer(_tiny("qwen3-30b-a3b"), attention="sdpa", dtype="fp32", device="cpu")
+    timer.measure(SweepPoint("linear", "train", (12,), moe=True), repeats=1, warmup=0)
+    timer.measure(SweepPoint("layer", "train", (5, 7)), repeats=1, warmup=0)
+    timer.measure(SweepPoint("stack", "train", (3, 9), num_layers=2), repeats=1, warmup=0)
+    assert set(timer._modules) == {("layer", "none", True, 0), ("layer", "sdpa", False, 0),
+                                   ("layer", "sdpa", False, 1), "head"}
+    moe = timer._modules[("layer", "none", True, 0)]
+    assert moe.mlp is not timer._modules[("layer", "sdpa", False, 0)].mlp
+    assert all(p.grad is not None for p in moe.mlp.parameters())  # the experts ran
+    for i in (0, 1):  # both layers of the stack learn, the first twice (the layer point too)
+        assert timer._modules[("layer", "sdpa", False, i)].w_qkv.grad is not None
+    assert timer._modules["head"].weight.grad is not None
+    grad_enabled = []
+    timer._modules["head"].register_forward_pre_hook(lambda m, args: grad_enabled.append(torch.is_grad_enabled()))
+    timer.measure(SweepPoint("stack", "forward", (3, 9), num_layers=2), repeats=1, warmup=0)
+    assert grad_enabled == [False]
+
+
+@pytest.mark.skipif(torch is None, reason="needs torch")
+@pytest.mark.parametrize("kind", ["head", "layer"])
+def test_repeats_do_not_accumulate_the_input_gradient(one_thread, kind):
+    """Parameter gradients accumulate over repeats (gradient accumulation); the input's
+    flows on to the previous layer in a model: the same after every repeat."""
+    from costmodel.calibration.plan import SweepPoint
+    from costmodel.calibration.workloads import KernelTimer
+
+    timer = KernelTimer(_tiny("qwen3-8b"), attention="sdpa", dtype="fp32", device="cpu")
+    module = timer._head() if kind == "head" else timer._layer("sdpa", False)
+    inputs = []
+    module.register_forward_pre_hook(lambda m, args: inputs.append(args[0]))
+    fn, _ = timer._build(SweepPoint(kind, "train", (6, 10)))
+    fn()
+    first = inputs[0].grad.clone()
+    fn()
+    assert inputs[1] is inputs[0]
+    torch.testing.assert_close(inputs[0].grad, first)
+
+
+@pytest.mark.skipif(torch is None, reason="needs torch")
+def test_kernel_timer_rejects_an_unknown_dtype_or_device():
+    from costmodel.calibration.workloads import KernelTimer
+
+    with pytest.raises(ValueError, match="dtype 'fp8'; allowed: bf16, fp16, fp32"):
+        KernelTimer(_tiny("qwen3-8b"), attention="sdpa", dtype="fp8", device="cpu")
+    with pytest.raises(ValueError, match="device 'mps'; allowed: cuda, cpu"):
+        KernelTimer(_tiny("qwen3-8b"), attention="sdpa", dtype="fp32", device="mps")
+
+
+@pytest.mark.skipif(torch is None, reason="needs torch")
 def test_kernel_timer_rejects_an_unknown_timing():
     from costmodel.calibration.workloads import KernelTimer
 
@@ -361,6 +442,21 @@ def test_kernel_timer_refuses_a_backend_that_computes_something_else(monkeypatch
 
     monkeypatch.setattr(attention, "get_attention", lambda name: full_attention)
     with pytest.raises(RuntimeError, match=r"attention backend 'sdpa' is wrong on this machine \(relative error"):
+        KernelTimer(_tiny("qwen3-8b"), attention="sdpa", dtype="fp32", device="cpu")
+
+
+@pytest.mark.skipif(torch is None, reason="needs torch")
+@pytest.mark.parametrize("broken", ["nan", "0.5% off"])
+def test_kernel_timer_refuses_a_backend_that_is_nan_or_off_in_fp32(monkeypatch, broken):
+    """NaN fails every comparison, so it must fail the check too; in fp32 the backend has
+    to match the float64 reference closely (the bf16 tolerance would pass 2% errors)."""
+    import costmodel.kernels.attention as attention
+    from costmodel.calibration.workloads import KernelTimer
+
+    sdpa = attention.get_attention("sdpa")
+    wrong = {"nan": lambda out: out * float("nan"), "0.5% off": lambda out: out * 1.005}[broken]
+    monkeypatch.setattr(attention, "get_attention", lambda name: lambda *a, **kw: wrong(sdpa(*a, **kw)))
+    with pytest.raises(RuntimeError, match=r"attention backend 'sdpa' is wrong on this machine"):
         KernelTimer(_tiny("qwen3-8b"), attention="sdpa", dtype="fp32", device="cpu")
 
 

@@ -255,8 +255,17 @@ def test_the_graph_keeps_its_workload_alive(fake_cuda):
     fn = workload(cuda)
     graph = capture_cuda_graph(fn, warmup=1)
     assert graph.keep_alive is fn  # the tensors its closure holds outlive the capture
+
+
+def test_every_capture_warms_up_on_one_side_stream(fake_cuda):
+    """A new stream per capture could get its own cuBLAS workspace each time: one per device."""
+    cuda = fake_cuda()
+    made = []
+    Stream = cuda.Stream
+    cuda.Stream = lambda: made.append(Stream()) or made[-1]
     capture_cuda_graph(workload(cuda), warmup=1)
-    assert cuda.log.count("side waits") == 2  # one side stream, reused
+    capture_cuda_graph(workload(cuda), warmup=1)
+    assert len(made) == 1 and cuda.log.count("side waits") == 2  # one side stream, reused
 
 
 def test_a_measurement_is_the_median_and_the_relative_spread_of_its_repeats():
@@ -266,3 +275,101 @@ def test_a_measurement_is_the_median_and_the_relative_spread_of_its_repeats():
     assert m.median_ms == 1.0 and m.repeats == 5
     s = timer.Measurement.from_samples([2.0 * i for i in range(1, 12)])  # p10 4, p90 20, median 12
     assert s.spread == pytest.approx(16 / 12)
+
+
+@pytest.mark.parametrize("samples", [[], [1.0, 0.0, 1.0], [1.0, float("nan")], [-1.0, 1.0], [1.0, float("inf")]])
+def test_a_measurement_refuses_samples_no_timer_can_return(samples):
+    """No repeats, a zero, negative or non-finite time: a broken timer, not a measurement."""
+    with pytest.raises(ValueError, match="timer returned invalid samples"):
+        timer.Measurement.from_samples(samples)
+
+
+def _flush_buffers(cuda, monkeypatch, flush_ms: float = 0.0):
+    """Give the fake torch an int8 `empty` whose `zero_` takes `flush_ms` of device time;
+    returns the sizes of the buffers made and a list with one entry per flush."""
+    sizes, zeroed = [], []
+
+    class Buffer:
+        def zero_(self):
+            zeroed.append(1)
+            cuda.clock += flush_ms
+
+    def empty(size, **kw):
+        sizes.append(size)
+        return Buffer()
+
+    torch = sys.modules["torch"]
+    torch.int8, torch.empty = "int8", empty
+    monkeypatch.setattr(timer, "_FLUSHERS", {})
+    return sizes, zeroed
+
+
+def test_the_l2_flush_buffer_is_twice_the_l2_and_one_per_size(fake_cuda, monkeypatch):
+    """Zeroing twice the L2 evicts all of it (a buffer the L2's size may partly hit itself);
+    at least 1 MiB; made once per L2 size, not per measurement."""
+    cuda = fake_cuda()
+    sizes, zeroed = _flush_buffers(cuda, monkeypatch)
+    time_cuda(workload(cuda), repeats=2, warmup=1, l2_bytes=50 << 20, working_set_bytes=1 << 20)
+    time_cuda(workload(cuda), repeats=2, warmup=1, l2_bytes=50 << 20, working_set_bytes=1 << 20)
+    time_cuda(workload(cuda), repeats=2, warmup=1, l2_bytes=1000, working_set_bytes=1000)
+    assert sizes == [100 << 20, 1 << 20] and len(zeroed) == 6
+
+
+def test_a_working_set_the_size_of_the_l2_is_flushed_and_an_unknown_one_is_not(fake_cuda, monkeypatch):
+    """"Fits in L2" includes filling it exactly; with no working set given the timer cannot
+    tell, and times without flushing (no error)."""
+    cuda = fake_cuda()
+    _, zeroed = _flush_buffers(cuda, monkeypatch)
+    time_cuda(workload(cuda), repeats=3, warmup=1, l2_bytes=50 << 20, working_set_bytes=50 << 20)
+    assert len(zeroed) == 3
+    zeroed.clear()
+    time_cuda(workload(cuda), repeats=3, warmup=1, l2_bytes=50 << 20)
+    assert zeroed == []
+
+
+@pytest.mark.parametrize("graph", [False, True])
+def test_the_l2_flush_stays_outside_the_timed_events(fake_cuda, monkeypatch, graph):
+    cuda = fake_cuda()
+    _flush_buffers(cuda, monkeypatch, flush_ms=100.0)
+    m = time_cuda(workload(cuda), repeats=3, warmup=1, l2_bytes=50 << 20, working_set_bytes=1 << 20,
+                  graph=graph)
+    assert m.median_ms == (2.0 if graph else 5.0)
+
+
+def test_eager_timing_warms_up_once_even_when_asked_for_none(fake_cuda):
+    """The first call pays for autotuning, compilation and allocator growth: never timed."""
+    cuda = fake_cuda()
+    calls = 0
+
+    def fn():
+        nonlocal calls
+        calls += 1
+        cuda.clock += 50.0 if calls == 1 else 5.0
+
+    m = time_cuda(fn, repeats=3, warmup=0, l2_bytes=0)
+    assert calls == 4 and m.median_ms == 5.0 and m.spread == 0.0
+
+
+@pytest.mark.parametrize("repeats, warmup", [(0, 1), (3, -1)])
+def test_timers_refuse_no_repeats_or_negative_warm_up(fake_cuda, repeats, warmup):
+    cuda = fake_cuda()
+    for time_fn in (time_cuda, timer.time_cpu):
+        with pytest.raises(ValueError, match="need repeats >= 1 and warmup >= 0"):
+            time_fn(workload(cuda), repeats=repeats, warmup=warmup)
+    assert not [e for e in cuda.log if e.startswith("call")]  # refused before any call
+
+
+def test_cpu_timing_is_milliseconds_of_the_timed_calls_only(monkeypatch):
+    """`time_cpu`: `warmup` untimed calls, then one wall-clock sample per repeat, in ms."""
+    import time
+
+    clock = [0.0]
+    calls = []
+
+    def fn():
+        calls.append(1)
+        clock[0] += 1.0 if len(calls) <= 2 else 0.004  # two slow first calls, then 4 ms
+
+    monkeypatch.setattr(time, "perf_counter", lambda: clock[0])
+    m = timer.time_cpu(fn, repeats=3, warmup=2)
+    assert len(calls) == 5 and m.median_ms == pytest.approx(4.0) and m.repeats == 3
