@@ -115,11 +115,30 @@ def test_a_timer_returning_an_impossible_time_stops_the_sweep(ms):
     class Broken(SyntheticTimer):
         def measure(self, point, *, repeats=5, warmup=1):
             real = super().measure(point, repeats=repeats, warmup=warmup)
-            return Measurement(ms, real.spread, repeats) if point.kind == "linear" else real
+            broken = point.kind == "linear" and self.calls > 1  # the first call: the probe
+            return Measurement(ms, real.spread, repeats) if broken else real
 
     plan = make_plan(SPEC, quick=True, max_len=2048, gpu="h200")
     timer = Broken(SPEC, SHAPE, noise=0.005, seed=1)
-    with pytest.raises(ValueError, match="the timer's result for linear .* is impossible"):
+    with pytest.raises(ValueError, match="the timer result for linear .* is impossible"):
+        calibrate(SPEC, timer=timer, plan=plan, gpu_key="h200", gpu_info=H200,
+                  attention="torch-varlen", command="test")
+
+
+def test_a_drift_probe_timed_at_zero_at_the_end_is_named_not_a_division_by_zero():
+    """The probe's second timing, after every point: 0 ms was a ZeroDivisionError."""
+    from costmodel.calibration.timer import Measurement
+
+    plan = make_plan(SPEC, quick=True, max_len=2048, gpu="h200")
+    last_call = len(plan.points) + 2
+
+    class ZeroAtTheEnd(SyntheticTimer):
+        def measure(self, point, *, repeats=5, warmup=1):
+            real = super().measure(point, repeats=repeats, warmup=warmup)
+            return Measurement(0.0, real.spread, repeats) if self.calls == last_call else real
+
+    timer = ZeroAtTheEnd(SPEC, SHAPE, noise=0.005, seed=1)
+    with pytest.raises(ValueError, match="the drift probe's timer result for linear .* is impossible"):
         calibrate(SPEC, timer=timer, plan=plan, gpu_key="h200", gpu_info=H200,
                   attention="torch-varlen", command="test")
 

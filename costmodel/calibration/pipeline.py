@@ -88,12 +88,24 @@ def calibrate(
         raise
 
 
+def _measure(timer: Timer, point, settings, whose: str):
+    """``timer``'s measurement of ``point``, checked: a broken timer (0, negative or NaN ms)
+    would fit a curve silently, or divide by zero in the drift probe."""
+    m = timer.measure(point, repeats=settings.repeats, warmup=settings.warmup)
+    try:
+        check_time(m.median_ms, m.spread)
+    except ValueError as err:
+        raise ValueError(f"{whose} timer result for {point.kind} {point.mode} of "
+                         f"{point.tokens} tokens is impossible: {err}") from None
+    return m
+
+
 def _run_sweep(timer: Timer, plan: SweepPlan, records: list[Record], sweep: dict[str, Any],
                progress: Progress | None) -> None:
     """Measure the drift probe, the plan's points (up to its deadline), the probe again."""
     s = plan.settings
     t0 = time.perf_counter()
-    start = timer.measure(plan.probe, repeats=s.repeats, warmup=s.warmup)
+    start = _measure(timer, plan.probe, s, "the drift probe's")
     sweep["drift_probe"] = {"point": plan.probe.to_dict(), "start_ms": start.median_ms}
     total, skipped = len(plan.points), 0
     for i, point in enumerate(plan.points):
@@ -108,16 +120,11 @@ def _run_sweep(timer: Timer, plan: SweepPlan, records: list[Record], sweep: dict
             if progress is not None:
                 progress(i, i, plan.points[i - 1], elapsed)  # ends the progress line
             break
-        m = timer.measure(point, repeats=s.repeats, warmup=s.warmup)
-        try:  # a broken timer (0, negative or NaN ms) would fit a curve silently
-            check_time(m.median_ms, m.spread)
-        except ValueError as err:
-            raise ValueError(f"the timer's result for {point.kind} {point.mode} of "
-                             f"{point.tokens} tokens is impossible: {err}") from None
+        m = _measure(timer, point, s, "the")
         records.append(Record(point.kind, point.mode, point.lengths, m.median_ms, m.spread, point.moe))
         if progress is not None:
             progress(i + 1, total, point, time.perf_counter() - t0)
-    end = timer.measure(plan.probe, repeats=s.repeats, warmup=s.warmup)
+    end = _measure(timer, plan.probe, s, "the drift probe's")
     sweep_s = time.perf_counter() - t0
     drift = end.median_ms / start.median_ms - 1.0
     if abs(drift) > DRIFT_WARNING:
