@@ -120,7 +120,7 @@ def test_a_timer_returning_an_impossible_time_stops_the_sweep(ms):
 
     plan = make_plan(SPEC, quick=True, max_len=2048, gpu="h200")
     timer = Broken(SPEC, SHAPE, noise=0.005, seed=1)
-    with pytest.raises(ValueError, match="the timer result for linear .* is impossible"):
+    with pytest.raises(ValueError, match="the timer's result for linear .* is impossible"):
         calibrate(SPEC, timer=timer, plan=plan, gpu_key="h200", gpu_info=H200,
                   attention="torch-varlen", command="test")
 

@@ -683,8 +683,6 @@ def test_a_failed_write_of_the_fitted_model_keeps_the_measurements(tmp_path, mon
                                                                   failure, rc):
     """Ctrl-C or a full disk while the finished model is written: nothing half-written, and
     the sweep's points in OUT.partial.json (they were lost once the sweep had returned)."""
-
-
     _synthetic_device(monkeypatch)
     _fail_first_fsync(monkeypatch, failure)
     out = tmp_path / "cal.json"

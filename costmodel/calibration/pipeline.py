@@ -88,14 +88,14 @@ def calibrate(
         raise
 
 
-def _measure(timer: Timer, point, settings, whose: str):
+def _measure(timer: Timer, point, settings, what: str):
     """``timer``'s measurement of ``point``, checked: a broken timer (0, negative or NaN ms)
     would fit a curve silently, or divide by zero in the drift probe."""
     m = timer.measure(point, repeats=settings.repeats, warmup=settings.warmup)
     try:
         check_time(m.median_ms, m.spread)
     except ValueError as err:
-        raise ValueError(f"{whose} timer result for {point.kind} {point.mode} of "
+        raise ValueError(f"{what} for {point.kind} {point.mode} of "
                          f"{point.tokens} tokens is impossible: {err}") from None
     return m
 
@@ -105,7 +105,7 @@ def _run_sweep(timer: Timer, plan: SweepPlan, records: list[Record], sweep: dict
     """Measure the drift probe, the plan's points (up to its deadline), the probe again."""
     s = plan.settings
     t0 = time.perf_counter()
-    start = _measure(timer, plan.probe, s, "the drift probe's")
+    start = _measure(timer, plan.probe, s, "the drift probe's timer result")
     sweep["drift_probe"] = {"point": plan.probe.to_dict(), "start_ms": start.median_ms}
     total, skipped = len(plan.points), 0
     for i, point in enumerate(plan.points):
@@ -120,11 +120,11 @@ def _run_sweep(timer: Timer, plan: SweepPlan, records: list[Record], sweep: dict
             if progress is not None:
                 progress(i, i, plan.points[i - 1], elapsed)  # ends the progress line
             break
-        m = _measure(timer, point, s, "the")
+        m = _measure(timer, point, s, "the timer's result")
         records.append(Record(point.kind, point.mode, point.lengths, m.median_ms, m.spread, point.moe))
         if progress is not None:
             progress(i + 1, total, point, time.perf_counter() - t0)
-    end = _measure(timer, plan.probe, s, "the drift probe's")
+    end = _measure(timer, plan.probe, s, "the drift probe's timer result")
     sweep_s = time.perf_counter() - t0
     drift = end.median_ms / start.median_ms - 1.0
     if abs(drift) > DRIFT_WARNING:
