@@ -131,6 +131,29 @@ def test_train_demo_spawns_two_ranks(tmp_path, capfd):
         assert r["flops_imbalance"] == pytest.approx(r["predicted_imbalance"], rel=1e-9)
 
 
+def test_the_ranks_meet_through_a_file_of_the_launch_not_a_port(monkeypatch):
+    """A port the parent found free could be taken before rank 0 bound it (a parallel test
+    run did): the workers get a file:// init method in the launch's own temporary directory,
+    gone when the launch ends."""
+    from costmodel.cli import build_parser
+    from costmodel.training import launch
+    from costmodel.training.trainer import RENDEZVOUS_ATTR
+
+    seen = []
+
+    def start(args, nproc, out):
+        path = Path(getattr(args, RENDEZVOUS_ATTR).removeprefix("file://"))
+        seen.append((path, path.parent.is_dir(), Path(out).parent))
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(launch, "_start", start)
+    with pytest.raises(KeyboardInterrupt):
+        launch.launch(build_parser().parse_args(["train-demo", "--steps", "1"]), 2)
+    ((path, existed, out_dir),) = seen
+    assert existed and path.parent == out_dir and path.is_absolute()
+    assert not path.parent.exists()
+
+
 def _error(argv: list[str], capsys) -> str:
     assert main(["train-demo", "--nproc", "2", "--device", "cpu", *argv]) == 2
     err = capsys.readouterr().err.strip()

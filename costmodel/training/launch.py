@@ -2,8 +2,10 @@
 
 The parent validates everything first (`config.prepare` with dp = N), so a bad flag is one
 line and a non-zero exit before any process starts. Then it spawns N workers with
-torchrun's environment (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR=127.0.0.1 and a free
-port) and waits; rank 0 writes its step records to a JSON file the parent reads back.
+torchrun's environment (RANK, WORLD_SIZE, LOCAL_RANK) and waits; rank 0 writes its step
+records to a JSON file the parent reads back. The ranks meet through a file in the launch's
+temporary directory, not a port: a port picked free by the parent can be taken by another
+program before rank 0 binds it (parallel test runs did, now and then).
 """
 
 from __future__ import annotations
@@ -15,7 +17,6 @@ import logging
 import os
 import re
 import signal
-import socket
 import sys
 import tempfile
 import threading
@@ -27,36 +28,32 @@ from costmodel.checks import import_torch
 from costmodel.integrations.args import _LOADED_ATTR as LOADED_ATTR
 from costmodel.interrupts import signals_interrupt
 from costmodel.training.config import prepare
-from costmodel.training.trainer import LOG_TEMP_NOTE_ATTR, device_kind, run_settings
+from costmodel.training.trainer import (
+    LOG_TEMP_NOTE_ATTR,
+    RENDEZVOUS_ATTR,
+    device_kind,
+    run_settings,
+)
 
-__all__ = ["free_port", "launch"]
+__all__ = ["launch"]
 
 logger = logging.getLogger(__name__)
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port that was free a moment ago on ``host`` (the OS picks it)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
-
-
-def _worker(local_rank: int, args: argparse.Namespace, nproc: int, port: int, out: str) -> None:
+def _worker(local_rank: int, args: argparse.Namespace, nproc: int, out: str) -> None:
     # Interruptible by SIGINT even where the launching shell ignored it (a background job),
     # and by SIGTERM (the parent's, a scheduler's), so that rank 0 removes its half-written
     # log: the parent interrupts its workers when it is stopped itself (`_stop`).
     with signals_interrupt():
-        _train_one_rank(local_rank, args, nproc, port, out)
+        _train_one_rank(local_rank, args, nproc, out)
 
 
-def _train_one_rank(local_rank: int, args: argparse.Namespace, nproc: int, port: int, out: str) -> None:
+def _train_one_rank(local_rank: int, args: argparse.Namespace, nproc: int, out: str) -> None:
     os.environ.update(
         RANK=str(local_rank),
         LOCAL_RANK=str(local_rank),
         WORLD_SIZE=str(nproc),
         LOCAL_WORLD_SIZE=str(nproc),
-        MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(port),
     )
     # Sandboxes and containers often have no routable interface: keep gloo on loopback.
     if "GLOO_SOCKET_IFNAME" not in os.environ and Path("/sys/class/net/lo").exists():
@@ -131,6 +128,7 @@ def launch(args: argparse.Namespace, nproc: int) -> list[dict[str, Any]]:
         out = str(Path(tmp) / "records.json")
         note = Path(tmp) / "log-temp-path"
         setattr(clean, LOG_TEMP_NOTE_ATTR, str(note))
+        setattr(clean, RENDEZVOUS_ATTR, f"file://{Path(tmp).resolve() / 'rendezvous'}")
         try:
             try:
                 with signals_interrupt():  # SIGTERM too stops the workers first, not orphans them
@@ -158,7 +156,7 @@ def _start(args: argparse.Namespace, nproc: int, out: str):
 
     others = set(multiprocessing.active_children())  # a caller's own children stay
     try:
-        return mp.start_processes(_worker, args=(args, nproc, free_port(), out), nprocs=nproc,
+        return mp.start_processes(_worker, args=(args, nproc, out), nprocs=nproc,
                                   join=False, start_method="spawn")
     except BaseException:
         _stop([p for p in multiprocessing.active_children() if p not in others])

@@ -47,6 +47,9 @@ logger = logging.getLogger(__name__)
 # Set on args by the launcher: a file where rank 0 writes its --log-json temp file's path,
 # so that the launcher removes it if rank 0 has to be killed (no cleanup of its own runs).
 LOG_TEMP_NOTE_ATTR = "_costmodel_log_temp_note"
+# Set by train-demo's launcher: the init method (a file:// URL in its temporary directory)
+# its ranks meet through, in place of torchrun's MASTER_ADDR/MASTER_PORT.
+RENDEZVOUS_ATTR = "_costmodel_rendezvous"
 
 
 @dataclass(kw_only=True)
@@ -243,18 +246,17 @@ def train(args: argparse.Namespace) -> TrainResult:
 
     own_group = not dist.is_initialized()
     if own_group:
-        init_method = None  # torchrun's environment (env://)
-        if "MASTER_PORT" not in os.environ:  # a lone process (no torchrun): any free port
+        init_method = getattr(args, RENDEZVOUS_ATTR, None)  # None: torchrun's env://
+        if init_method is None and "MASTER_PORT" not in os.environ:  # no torchrun
             if world > 1:
                 raise RuntimeError(
                     f"WORLD_SIZE={world} but MASTER_PORT is not set: launch the ranks with "
                     "torchrun (or set MASTER_ADDR and MASTER_PORT on every rank)"
                 )
-            from costmodel.training.launch import free_port
-
-            addr = os.environ.get("MASTER_ADDR", "127.0.0.1")
-            init_method = f"tcp://{addr}:{free_port()}"
-        dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=world)
+            # A lone process meets no one: an in-memory store, no port to pick or lose.
+            dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
+        else:
+            dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=world)
     try:
         result = _train_loop(args, plan, device=device, dtype=dtype, attention=attention)
         if own_group and world > 1:
