@@ -657,7 +657,8 @@ def test_sigterm_during_validate_reports_and_stores_what_was_measured(
 
 
 @pytest.mark.parametrize("failure, rc", [(KeyboardInterrupt(), 130),
-                                         (OSError(28, "No space left on device"), 2)])
+                                         (OSError(28, "No space left on device"), 2),
+                                         (ValueError("Out of range float values"), 2)])
 def test_a_failed_write_of_the_validation_keeps_it_beside_the_file(
         small_calibrated, tmp_path, monkeypatch, capsys, failure, rc):
     """Ctrl-C or a full disk while validate stores its result: the cost model file is as it
@@ -675,6 +676,29 @@ def test_a_failed_write_of_the_validation_keeps_it_beside_the_file(
     aside = json.loads((tmp_path / "cal.validation.json").read_text())
     assert aside["count"] == 8 and len(aside["modes"]["train"]["points"]) == 8
     assert "saved it to" in capsys.readouterr().err
+
+
+def test_a_disk_that_refuses_the_validation_twice_reports_the_first_error(
+        small_calibrated, tmp_path, monkeypatch, capsys):
+    """Neither the file nor the file beside it can be written: the error is the first one
+    (the disk's), no claim of a saved copy, and nothing half-written."""
+    import os
+    import shutil
+
+    _synthetic_device(monkeypatch)
+    path = tmp_path / "cal.json"
+    shutil.copy(small_calibrated, path)
+    before = path.read_bytes()
+
+    def full(fd):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", full)
+    assert main(["validate", str(path), "--count", "8", "--layers", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "No space left on device" in err and "saved it to" not in err
+    assert path.read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cal.json"]
 
 
 @pytest.mark.parametrize("failure, rc", [(KeyboardInterrupt(), 130),

@@ -132,9 +132,12 @@ def store_validation(path: Path, result: dict) -> None:
         doc = read_document(path)
         doc["validation"] = result
         write_json_atomic(path, doc)
-    except (KeyboardInterrupt, OSError) as err:
+    except BaseException as err:  # the file changed under us, a full disk, Ctrl-C: keep the points
         aside = path.with_name(path.stem + ".validation.json")
-        write_json_atomic(aside, result)
+        try:
+            write_json_atomic(aside, result)
+        except (OSError, ValueError):  # the disk may refuse this too: the first error is the news
+            raise err from None
         print(f"could not store the validation in {path} ({type(err).__name__}: {err}); saved "
               f"it to {aside}", file=sys.stderr)
         raise
