@@ -97,8 +97,10 @@ class FakeCuda:
     def synchronize(self):
         self.log.append("sync")
 
+    device = 0  # the current device's index
+
     def current_device(self):
-        return 0
+        return self.device
 
 
 @pytest.fixture
@@ -295,7 +297,7 @@ def _flush_buffers(cuda, monkeypatch, flush_ms: float = 0.0):
             cuda.clock += flush_ms
 
     def empty(size, **kw):
-        sizes.append(size)
+        sizes.append((size, kw["device"]))
         return Buffer()
 
     torch = sys.modules["torch"]
@@ -304,15 +306,18 @@ def _flush_buffers(cuda, monkeypatch, flush_ms: float = 0.0):
     return sizes, zeroed
 
 
-def test_the_l2_flush_buffer_is_twice_the_l2_and_one_per_size(fake_cuda, monkeypatch):
+def test_the_l2_flush_buffer_is_twice_the_l2_and_one_per_size_and_device(fake_cuda, monkeypatch):
     """Zeroing twice the L2 evicts all of it (a buffer the L2's size may partly hit itself);
-    at least 1 MiB; made once per L2 size, not per measurement."""
+    at least 1 MiB; made once per L2 size and GPU, not per measurement, on the GPU timed."""
     cuda = fake_cuda()
     sizes, zeroed = _flush_buffers(cuda, monkeypatch)
     time_cuda(workload(cuda), repeats=2, warmup=1, l2_bytes=50 << 20, working_set_bytes=1 << 20)
     time_cuda(workload(cuda), repeats=2, warmup=1, l2_bytes=50 << 20, working_set_bytes=1 << 20)
     time_cuda(workload(cuda), repeats=2, warmup=1, l2_bytes=1000, working_set_bytes=1000)
-    assert sizes == [100 << 20, 1 << 20] and len(zeroed) == 6
+    cuda.device = 1
+    time_cuda(workload(cuda), repeats=2, warmup=1, l2_bytes=50 << 20, working_set_bytes=1 << 20)
+    assert sizes == [(100 << 20, "cuda:0"), (1 << 20, "cuda:0"), (100 << 20, "cuda:1")]
+    assert len(zeroed) == 8
 
 
 def test_a_working_set_the_size_of_the_l2_is_flushed_and_an_unknown_one_is_not(fake_cuda, monkeypatch):

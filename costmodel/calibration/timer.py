@@ -101,14 +101,17 @@ class Timer(Protocol):
 
 # ---- CUDA events ---------------------------------------------------------------------------
 class _L2Flusher:
-    def __init__(self, torch_mod, l2_bytes: int):
-        self._buf = torch_mod.empty(max(2 * int(l2_bytes), 1 << 20), dtype=torch_mod.int8, device="cuda")
+    def __init__(self, torch_mod, l2_bytes: int, device: int):
+        self._buf = torch_mod.empty(max(2 * int(l2_bytes), 1 << 20), dtype=torch_mod.int8,
+                                    device=f"cuda:{device}")
 
     def __call__(self) -> None:
         self._buf.zero_()
 
 
-_FLUSHERS: dict[int, _L2Flusher] = {}
+# One flush buffer per (device, L2 size): zeroing a buffer on another GPU would leave this
+# one's L2 warm (and time nothing but a launch on the other GPU's stream).
+_FLUSHERS: dict[tuple[int, int], _L2Flusher] = {}
 
 
 class GraphCaptureError(RuntimeError):
@@ -205,13 +208,14 @@ def time_cuda(
         for _ in range(max(1, warmup)):
             fn()
         torch.cuda.synchronize()
+    device = torch.cuda.current_device()
     if l2_bytes is None:
-        l2_bytes = int(getattr(torch.cuda.get_device_properties(torch.cuda.current_device()), "L2_cache_size", 0))
+        l2_bytes = int(getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 0))
     flush = None
     if l2_bytes and working_set_bytes is not None and working_set_bytes <= l2_bytes:
-        flush = _FLUSHERS.get(l2_bytes)
+        flush = _FLUSHERS.get((device, l2_bytes))
         if flush is None:
-            flush = _FLUSHERS[l2_bytes] = _L2Flusher(torch, l2_bytes)
+            flush = _FLUSHERS[device, l2_bytes] = _L2Flusher(torch, l2_bytes, device)
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(repeats)]
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(repeats)]
     for i in range(repeats):

@@ -177,13 +177,12 @@ def run_validation(
     except KeyboardInterrupt as err:
         # Ctrl-C or a job's time limit (SIGTERM, see `signals_interrupt`): minutes of GPU
         # time already measured are reported, as at --time-limit-s, when they are enough.
-        kept = min(len(v) for v in measured.values())  # the last micro-batch, in every mode
-        if kept < 4:
+        if _measured_in_every_mode(measured) < 4:
             raise
         interrupted = str(err) or "KeyboardInterrupt"
         logger.warning("validation interrupted (%s) after %d of %d micro-batches; reporting "
-                       "those", interrupted, kept, len(batches))
-    kept = min(len(v) for v in measured.values())
+                       "those", interrupted, _measured_in_every_mode(measured), len(batches))
+    kept = _measured_in_every_mode(measured)
     batches = batches[:kept]
     if len(batches) < 4:
         raise RuntimeError(f"validation measured only {len(batches)} micro-batches before its "
@@ -207,6 +206,12 @@ def run_validation(
                                          num_layers=num_layers, moe=moe)
     result["seconds"] = round(time.perf_counter() - t0, 2)
     return result
+
+
+def _measured_in_every_mode(measured: dict[str, list[float]]) -> int:
+    """How many micro-batches every mode has measured: one that a stop caught between its
+    modes is left out, so that every mode judges the same micro-batches."""
+    return min(len(v) for v in measured.values())
 
 
 def _longest_calibrated(model: CostModel) -> int:
