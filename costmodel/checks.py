@@ -6,7 +6,7 @@ import contextlib
 import numbers
 import re
 from decimal import Decimal
-from typing import Any
+from typing import Any, SupportsInt, cast
 
 import numpy as np
 
@@ -63,9 +63,11 @@ def whole_number(value: Any, name: str) -> int:
     if isinstance(value, numbers.Integral):
         return int(value)
     if isinstance(value, (numbers.Rational, Decimal, float, np.floating)):
+        # typeshed's numbers.Rational promises no int(); Fraction and the rest convert
+        number = cast(SupportsInt, value)
         with contextlib.suppress(ValueError, OverflowError):  # nan, inf
-            if value == int(value):
-                return int(value)
+            if number == int(number):
+                return int(number)
     parts = signed_digits(value.strip()) if isinstance(value, str) else None
     if parts:
         if len(parts[1]) > MAX_DIGITS:

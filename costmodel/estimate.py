@@ -72,7 +72,7 @@ def _estimate_linear_ms(
     if not moe:
         mlp = sum(flops.mlp_flops_per_token(spec, moe=False).values())
         mlp_ms = passes * t * mlp / (gpu.peak_bf16_flops * _gemm_efficiency(t)) * 1e3
-        mlp_bytes = mlp / 2 * bytes_per
+        mlp_bytes: float | np.ndarray = mlp / 2 * bytes_per  # MoE: per token count (below)
     else:
         parts = flops.mlp_flops_per_token(spec, moe=True)
         e, k = spec.num_experts, spec.num_experts_per_tok

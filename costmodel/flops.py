@@ -54,9 +54,10 @@ BREAKDOWN_KEYS = (
 def as_lengths(seqlens: ArrayLike, what: str = "sequence lengths") -> np.ndarray:
     """Validate lengths: a 1-D sequence of integers in 1..`MAX_LENGTH`, returned as int64."""
     if hasattr(seqlens, "detach") and hasattr(seqlens, "cpu"):  # a torch tensor, even one
-        seqlens = seqlens.detach().cpu()  # that requires grad or lives on a GPU
-        if seqlens.is_floating_point() and seqlens.element_size() < 4:
-            _refuse_half(what, seqlens.dtype)  # numpy cannot even take bfloat16
+        tensor = seqlens.detach().cpu()  # that requires grad or lives on a GPU
+        if tensor.is_floating_point() and tensor.element_size() < 4:
+            _refuse_half(what, tensor.dtype)  # numpy cannot even take bfloat16
+        seqlens = tensor
     try:
         arr = np.asarray(seqlens)
     except ValueError:  # ragged nesting: numpy's "inhomogeneous shape" says little

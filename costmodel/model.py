@@ -432,6 +432,7 @@ def load_cost_model(
     except ValueError as err:
         raise _not_a_name(text, _NOT_A_FILE + str(err)) from None
     if not m:  # a GPU alone: its profile of the spec's shape, whatever the model is called
+        assert spec is not None  # a GPU alone is taken as a name only with a spec (above)
         shipped = profile_for_shape(info.key, spec.shape_key())
     else:
         shipped = profile_path(info.key, model_name)

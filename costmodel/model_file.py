@@ -58,7 +58,7 @@ _OPTIONAL_TYPES: dict[str, type] = {
     "kernels": Mapping, "measurements": list, "residuals": Mapping, "flops_check": Mapping,
     "validation": Mapping,
 }
-_JSON_TYPE_NAMES = {str: "a string", Mapping: "an object", list: "a list"}
+_JSON_TYPE_NAMES: dict[type, str] = {str: "a string", Mapping: "an object", list: "a list"}
 _FLOAT_MAX = int(sys.float_info.max)
 _REWRITE = "write a new file with `costmodel calibrate` (or restore this one)"
 

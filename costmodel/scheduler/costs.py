@@ -285,10 +285,12 @@ class ModelCost(Cost):
             if self._batched_mode:
                 return self._batched(lengths, offsets, mode=self.mode)
             return self._batched(lengths, offsets)
+        single = self._single
+        assert single is not None  # __init__ refuses a model with neither method
         kw = {"mode": self.mode} if self._single_mode else {}
         return np.array(
             [
-                float(self._single(lengths[offsets[k] : offsets[k + 1]], **kw))
+                float(single(lengths[offsets[k] : offsets[k + 1]], **kw))
                 for k in range(offsets.size - 1)
             ],
             dtype=np.float64,
@@ -346,7 +348,7 @@ def flops_cost(spec: Any, mode: str = "train", fixed: float = 0.0) -> AdditiveCo
 def _check_shape(model: Any, spec: Any) -> None:
     """A cost model object with a ``spec`` of another model shape is refused, as a cost model
     named by path or name is, unless it was loaded with allow_other_shape for that spec."""
-    model_spec = getattr(model, "spec", None)
+    model_spec: Any = getattr(model, "spec", None)  # any object with shape_key() (duck-typed)
     if spec is None or not hasattr(model_spec, "shape_key"):
         return
     from costmodel.spec import as_spec

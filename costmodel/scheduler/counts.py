@@ -202,11 +202,12 @@ def pack_and_assign(
         def pack_fewer(k: int) -> np.ndarray | None:
             fewer = pack_tokens(lens, dp * k, cap, by_length)[0]
             level_failed.append(fewer is None)
-            if fewer is None and (one_rank_sum or one_rank_grown) and best_fit() is not None:
+            if (fewer is None and (one_rank_sum or one_rank_grown)
+                    and (bf := best_fit()) is not None):
                 # best fit, once, spread over each count the bisection tries (the
                 # exhaustive search, ~20 ms a count on a few dozen samples, made small
                 # batches 20x slower)
-                fewer = spread_best_fit(best_fit(), k, lens)
+                fewer = spread_best_fit(bf, k, lens)
             return fewer
 
         def no_worse(fewer_q: np.ndarray, k: int, q_now: np.ndarray, m_now: int) -> bool:
@@ -229,13 +230,13 @@ def pack_and_assign(
             pack_fewer, lambda b, k: bin_costs(b, dp * k), (bins, bin_q, m), m_floor, align,
             no_worse, straight_to_fewest=one_rank_sum, bisect_from=_BISECT_FROM)
         if (dp == 1 and not one_rank_sum and lens.size <= _BEST_FIT_COUNT_MAX
-                and best_fit() is not None):
+                and (bf := best_fit()) is not None):
             # Best fit at its own count and at this one as well, taken where it costs less:
             # exact fills the level steps down miss ({2, 2, 2} and {3, 3} at cap 6: 2
             # micro-batches, not 3; in the 1,200 digest schedules, 30 of one rank under the
             # H200 profile up to 1.05% less), and fills the cost curve prefers to level ones.
-            for k in sorted({_best_fit_count(best_fit(), 1, m_floor, align), m}):
-                fewer = _spread_and_priced(best_fit(), k, 1, lens, bin_costs) if k <= m else None
+            for k in sorted({_best_fit_count(bf, 1, m_floor, align), m}):
+                fewer = _spread_and_priced(bf, k, 1, lens, bin_costs) if k <= m else None
                 if fewer is not None and int(fewer[1].sum()) < int(bin_q.sum()):
                     bins, bin_q, m = fewer[0], fewer[1], k
     rank_of_bin = assign_bins(bin_q, dp, m)
@@ -253,9 +254,9 @@ def pack_and_assign(
     # cheaper, none dearer; over 7,500 fuzzed batches of up to 4,096 samples on several ranks
     # (a review's) 15-26% more time in all, +47 ms at most (3,220 samples, 39 -> 86 ms).
     if (dp > 1 and not exact and m > m_floor and any(level_failed)
-            and lens.size <= _BEST_FIT_COUNT_MAX and best_fit() is not None):
+            and lens.size <= _BEST_FIT_COUNT_MAX and (bf := best_fit()) is not None):
         level_makespan = rank_makespan(rank_of_bin, bin_q, dp)
-        extra += _best_fit_start(best_fit(), lens, dp, (m_floor, m, align), bin_costs,
+        extra += _best_fit_start(bf, lens, dp, (m_floor, m, align), bin_costs,
                                  level_makespan)
     # Heavy samples' ranks apart, first: usually the better start, and often at the bound
     # (with more micro-batches per rank where it needs them; not past a count asked for).

@@ -63,7 +63,7 @@ class _Pieces(NamedTuple):
     bin: np.ndarray  # per piece: its micro-batch
     tokens: np.ndarray  # per piece
     part: np.ndarray  # per piece: the samples' summed parts (`BinState.part`)
-    count: np.ndarray  # per piece: samples
+    count: np.ndarray  # type: ignore[assignment]  # per piece: samples (shadows tuple.count)
     by_size: np.ndarray  # piece ids, by group, largest first (ties: lower micro-batch)
     first: np.ndarray  # per group: its first entry in ``by_size`` (and an end)
     rank: np.ndarray  # per group

@@ -76,7 +76,7 @@ class _Units(NamedTuple):
 
     cost: np.ndarray
     tokens: np.ndarray
-    count: np.ndarray
+    count: np.ndarray  # type: ignore[assignment]  # shadows tuple.count, which no one calls
 
 
 def _greedy(units: _Units, dp: int, budget: int) -> np.ndarray:

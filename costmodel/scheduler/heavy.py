@@ -185,7 +185,8 @@ def _riders(by_length: np.ndarray, fractions: list[float], slots: int) -> list[n
     # Rank j's turns fall at (k + 1/2) / counts[j]: merged, each rank's share is spread
     # evenly over the pool, and so over every length.
     owners = np.repeat(np.arange(d), counts)
-    turns = np.concatenate([(np.arange(c) + 0.5) / c for c in counts.tolist() if c] or [[]])
+    turns = np.concatenate([(np.arange(c) + 0.5) / c for c in counts.tolist() if c]
+                           or [np.zeros(0)])
     owner_of_pool = owners[np.lexsort((owners, turns))]  # pool[p] goes to owner_of_pool[p]
     by_owner = np.argsort(owner_of_pool, kind="stable")  # each owner's run stays ascending
     bounds = np.r_[0, np.cumsum(counts)]

@@ -144,9 +144,9 @@ def _pack_tokens(
         pos += c
     watered = False
     if waiting:
-        placed, watered = _place_waiting(lo, np.concatenate(waiting), fill, key, bin_sorted, k,
-                                         cap, water)
-        if not placed:
+        all_placed, watered = _place_waiting(lo, np.concatenate(waiting), fill, key, bin_sorted,
+                                             k, cap, water)
+        if not all_placed:
             return None, int(lo[bin_sorted < 0].sum()), leveled, watered
     bin_of = np.empty(n, dtype=np.int64)
     bin_of[order] = bin_sorted
@@ -444,12 +444,12 @@ def assign_bins(bin_q: np.ndarray, dp: int, m: int) -> np.ndarray:
             ranks_in_order += ranks
         rank_of_bin[order] = ranks_in_order
         return rank_of_bin
-    load = np.zeros(dp, dtype=np.int64)
+    rank_load = np.zeros(dp, dtype=np.int64)
     for t in range(m):
-        ranks = np.argsort(load, kind="stable")
+        by_load = np.argsort(rank_load, kind="stable")
         b = order[t * dp : (t + 1) * dp]
-        rank_of_bin[b] = ranks
-        load[ranks] += bin_q[b]
+        rank_of_bin[b] = by_load
+        rank_load[by_load] += bin_q[b]
     return rank_of_bin
 
 

@@ -209,7 +209,7 @@ def token_cap(value: Any) -> int:
     return cap
 
 
-def _dense_groups(group_ids: Sequence[Any], n: int) -> np.ndarray:
+def _dense_groups(group_ids: Sequence[Any] | np.ndarray, n: int) -> np.ndarray:
     if isinstance(group_ids, (str, bytes)) or not hasattr(group_ids, "__len__"):
         raise ValueError(f"group_ids must be a sequence with one id per sample, got "
                          f"{group_ids!r:.60}")
@@ -268,7 +268,7 @@ def build_schedule(
     cost: Any = "tokens",
     spec: Any = None,
     align: int = 1,
-    group_ids: Sequence[Any] | None = None,
+    group_ids: Sequence[Any] | np.ndarray | None = None,
     order: str = "none",
     strict: bool = False,
     mode: str = "train",
@@ -380,6 +380,9 @@ def build_schedule(
     scale = 2.0**exponent
     q = quantise(s, scale, cost_obj.name)
 
+    # Starts (bin_of, m, bin costs), the costs None where BinState works them out.
+    layouts: Sequence[tuple[np.ndarray, int, np.ndarray | None]]
+    extra: Sequence[tuple[np.ndarray, int, np.ndarray | None]]
     if groups is None:
         layouts, extra = pack_and_assign(
             lens, by_length, q, cost_obj, scale, dp=dp, m_range=(m_lb, m_start, m_max),
@@ -393,8 +396,9 @@ def build_schedule(
         layouts = [(*layout, None) for layout in (placed, apart) if layout is not None]
         extra = []
     lb = lower_bound(cost_obj, lens, cap, dp, order=by_length, sample_costs=s)
-    state = usual = None
-    for i, (bin_of, m, bin_q) in enumerate(layouts + extra):  # the lowest maximum wins
+    state: BinState | None = None
+    usual: tuple[BinState, float, int] | None = None
+    for i, (bin_of, m, bin_q) in enumerate([*layouts, *extra]):  # the lowest maximum wins
         if state is not None and state.load.max() <= lb * scale * (1 + _AT_THE_BOUND):
             break  # at a true bound no start does better (for a callable's reference: close)
         tried = BinState(lens, q, bin_of, dp, m, cap, cost_obj, scale, bin_q)
@@ -409,6 +413,7 @@ def build_schedule(
             state, greedy_imbalance, steps = tried, tried_imbalance, tried_steps
         if i == len(layouts) - 1:
             usual = state, greedy_imbalance, steps
+    assert state is not None  # layouts holds at least one start, and the first is taken
     if groups is None:
         steps += batch_search(state)  # on the chosen start only: it cannot end above it
         if usual is not None and usual[0] is not state:
@@ -503,7 +508,8 @@ def _finish(
     flat, offsets = members_of(st.bin_of, dp * m)
     if cost.additive:
         # Same numbers as cost.evaluate, without recomputing the per-sample costs.
-        bin_costs = np.bincount(st.bin_of, weights=sample_costs, minlength=dp * m)
+        # float64 with weights (numpy's stubs say int)
+        bin_costs: np.ndarray = np.bincount(st.bin_of, weights=sample_costs, minlength=dp * m)
         bin_costs += cost.fixed_cost()
     else:
         bin_costs = cost.evaluate(st.lengths[flat], offsets)
