@@ -15,9 +15,9 @@ digest, makespan and lower bound, or the error's first 80 characters.
 
 from __future__ import annotations
 
+import argparse
 import json
 import logging
-import sys
 
 import numpy as np
 
@@ -88,6 +88,8 @@ def main(out: str) -> None:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 2:
-        sys.exit(__doc__)
-    main(sys.argv[1])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     epilog=__doc__.split("\n\n", 1)[1],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("out", help="the JSON file of digests to write")
+    main(parser.parse_args().out)
