@@ -287,6 +287,23 @@ def test_lengths_file_drives_the_steps(tmp_path):
         assert sorted(i for r in schedule.microbatches for mb in r for i in mb) == list(range(8))
 
 
+def test_trainer_flags_on_a_parser_with_its_own_cap_flag():
+    """Regression: a script's own --max-tokens-per-gpu without help (reused by add_arguments)
+    made add_trainer_arguments fail on None + str; a hidden one was shown by the note."""
+    import argparse
+
+    from costmodel.training.config import add_trainer_arguments
+
+    for own_help in ({}, {"help": argparse.SUPPRESS}):
+        parser = argparse.ArgumentParser()
+        parser.add_argument("--max-tokens-per-gpu", type=int, **own_help)
+        add_trainer_arguments(parser)
+        assert parser.parse_args([]).max_tokens_per_gpu == 1024  # the trainer's default
+        assert "default here" not in parser.format_help()
+    assert "(always on in this trainer)" in add_trainer_arguments(
+        argparse.ArgumentParser()).format_help()
+
+
 def test_warm_up_covers_every_triton_variant_on_a_gpu():
     """On a GPU the warm-up also runs micro-batches of 64, 65 and 1 tokens: Triton compiles
     a kernel variant per class of an integer argument (divisible by 16, not, 1), and a

@@ -83,6 +83,7 @@ def flops_check(
                 violations.append((eff, r, achieved))
         rows[key].append(row)
     if violations:
+        assert peak_flops is not None  # only points checked against the peak are violations
         eff, r, achieved = max(violations, key=lambda v: v[0])
         what = (f"attention L={r.lengths[0]} n={len(r.lengths)}" if r.kind == "attention"
                 else f"{r.kind} T={r.tokens}")

@@ -173,8 +173,8 @@ def fit_measurements(
     if not curves:
         raise ValueError(f"cannot fit any mode from {len(records)} measurements: "
                          + "; ".join(f"{m}: {e}" for m, e in errors.items()))
-    for mode, err in errors.items():
-        logger.warning("mode %s dropped from the cost model: %s", mode, err)
+    for mode, why in errors.items():
+        logger.warning("mode %s dropped from the cost model: %s", mode, why)
 
     peak = gpu_info.peak_bf16_flops if gpu_info is not None else None
     check = flops_check(records, spec, peak_flops=peak, gpu_name=str(device.get("name")))

@@ -10,6 +10,7 @@ length, and the per-token sample cost. CPU only; numpy/scipy/matplotlib.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -86,7 +87,7 @@ def format_report(model: CostModel) -> str:
         f"({spec.num_dense_layers} dense, {spec.num_moe_layers} MoE, {spec.sliding_window_layers} "
         f"sliding-window), hidden {spec.hidden_size}, vocab {spec.vocab_size}"
     )
-    if peak:
+    if info is not None and peak:  # (a peak comes from info)
         out.append(f"  peak: {peak / 1e12:.0f} TFLOP/s bf16 dense ({info.source})")
     for mode in model.modes:
         c = model.curves[mode]
@@ -106,7 +107,7 @@ def format_report(model: CostModel) -> str:
             tail = "  (extrapolated)" if measured_max < L else ""
             out.append(f"    {L:7d} {ms:10.4f} {tf:8.1f} {eff}{tail}")
         _optional(out, f"provenance.fit.{mode}.attention.per_call_ms",
-                  lambda mode=mode: _per_call_lines(model.provenance, mode))
+                  functools.partial(_per_call_lines, model.provenance, mode))
         for kind, curve in c.linear.items():
             out.append(f"  linear part of one {kind} layer (knots {int(curve.tokens[0])}.."
                        f"{int(curve.tokens[-1])}):")
@@ -207,7 +208,7 @@ def _drift_lines(drift: Any) -> list[str]:
             f"({drift['start_ms']:.4g} -> {drift['end_ms']:.4g} ms)"]
 
 
-def _measured(model: CostModel, kind: str, mode: str) -> list[dict[str, Any]]:
+def _measured(model: CostModel, kind: str, mode: str) -> list[Mapping[str, Any]]:
     """The stored measurements of ``kind`` in ``mode`` that carry tokens and ms (a malformed
     entry is left out of the plot; the curves were fitted and checked without it here)."""
     return [

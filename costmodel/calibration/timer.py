@@ -168,8 +168,8 @@ def capture_cuda_graph(fn: Callable[[], Any], *, warmup: int = 1):
         first = str(cause).splitlines()[0] if str(cause) else type(cause).__name__
         raise GraphCaptureError(first) from exc
     # A graph holds no reference to the tensors it reads: keep fn (and its closure) alive
-    # for as long as the graph can be replayed.
-    graph.keep_alive = fn
+    # for as long as the graph can be replayed (an attribute of ours, so not in torch's stubs).
+    graph.keep_alive = fn  # type: ignore[attr-defined]
     graph.replay()  # the first replay uploads the graph: keep it out of the timings
     torch.cuda.synchronize()
     return graph

@@ -79,7 +79,7 @@ def best_scale(x: np.ndarray, y: np.ndarray) -> float:
     return float(r[order][np.searchsorted(cw, 0.5 * cw[-1])])
 
 
-def error_metrics(pred: np.ndarray, measured: np.ndarray) -> dict[str, float]:
+def error_metrics(pred: np.ndarray, measured: np.ndarray) -> dict[str, float | None]:
     rel = np.asarray(pred) / np.asarray(measured) - 1.0
     rho = spearmanr(pred, measured).statistic if len(rel) > 2 else float("nan")
     return {

@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from typing import Any
 
 from costmodel.commands.schedule import (
     add_allow_other_shape,
@@ -111,7 +112,7 @@ def run(args: argparse.Namespace) -> int:
         policies.append(("baseline kk-samples", baseline("kk-samples")))
     policies.append(("cost-model", ours(model)))
 
-    rows = []
+    rows: list[dict[str, Any]] = []
     for name, build in policies:
         t0 = time.perf_counter()
         built = build()

@@ -200,10 +200,11 @@ def validate_args(args: argparse.Namespace, spec=None):
         raise ValueError(
             f"--max-tokens-per-gpu must be a positive number of tokens, got {raw_cap}"
         )
-    if raw_cap is not None and _cap(args) > MAX_LENGTH:
+    cap = _cap(args)  # None without --max-tokens-per-gpu
+    if cap is not None and cap > MAX_LENGTH:
         times_cp = " × --context-parallel-size" if _flag(args, "context_parallel_size", 1) not in (1, None) else ""
         raise ValueError(
-            f"--max-tokens-per-gpu {raw_cap}{times_cp} is {_cap(args):,} tokens, above the "
+            f"--max-tokens-per-gpu {raw_cap}{times_cp} is {cap:,} tokens, above the "
             f"{MAX_LENGTH:,} one micro-batch may hold; lower it"
         )
     if dynamic and raw_cap is None:

@@ -56,10 +56,11 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 from costmodel.checks import cost_model_choice, on_off, positive_int, whole_number
 from costmodel.flops import MAX_LENGTH, as_lengths
@@ -170,7 +171,8 @@ def _given_steps(step_sample_indices: Any, n: int) -> list[list[int]]:
             or not step_sample_indices:
         raise ValueError("step_sample_indices must be a non-empty list of steps, each a list of "
                          f"sample positions, got {step_sample_indices!r:.60}")
-    steps, seen = [], set()
+    steps: list[list[int]] = []
+    seen: set[int] = set()
     for s, step in enumerate(step_sample_indices):
         positions = _positions(step, n, f"step_sample_indices[{s}]")
         again = seen.intersection(positions)
@@ -187,13 +189,13 @@ def _given_steps(step_sample_indices: Any, n: int) -> list[list[int]]:
 
 def build_dp_schedule(
     args: Any,
-    train_parallel_config: dict,
-    total_lengths: Sequence[int],
+    train_parallel_config: Mapping[str, Any],
+    total_lengths: ArrayLike,
     *,
     global_batch_size: int | None = None,
-    rollout_indices: Sequence[Any] | None = None,
-    sample_is_multimodal: Sequence[bool] | None = None,
-    step_sample_indices: Sequence[Sequence[int]] | None = None,
+    rollout_indices: Collection[Any] | None = None,
+    sample_is_multimodal: Collection[bool] | None = None,
+    step_sample_indices: Sequence[ArrayLike] | None = None,
 ) -> tuple[list[list[int]], list[list[list[int]]], list[int], list[int]]:
     """Per-rank sample partition and micro-batch schedule, step by step (see module doc).
 
@@ -202,6 +204,8 @@ def build_dp_schedule(
     ``step_sample_indices`` (each step's sample positions; its ``global_batch_sizes`` entry
     is its sample count). ``sample_is_multimodal`` is accepted as slime's signature has it;
     it only matters to multimodal-aware packing, which this drop-in refuses.
+    ``total_lengths``, ``rollout_indices`` and each step's positions may be lists, numpy
+    arrays or 1-D tensors.
 
     Returns ``(partitions, micro_batch_indices, num_microbatches, global_batch_sizes)``.
     """
@@ -248,7 +252,7 @@ def build_dp_schedule(
             )
     dynamic = _on(args, "use_dynamic_batch_size")
     cost, spec, balance = _resolve_cost(args)
-    cap = None
+    cap: int | None = None  # the token cap: set exactly when dynamic
     if dynamic:
         per_gpu = getattr(args, "max_tokens_per_gpu", None)
         if per_gpu is None:
@@ -279,7 +283,7 @@ def build_dp_schedule(
     for step, (samples, step_size) in enumerate(zip(steps, step_sizes)):
         step_lengths = lengths[samples]
         try:
-            if dynamic and balance:
+            if cap is not None and balance:
                 per_rank = build_schedule(
                     step_lengths,
                     dp_size=dp,
@@ -288,7 +292,7 @@ def build_dp_schedule(
                     spec=spec,
                     align=align,
                 ).microbatches
-            elif dynamic:
+            elif cap is not None:
                 per_rank = _first_fit_strided(step_lengths, dp, align, cap)
             else:
                 per_rank = _static(

@@ -51,11 +51,12 @@ from __future__ import annotations
 
 import functools
 import operator
-from collections.abc import Sequence
+from collections.abc import Sized
 from itertools import chain
-from typing import Any
+from typing import Any, SupportsIndex
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 from costmodel.checks import plain_scalar, positive_int
 from costmodel.scheduler import build_schedule, karmarkar_karp
@@ -91,12 +92,13 @@ def _token_count(value: Any, name: str) -> int:
 
 
 def get_seqlen_balanced_partitions(
-    seqlen_list: Sequence[int], k_partitions: int, equal_size: bool
+    seqlen_list: ArrayLike, k_partitions: int, equal_size: bool
 ) -> list[list[int]]:
-    """``k_partitions`` lists of indices with near-equal sums of ``seqlen_list``; indices
-    sorted inside each list; none empty. ``equal_size``: the same number of items in each."""
+    """``k_partitions`` lists of indices with near-equal sums of ``seqlen_list`` (a list,
+    numpy array or 1-D tensor); indices sorted inside each list; none empty. ``equal_size``:
+    the same number of items in each."""
     k_partitions = positive_int(k_partitions, "k_partitions")
-    if isinstance(seqlen_list, (str, bytes)) or not hasattr(seqlen_list, "__len__"):
+    if isinstance(seqlen_list, (str, bytes)) or not isinstance(seqlen_list, Sized):
         raise ValueError(f"seqlen_list must be a sequence of numbers, got {seqlen_list!r:.60}")
     n = len(seqlen_list)
     if n < k_partitions:
@@ -108,9 +110,10 @@ def get_seqlen_balanced_partitions(
     return parts
 
 
-def get_reverse_idx(idx_map: Sequence[int]) -> list[int]:
-    """The inverse permutation: ``out[idx_map[i]] = i``; ValueError unless ``idx_map`` is a
-    permutation of 0..n-1 (a repeated index gave a wrong inverse, silently)."""
+def get_reverse_idx(idx_map: ArrayLike) -> list[int]:
+    """The inverse permutation: ``out[idx_map[i]] = i``; ValueError unless ``idx_map`` (a
+    list, numpy array or 1-D tensor of integers) is a permutation of 0..n-1 (a repeated index
+    gave a wrong inverse, silently)."""
     entries = _entries(idx_map)
     n = len(entries)
     out = [-1] * n
@@ -152,13 +155,13 @@ def _index(entry: Any) -> int | None:
 
 def rearrange_micro_batches(
     batch: Any,
-    max_token_len: int,
+    max_token_len: SupportsIndex | float,
     dp_group: Any = None,
     num_batches_divided_by: int | None = None,
     same_micro_num_in_dp: bool = True,
     min_num_micro_batch: int | None = None,
     use_dynamic_bsz_balance: bool = True,
-    force_group_size: int = 1,
+    force_group_size: SupportsIndex | float = 1,
     *,
     cost: Any = None,
     spec: Any = None,
@@ -359,7 +362,7 @@ def _effective_lengths(batch: Any) -> np.ndarray:
         lengths = input_ids.offsets().diff()
     else:
         mask = batch["attention_mask"] if "attention_mask" in keys else None
-        if getattr(mask, "ndim", 0) != 2 or not hasattr(mask, "sum"):
+        if mask is None or getattr(mask, "ndim", 0) != 2 or not hasattr(mask, "sum"):
             found = (f"an attention_mask of shape {tuple(getattr(mask, 'shape', ()))}"
                      if mask is not None else f"keys {sorted(map(str, keys))[:8]}")
             raise ValueError(
@@ -436,8 +439,8 @@ def _count_extremes(count: int, failed: bool, group: Any) -> tuple[int, int, int
 
 
 def balanced_micro_batches(
-    seq_lengths: Sequence[int],
-    max_token_len: int,
+    seq_lengths: ArrayLike,
+    max_token_len: SupportsIndex | float,
     *,
     dp_size: int = 1,
     same_micro_num_in_dp: bool = True,
@@ -483,7 +486,8 @@ def balanced_micro_batches(
         if value is not None:
             positive_int(value, name)
     lengths = np.asarray(seq_lengths)
-    over = np.flatnonzero(lengths > max_token_len) if lengths.dtype.kind in "iuf" else []
+    over: np.ndarray | list[int] = (
+        np.flatnonzero(lengths > max_token_len) if lengths.dtype.kind in "iuf" else [])
     if len(over):
         raise ValueError(f"sequence {int(over[0])} has {int(lengths[over[0]])} tokens, over "
                          f"max_token_len={max_token_len} ({len(over)} such): every sequence must "

@@ -170,6 +170,7 @@ class TransformerLayer(nn.Module):
                 self.k_norm = ones(spec.head_dim)
         self.w_o = init_weight(hidden, spec.num_heads * self.v_head_dim, **kw)
         self.post_attention_norm = ones(hidden)
+        self.mlp: MoEMLP | SwiGLUMLP
         if self.is_moe:
             self.mlp = MoEMLP(
                 hidden, spec.num_experts, spec.num_experts_per_tok, spec.moe_intermediate_size,

@@ -96,11 +96,11 @@ def _probe_grouped_mm(fn, device: torch.device, dtype: torch.dtype) -> float:
     a, w = a0.clone().requires_grad_(), w0.clone().requires_grad_()
     out = fn(a, w.transpose(-2, -1), offs=offs)
     out.backward(g0)
-    if a.grad is None or w.grad is None:
-        return float("inf")
     a64, w64 = a0.double().requires_grad_(), w0.double().requires_grad_()
     ref = torch.cat([a64[:8] @ w64[0].T, a64[8:] @ w64[2].T])
     ref.backward(g0.double())
+    if a.grad is None or w.grad is None or a64.grad is None or w64.grad is None:
+        return float("inf")  # fn's output did not reach its inputs: no usable kernel
 
     def rel(x: torch.Tensor, y: torch.Tensor) -> float:
         return ((x.double() - y).norm() / y.norm().clamp_min(1e-30)).item()

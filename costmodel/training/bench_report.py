@@ -46,12 +46,14 @@ def format_report(runs: Sequence[PolicyRun], *, per_rank: bool = False) -> str:
         "speed-up: token balance's makespan / this one's; pred max/mean: by the policy's own "
         "cost; rank err %: |cost-model prediction / measured - 1| per rank, mean/worst"
     )
-    floors = {r.dp_size: r for r in runs if r.policy == "calibrated" and r.noise_floor}
-    for dp, r in sorted(floors.items()):
+    # (a noise floor is computed from the timing noise: where one is set, so is the other)
+    floors = {r.dp_size: (r.timing_noise, r.noise_floor) for r in runs
+              if r.policy == "calibrated" and r.noise_floor and r.timing_noise is not None}
+    for dp, (noise, floor) in sorted(floors.items()):
         lines.append(
-            f"dp {dp}: timing noise ~{100 * r.timing_noise:.1f}% per micro-batch; a perfectly "
+            f"dp {dp}: timing noise ~{100 * noise:.1f}% per micro-batch; a perfectly "
             f"balanced schedule of the calibrated policy's micro-batches would measure max/mean "
-            f"~{r.noise_floor:.3f}"
+            f"~{floor:.3f}"
         )
     ratios = [r.slowest_rank_direct_ms / r.makespan for r in runs if r.slowest_rank_direct_ms]
     if ratios:

@@ -82,8 +82,9 @@ def add_trainer_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentP
     notes = {"use_dynamic_batch_size": " (always on in this trainer)",
              "max_tokens_per_gpu": " (default here: %(default)s)"}
     for action in parser._actions:  # argparse keeps no public list of a parser's actions
-        if action.dest in notes:
-            action.help += notes[action.dest]
+        # (the script's own flag, reused by add_arguments, may have no help, or a hidden one)
+        if action.dest in notes and action.help not in (None, argparse.SUPPRESS):
+            action.help = f"{action.help}{notes[action.dest]}"
     return parser
 
 

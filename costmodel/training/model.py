@@ -34,14 +34,13 @@ class TinyGPT(nn.Module):
         self.spec = spec
         self.embed = nn.Embedding(spec.vocab_size, spec.hidden_size, device=device, dtype=dtype)
         nn.init.normal_(self.embed.weight, std=0.02)
-        self.layers = nn.ModuleList(
-            TransformerLayer(spec, attention=attention, device=device, dtype=dtype)
-            for _ in range(spec.num_layers)
-        )
-        for layer in self.layers:
+        layers = [TransformerLayer(spec, attention=attention, device=device, dtype=dtype)
+                  for _ in range(spec.num_layers)]
+        for layer in layers:
             # packed_batch builds valid offsets; the per-layer check would read cu_seqlens
             # back to the host, a device sync per layer inside the timed step on a GPU.
             layer.check_values = False
+        self.layers = nn.ModuleList(layers)
         self.norm = nn.RMSNorm(spec.hidden_size, device=device, dtype=dtype)
         self.lm_head = nn.Linear(spec.hidden_size, spec.vocab_size, bias=False, device=device, dtype=dtype)
         if spec.tie_word_embeddings:
