@@ -317,6 +317,7 @@ class CostModel:
 
     # ---- serialisation -----------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
+        """The cost model file's document (`save` writes it; `from_dict` reads it back)."""
         doc: dict[str, Any] = {
             "schema": SCHEMA,
             "created": self.extra.get("created") or utc_timestamp(),

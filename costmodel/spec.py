@@ -188,6 +188,7 @@ class ModelSpec:
 
     # ---- identity and (de)serialisation -------------------------------------------
     def to_dict(self) -> dict[str, Any]:
+        """Every field as plain JSON types (`from_dict` reads it back)."""
         d = dataclasses.asdict(self)
         if d["moe_layers"] is not None:
             d["moe_layers"] = list(d["moe_layers"])
@@ -271,6 +272,7 @@ class ModelSpec:
 
 
 def preset_names() -> list[str]:
+    """The built-in model shapes' names, as `ModelSpec.from_preset` and ``--model`` take them."""
     return list(PRESETS)
 
 

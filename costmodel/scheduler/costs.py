@@ -92,12 +92,15 @@ class Cost:
         raise NotImplementedError(f"{type(self).__name__} is separable: implement fixed_cost()")
 
     def sequence_costs(self, lengths: np.ndarray) -> np.ndarray:
+        """A separable cost's per-sequence part, one value per length (attention)."""
         raise NotImplementedError
 
     def token_costs(self, tokens: np.ndarray) -> np.ndarray:
+        """A separable cost's part by a micro-batch's token count, one value per count."""
         raise NotImplementedError
 
     def microbatch_costs(self, lengths: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+        """Each micro-batch's cost: micro-batch k holds ``lengths[offsets[k]:offsets[k+1]]``."""
         raise NotImplementedError
 
     def sample_costs(self, lengths: np.ndarray) -> np.ndarray:

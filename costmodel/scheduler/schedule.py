@@ -177,6 +177,7 @@ class Schedule:
         return hashlib.sha256(payload).hexdigest()
 
     def to_dict(self) -> dict[str, Any]:
+        """The schedule and its figures as plain JSON types (`costmodel schedule --json`)."""
         return {
             "cost": self.cost_name,
             "dp_size": self.dp_size,
