@@ -22,12 +22,16 @@ from __future__ import annotations
 
 import argparse
 import logging
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from costmodel.calibration.device import current_gpu_name
 from costmodel.checks import cost_model_choice, on_off, positive_int, whole_number
 from costmodel.flops import MAX_LENGTH
 from costmodel.spec import ModelSpec, as_spec, preset_names
+
+if TYPE_CHECKING:
+    from costmodel.model import CostModel
 
 __all__ = ["add_arguments", "scheduler_from_args", "validate_args"]
 
@@ -164,14 +168,14 @@ def _cap(args: argparse.Namespace) -> int | None:
     return whole_number(cap, "--max-tokens-per-gpu") * cp
 
 
-def _spec_from_args(args: argparse.Namespace):
+def _spec_from_args(args: argparse.Namespace) -> ModelSpec | None:
     """The model shape from a Megatron-style namespace, or None when it has none."""
     if _flag(args, "hidden_size") is not None and _flag(args, "num_layers") is not None:
         return ModelSpec.from_megatron_args(args)
     return None
 
 
-def validate_args(args: argparse.Namespace, spec=None):
+def validate_args(args: argparse.Namespace, spec: ModelSpec | str | Path | None = None) -> CostModel | None:
     """Check the balancing flags before training starts; return the loaded cost model or None.
 
     Raises ValueError (with what to change) when:
@@ -190,8 +194,7 @@ def validate_args(args: argparse.Namespace, spec=None):
     ``args`` (hidden_size, num_layers, ...) are used. The loaded model is kept on ``args``
     so `scheduler_from_args` does not load it again.
     """
-    if spec is not None:
-        spec = as_spec(spec)  # a preset name or config.json path as well
+    shape = as_spec(spec) if spec is not None else None  # a preset name or config.json path too
     dynamic = _switch(args, "use_dynamic_batch_size")
     by_flops = _switch(args, "balance_by_flops")
     cost_model_arg = cost_model_choice(_flag(args, "cost_model"), "--cost-model")
@@ -222,9 +225,9 @@ def validate_args(args: argparse.Namespace, spec=None):
             f"--cost-model {cost_model_arg} is only used with --balance-by-flops: add "
             "--balance-by-flops (or drop --cost-model to balance tokens)"
         )
-    if by_flops and spec is None:
-        spec = _spec_from_args(args)
-        if spec is None:
+    if by_flops and shape is None:
+        shape = _spec_from_args(args)
+        if shape is None:
             what = "to check --cost-model against" if cost_model_arg else "for analytic FLOPs"
             raise ValueError(
                 f"--balance-by-flops needs the model shape {what}: pass spec= to "
@@ -238,14 +241,15 @@ def validate_args(args: argparse.Namespace, spec=None):
 
     allow_other = _switch(args, "cost_model_allow_other_shape")
     try:
-        model = load_cost_model(cost_model_arg, spec=spec, allow_other_shape=allow_other)
+        model = load_cost_model(cost_model_arg, spec=shape, allow_other_shape=allow_other)
     except ValueError as err:
         message = str(err)
-        if not allow_other and "allow_other_shape" in message:
-            # Say it in the training script's terms: a flag, not a keyword argument.
-            is_preset = spec.name in preset_names() and (
-                ModelSpec.from_preset(spec.name).fingerprint() == spec.fingerprint())
-            model_flag = spec.name if is_preset else "<its HF config.json>"
+        if not allow_other and "allow_other_shape" in message and shape is not None:
+            # Say it in the training script's terms: a flag, not a keyword argument. (A
+            # shape is known here: --cost-model needs --balance-by-flops, which needs one.)
+            is_preset = shape.name in preset_names() and (
+                ModelSpec.from_preset(shape.name).fingerprint() == shape.fingerprint())
+            model_flag = shape.name if is_preset else "<its HF config.json>"
             message = (
                 f"{message.split(';')[0]}; calibrate one for this model with `costmodel "
                 f"calibrate --model {model_flag}`, or pass --cost-model-allow-other-shape to "
@@ -316,7 +320,7 @@ def _check_gpu(model, label: str) -> None:
 
 
 def scheduler_from_args(
-    args: argparse.Namespace, spec=None, *, dp_size: int | None = None
+    args: argparse.Namespace, spec: ModelSpec | str | Path | None = None, *, dp_size: int | None = None
 ) -> dict[str, Any]:
     """Keyword arguments for `costmodel.scheduler.build_schedule` from the parsed flags.
 

@@ -34,6 +34,7 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 from costmodel.curves import MODES
 
@@ -108,7 +109,7 @@ class Cost:
         raise NotImplementedError(f"{type(self).__name__} is not additive: it has no cost per "
                                   "sample; use marginal_costs(lengths, fill_tokens)")
 
-    def microbatch_cost(self, lengths) -> float:
+    def microbatch_cost(self, lengths: ArrayLike) -> float:
         """One micro-batch, for convenience (tests, reports)."""
         arr = np.asarray(lengths, dtype=np.int64).reshape(-1)
         return float(self.evaluate(arr, np.array([0, arr.size], dtype=np.int64))[0])
