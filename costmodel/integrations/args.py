@@ -175,7 +175,9 @@ def _spec_from_args(args: argparse.Namespace) -> ModelSpec | None:
     return None
 
 
-def validate_args(args: argparse.Namespace, spec: ModelSpec | str | Path | None = None) -> CostModel | None:
+def validate_args(
+    args: argparse.Namespace, spec: ModelSpec | str | Path | None = None
+) -> CostModel | None:
     """Check the balancing flags before training starts; return the loaded cost model or None.
 
     Raises ValueError (with what to change) when:
