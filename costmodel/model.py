@@ -367,9 +367,16 @@ def separable_microbatch_costs(
     (`fixed_cost`, `sequence_costs`, `token_costs`, each taking `mode`): fixed + Σ sequence
     costs + token cost of the micro-batch's total; an empty micro-batch costs 0. Inputs
     already checked (int64 lengths >= 1, valid offsets)."""
-    attn_cum = np.concatenate(([0.0], np.cumsum(parts.sequence_costs(lengths, mode))))
-    tok_cum = np.concatenate(([0], np.cumsum(lengths)))
-    attn_sum = attn_cum[offsets[1:]] - attn_cum[offsets[:-1]]
+    # Each micro-batch summed on its own (a difference of running sums over all of them
+    # would carry the rounding of every micro-batch before it: 2e-5 relative after a 2^31
+    # token sample). reduceat sums up to the next start: empty micro-batches are skipped.
+    sizes = np.diff(offsets)
+    nonempty = sizes > 0
+    attn_sum = np.zeros(sizes.size)
+    if nonempty.any():
+        seq = parts.sequence_costs(lengths[: offsets[-1]], mode)
+        attn_sum[nonempty] = np.add.reduceat(seq, offsets[:-1][nonempty])
+    tok_cum = np.concatenate(([0], np.cumsum(lengths)))  # int64: exact
     tokens = (tok_cum[offsets[1:]] - tok_cum[offsets[:-1]]).astype(np.float64)
     cost = parts.fixed_cost(mode) + attn_sum + parts.token_costs(tokens, mode)
     return np.where(tokens > 0, cost, 0.0)
