@@ -38,6 +38,14 @@ def on_off(value: Any, name: str) -> bool:
     raise ValueError(f"{name} must be true or false, got {value!r:.60}")
 
 
+def true_or_false(value: Any, name: str) -> bool:
+    """A switch of the Python API: True or False (numpy's too). ValueError naming ``name``
+    otherwise: "no" or "False" would read as on."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise ValueError(f"{name} must be True or False, got {value!r:.40}")
+    return bool(value)
+
+
 # ASCII digits only: int() also takes "8_192" and other scripts' digits ("٨١٩٢").
 _DIGITS = re.compile(r"([+-]?)([0-9]+)")
 

@@ -8,6 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from costmodel.flops import (
+    as_lengths,
     attention_projection_flops_per_token,
     calculate_fwd_flops,
     calculate_train_flops,
@@ -202,6 +203,14 @@ def test_quadratic_term_and_monotone(L, spec):
 def test_bad_lengths_rejected(bad):
     with pytest.raises(ValueError):
         calculate_fwd_flops(bad, ModelSpec.from_preset("qwen3-0.6b"))
+
+
+@pytest.mark.parametrize("flagged", [[True, 2], (3, np.True_), [5, 6, False]])
+def test_a_bool_among_lengths_is_refused_not_read_as_a_token(flagged):
+    """numpy reads [True, 2] as [1, 2]; an all-bool list or array is refused by its dtype."""
+    i = next(i for i, x in enumerate(flagged) if isinstance(x, (bool, np.bool_)))
+    with pytest.raises(ValueError, match=rf"must be integers, got (np\.)?{flagged[i]}_? at index {i}"):
+        as_lengths(flagged)
 
 
 @pytest.mark.parametrize("too_long", [[2**31], [10**10], [1e20], [10**26, 5]])

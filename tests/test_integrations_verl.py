@@ -443,3 +443,35 @@ def test_the_count_a_rank_reschedules_to_is_recounted_not_assumed(monkeypatch):
     overshoots = lambda k: [[i] for i in range(3 if k is None else k + 1)]  # noqa: E731
     assert len(verl._agree_on_count(overshoots, None, group=None)) == 6
     assert reported == [3, 6]
+
+
+def test_the_drop_ins_take_tensors_and_refuse_what_would_misread():
+    """From a fuzzer: a tensor that requires grad or is bf16 reached numpy (RuntimeError,
+    TypeError); a True among lengths counted as 1 token; "no" or "False" for a switch read
+    as on; get_reverse_idx(None) was a TypeError."""
+    import torch
+
+    lengths = [53, 65, 26, 61, 76, 38, 46]
+    as_list = balanced_micro_batches(lengths, 100, dp_size=2)
+    for tensor in (torch.tensor(lengths, dtype=torch.float32, requires_grad=True),
+                   torch.tensor(lengths)):
+        assert balanced_micro_batches(tensor, 100, dp_size=2) == as_list
+        assert (get_seqlen_balanced_partitions(tensor, 2, False)
+                == get_seqlen_balanced_partitions(lengths, 2, False))
+    half = torch.tensor(lengths, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="seq_lengths must be integers, got torch.bfloat16"):
+        balanced_micro_batches(half, 100)
+    with pytest.raises(ValueError, match="seqlen_list must be integers, got torch.bfloat16"):
+        get_seqlen_balanced_partitions(half, 2, False)
+    with pytest.raises(ValueError, match="must be integers, got True at index 0"):
+        balanced_micro_batches([True, 2], 10)
+    for name in ("same_micro_num_in_dp", "use_dynamic_bsz_balance"):
+        with pytest.raises(ValueError, match=f"{name} must be True or False, got 'False'"):
+            balanced_micro_batches(lengths, 100, dp_size=2, **{name: "False"})
+        with pytest.raises(ValueError, match=f"{name} must be True or False, got 'no'"):
+            rearrange_micro_batches(_padded_batch([3, 5, 2, 4], 8), 8, **{name: "no"})
+    with pytest.raises(ValueError, match="equal_size must be True or False, got 'no'"):
+        get_seqlen_balanced_partitions([10, 1, 1, 1], 2, "no")
+    for bad in (None, 5, "01"):
+        with pytest.raises(ValueError, match="idx_map must be a list or 1-D array of indices"):
+            get_reverse_idx(bad)

@@ -51,14 +51,15 @@ from __future__ import annotations
 
 import functools
 import operator
-from collections.abc import Sized
+from collections.abc import Iterable, Sized
 from itertools import chain
 from typing import Any, SupportsIndex
 
 import numpy as np
 from numpy.typing import ArrayLike
 
-from costmodel.checks import plain_scalar, positive_int
+from costmodel.checks import plain_scalar, positive_int, true_or_false
+from costmodel.flops import as_lengths, on_host
 from costmodel.scheduler import build_schedule, karmarkar_karp
 from costmodel.scheduler.bounds import round_up
 from costmodel.scheduler.costs import AdditiveCost, as_cost
@@ -98,6 +99,7 @@ def get_seqlen_balanced_partitions(
     numpy array or 1-D tensor); indices sorted inside each list; none empty. ``equal_size``:
     the same number of items in each."""
     k_partitions = positive_int(k_partitions, "k_partitions")
+    seqlen_list = on_host(seqlen_list, "seqlen_list")
     if isinstance(seqlen_list, (str, bytes)) or not isinstance(seqlen_list, Sized):
         raise ValueError(f"seqlen_list must be a sequence of numbers, got {seqlen_list!r:.60}")
     n = len(seqlen_list)
@@ -131,6 +133,9 @@ def _entries(idx_map: Any) -> list:
     entry, numpy took 8x as long); a list or tuple as it is."""
     kind = str(getattr(idx_map, "dtype", "object"))
     if kind == "object":  # a list, or numpy holding Python objects: per entry
+        if isinstance(idx_map, (str, bytes)) or not isinstance(idx_map, Iterable):
+            raise ValueError(f"idx_map must be a list or 1-D array of indices, got "
+                             f"{idx_map!r:.40}")
         return list(idx_map)
     if getattr(idx_map, "ndim", 1) != 1 or "int" not in kind:  # bool, float, 2-D
         raise ValueError(f"idx_map must be a 1-D integer permutation, got {kind} of shape "
@@ -203,6 +208,8 @@ def rearrange_micro_batches(
     # This rank's batch is read inside `schedule`, so that a rank whose batch is bad
     # raises only after telling the others (who would otherwise wait in the all-reduce).
     group = _token_count(force_group_size, "force_group_size")
+    same_micro_num_in_dp = true_or_false(same_micro_num_in_dp, "same_micro_num_in_dp")
+    use_dynamic_bsz_balance = true_or_false(use_dynamic_bsz_balance, "use_dynamic_bsz_balance")
     kwargs = dict(num_batches_divided_by=num_batches_divided_by,
                   use_dynamic_bsz_balance=use_dynamic_bsz_balance and group == 1, cost=cost,
                   spec=spec, mode=mode)
@@ -485,9 +492,10 @@ def balanced_micro_batches(
                         ("min_num_micro_batch", min_num_micro_batch)):
         if value is not None:
             positive_int(value, name)
-    lengths = np.asarray(seq_lengths)
-    over: np.ndarray | list[int] = (
-        np.flatnonzero(lengths > max_token_len) if lengths.dtype.kind in "iuf" else [])
+    same_micro_num_in_dp = true_or_false(same_micro_num_in_dp, "same_micro_num_in_dp")
+    use_dynamic_bsz_balance = true_or_false(use_dynamic_bsz_balance, "use_dynamic_bsz_balance")
+    lengths = as_lengths(seq_lengths, "seq_lengths")  # named as verl names it
+    over = np.flatnonzero(lengths > max_token_len)
     if len(over):
         raise ValueError(f"sequence {int(over[0])} has {int(lengths[over[0]])} tokens, over "
                          f"max_token_len={max_token_len} ({len(over)} such): every sequence must "

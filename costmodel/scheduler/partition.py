@@ -21,6 +21,7 @@ import math
 import numpy as np
 from numpy.typing import ArrayLike
 
+from costmodel.checks import true_or_false
 from costmodel.scheduler.sorting import as_lists, members_of
 
 __all__ = ["karmarkar_karp", "karmarkar_karp_labels", "lpt_partition", "partition_sums"]
@@ -48,7 +49,7 @@ def _weights(weights: ArrayLike, what: str = "weights") -> np.ndarray:
 def _check_k(k: int, n: int, equal_size: bool) -> None:
     if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
         raise ValueError(f"k (number of partitions) must be an integer >= 1, got {k!r}")
-    if equal_size and n % k:
+    if true_or_false(equal_size, "equal_size") and n % k:
         raise ValueError(
             f"equal_size=True needs the number of items ({n}) to be a multiple of k ({k})"
         )

@@ -47,7 +47,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import ArrayLike
 
-from costmodel.checks import positive_int
+from costmodel.checks import positive_int, true_or_false
 from costmodel.flops import MAX_LENGTH, as_lengths
 from costmodel.scheduler.bounds import lower_bound, microbatch_range, round_up
 from costmodel.scheduler.costs import Cost, as_cost, quantise
@@ -321,9 +321,7 @@ def build_schedule(
     )
     n = lens.size
     over = lens > cap
-    if not isinstance(strict, (bool, np.bool_)):  # "no" would read as on
-        raise ValueError(f"strict must be True or False, got {strict!r:.40}")
-    if strict and over.any():
+    if true_or_false(strict, "strict") and over.any():
         i = int(np.flatnonzero(over)[0])
         raise ValueError(
             f"sample {i} has {int(lens[i])} tokens, over the cap of {cap} "
