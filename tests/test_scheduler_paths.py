@@ -317,6 +317,19 @@ def test_groups_that_fit_no_equal_count_are_refused_and_ungrouped_they_schedule(
     assert s.makespan == pytest.approx(best, rel=1e-9)
 
 
+@pytest.mark.parametrize("cap", [1, 4096])
+def test_groups_whose_sizes_split_exactly_into_the_ranks_are_placed(cap):
+    """Every sample alone in its micro-batch (each over half the cap): each rank needs
+    exactly 11 of the 33, a number partition of the group sizes that the greedy moves
+    missed ("could not pack"; a fuzzer's); ranks of {6,5}, {6,4,1}, {4,3,3,1} exist."""
+    sizes = [1, 1, 3, 3, 4, 4, 5, 6, 6]
+    group_ids = [g for g, size in enumerate(sizes) for _ in range(size)]
+    lengths = [min(cap, 3000)] * len(group_ids)
+    s = build_schedule(lengths, dp_size=3, max_tokens_per_microbatch=cap, group_ids=group_ids)
+    check_schedule(s, lengths, dp=3, cap=cap)
+    assert [len(rank) for rank in s.microbatches] == [11, 11, 11] and s.imbalance == 1.0
+
+
 # -- evaluate_schedule --------------------------------------------------------------------
 
 

@@ -27,6 +27,7 @@ import numpy as np
 
 from costmodel.scheduler.pack import MAX_ROUNDS, best_fit_pack, pack_tokens
 from costmodel.scheduler.pack_ranks import pack_each_rank
+from costmodel.scheduler.partition import karmarkar_karp_labels
 from costmodel.scheduler.refine import MAX_SWEEPS, first_min_per_pair, pair_ranks, swap_partners
 from costmodel.scheduler.sorting import longest_first, members_of
 
@@ -314,6 +315,12 @@ def place_groups(
         # (groups of 4, 3, 2 and 1 samples split 5/5 only over it).
         rank_of_unit = _greedy_by_count(units, dp, np.iinfo(np.int64).max)
         counts_ok = _fix_counts(rank_of_unit, units, dp, m)
+        if not counts_ok:
+            # Where the ranks need nearly every sample, counts are a number partition that
+            # greedy moves miss: groups of {1,1,3,3,4,4,5,6,6} into 3 ranks of 11 (a fuzzer's);
+            # Karmarkar-Karp over the groups' sizes finds such exact splits.
+            rank_of_unit = karmarkar_karp_labels(units.count, dp)
+            counts_ok = _fix_counts(rank_of_unit, units, dp, m)
     if not counts_ok:
         return "samples"
     tol = _GROUP_REL_TOL * int(units.cost.sum()) / dp
