@@ -318,16 +318,30 @@ def test_groups_that_fit_no_equal_count_are_refused_and_ungrouped_they_schedule(
 
 
 @pytest.mark.parametrize("cap", [1, 4096])
-def test_groups_whose_sizes_split_exactly_into_the_ranks_are_placed(cap):
+@pytest.mark.parametrize("sizes, dp", [
+    ([1, 1, 3, 3, 4, 4, 5, 6, 6], 3),  # a fuzzer's: {6,5}, {6,4,1}, {4,3,3,1}
+    ([28, 17, 15, 12, 11, 3, 1], 3),  # Karmarkar-Karp misses it: {28,1}, {17,12}, {15,11,3}
+])
+def test_groups_whose_sizes_split_exactly_into_the_ranks_are_placed(sizes, dp, cap):
     """Every sample alone in its micro-batch (each over half the cap): each rank needs
-    exactly 11 of the 33, a number partition of the group sizes that the greedy moves
-    missed ("could not pack"; a fuzzer's); ranks of {6,5}, {6,4,1}, {4,3,3,1} exist."""
-    sizes = [1, 1, 3, 3, 4, 4, 5, 6, 6]
+    exactly its share of the samples, a number partition of the group sizes that the greedy
+    moves missed ("could not pack"; in 143 of 3,000 such random splits)."""
     group_ids = [g for g, size in enumerate(sizes) for _ in range(size)]
     lengths = [min(cap, 3000)] * len(group_ids)
-    s = build_schedule(lengths, dp_size=3, max_tokens_per_microbatch=cap, group_ids=group_ids)
-    check_schedule(s, lengths, dp=3, cap=cap)
-    assert [len(rank) for rank in s.microbatches] == [11, 11, 11] and s.imbalance == 1.0
+    s = build_schedule(lengths, dp_size=dp, max_tokens_per_microbatch=cap, group_ids=group_ids)
+    check_schedule(s, lengths, dp=dp, cap=cap)
+    assert [len(rank) for rank in s.microbatches] == [sum(sizes) // dp] * dp
+    assert s.imbalance == 1.0
+
+
+def test_the_exact_count_split_finds_one_with_slack_or_says_there_is_none():
+    from costmodel.scheduler.groups import _split_counts
+
+    assert _split_counts(np.array([4, 4, 4]), 2, 6) is None  # 12 samples, no 6 + 6
+    assert _split_counts(np.array([5, 5]), 3, 3) is None  # fewer samples than 3 x 3
+    sizes = np.array([7, 5, 4, 4, 2, 1])  # 23 samples, 3 ranks of at least 7: slack 2
+    ranks = _split_counts(sizes, 3, 7)
+    assert ranks is not None and np.bincount(ranks, weights=sizes, minlength=3).min() >= 7
 
 
 # -- evaluate_schedule --------------------------------------------------------------------

@@ -278,6 +278,48 @@ def _fix_counts(rank_of_unit: np.ndarray, units: _Units, dp: int, min_count: int
     return True
 
 
+# `_split_counts`: groups, and ranks looked at in all, beyond which it gives up (a last
+# resort for the few groups of tight inputs, kept to ~10 ms a call on this machine's CPU).
+_SPLIT_MAX_GROUPS = 64
+_SPLIT_MAX_STEPS = 10_000
+
+
+def _split_counts(sizes: np.ndarray, dp: int, m: int) -> np.ndarray | None:
+    """Each group's rank such that every rank holds at least ``m`` samples, by a bounded
+    depth-first search (largest groups first; of the ranks with equal counts only one is
+    tried), or None. Every sample beyond ``dp * m`` is slack: a placement that puts more
+    than that over ``m`` in all would leave some rank short, so it is cut there."""
+    if sizes.size > _SPLIT_MAX_GROUPS:
+        return None
+    order = np.argsort(-sizes, kind="stable").tolist()
+    size = sizes.tolist()
+    slack = sum(size) - dp * m
+    counts, rank_of = [0] * dp, [0] * len(size)
+    steps = 0
+
+    def place(i: int, over: int) -> bool:
+        nonlocal steps
+        if i == len(order):
+            return True  # over <= slack all along: no rank is short
+        steps += dp
+        if steps > _SPLIT_MAX_STEPS:
+            return False
+        s, tried = size[order[i]], set()
+        for r in sorted(range(dp), key=counts.__getitem__):
+            extra = max(0, counts[r] + s - m) - max(0, counts[r] - m)
+            if counts[r] in tried or over + extra > slack:
+                continue
+            tried.add(counts[r])
+            counts[r] += s
+            rank_of[order[i]] = r
+            if place(i + 1, over + extra):
+                return True
+            counts[r] -= s
+        return False
+
+    return np.array(rank_of, dtype=np.int64) if slack >= 0 and place(0, 0) else None
+
+
 def place_groups(
     lens: np.ndarray,
     q: np.ndarray,
@@ -318,9 +360,12 @@ def place_groups(
         if not counts_ok:
             # Where the ranks need nearly every sample, counts are a number partition that
             # greedy moves miss: groups of {1,1,3,3,4,4,5,6,6} into 3 ranks of 11 (a fuzzer's);
-            # Karmarkar-Karp over the groups' sizes finds such exact splits.
+            # Karmarkar-Karp over the groups' sizes finds most such splits, a search the rest.
             rank_of_unit = karmarkar_karp_labels(units.count, dp)
             counts_ok = _fix_counts(rank_of_unit, units, dp, m)
+            exact = None if counts_ok else _split_counts(units.count, dp, m)
+            if exact is not None:
+                rank_of_unit, counts_ok = exact, True
     if not counts_ok:
         return "samples"
     tol = _GROUP_REL_TOL * int(units.cost.sum()) / dp
