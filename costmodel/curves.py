@@ -44,7 +44,7 @@ def _knots(x: ArrayLike, y: ArrayLike, xname: str, what: str) -> tuple[np.ndarra
         if isinstance(values, (list, tuple)):
             bad = [v for v in values if isinstance(v, bool) or not isinstance(v, (int, float, np.number))]
             if bad:
-                raise ValueError(f"{what}: knots must be numbers, got {bad[0]!r}")
+                raise ValueError(f"{what}: knots must be numbers, got {bad[0]!r:.60}")
     xs = np.asarray(x, dtype=np.float64)
     ys = np.asarray(y, dtype=np.float64)
     if xs.ndim != 1 or ys.shape != xs.shape or xs.size < 2:
@@ -80,6 +80,11 @@ class AttentionCurve:
         self.lengths, self.ms = _knots(lengths, ms, "lengths", what)
         # portable, not numpy's exp/log: every rank must price a sample to the same bit.
         self._lx, self._ly = portable.log(self.lengths), portable.log(self.ms)
+        if np.any(np.diff(self._lx) <= 0):  # 1000 and 1000.0000000000001: one log
+            i = int(np.argmax(np.diff(self._lx) <= 0))
+            pair = float(self.lengths[i]), float(self.lengths[i + 1])
+            raise ValueError(f"{what}: lengths {pair[0]!r} and {pair[1]!r} are too close to tell "
+                             "apart; knots are whole tokens")
         # scipy.interpolate costs ~0.4 s to import: only when a curve is built, not at
         # `import costmodel` (every training process, `costmodel --help`).
         from scipy.interpolate import PchipInterpolator
@@ -152,6 +157,14 @@ class ModeCurves:
     """Paid once per layer per micro-batch (attention call cost, glue)."""
     microbatch_overhead_ms: float = 0.0
     """Paid once per micro-batch."""
+
+    def __post_init__(self) -> None:
+        # As a knot's time (`_knots`): 5e306 ms per layer loaded once and priced every
+        # micro-batch at inf.
+        for name in ("layer_overhead_ms", "microbatch_overhead_ms"):
+            value = getattr(self, name)
+            if not 0 <= value <= _MAX_MS:  # also NaN
+                raise ValueError(f"{name} must lie between 0 and {_MAX_MS:g} ms, got {value!r}")
 
     def to_dict(self) -> dict[str, Any]:
         return {

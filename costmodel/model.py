@@ -40,7 +40,7 @@ from numpy.typing import ArrayLike
 from costmodel import gpus
 from costmodel.checks import positive_int
 from costmodel.curves import MODES, ModeCurves, TokenCurve
-from costmodel.flops import as_lengths, causal_pairs
+from costmodel.flops import MAX_LENGTH, as_lengths, causal_pairs
 from costmodel.model_file import (
     OTHER_SHAPE_HINT,
     SCHEMA,
@@ -107,6 +107,9 @@ class CostModel:
                     f"({spec.num_dense_layers} dense, {spec.num_moe_layers} MoE layers)"
                 )
         reference_tokens = positive_int(reference_tokens, "reference_tokens")
+        if reference_tokens > MAX_LENGTH:  # the per-token slope's micro-batch: 10^307 gave NaN
+            raise ValueError(f"reference_tokens must be at most {MAX_LENGTH:,}, got "
+                             f"{reference_tokens}")
         self.spec = spec
         self.gpu = gpu
         self.gpu_key = gpu_key

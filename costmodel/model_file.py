@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from costmodel.curves import MODES, AttentionCurve, ModeCurves, TokenCurve
+from costmodel.flops import MAX_LENGTH
 from costmodel.spec import ModelSpec
 
 if TYPE_CHECKING:
@@ -249,7 +250,7 @@ def _require(mapping: Any, key: str, kind: type | tuple[type, ...], source: str,
     kinds = kind if isinstance(kind, tuple) else (kind,)
     if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds):
         raise _fail(source, f"field {where}{key!r} has the wrong type {type(value).__name__} "
-                    f"(expected {' or '.join(k.__name__ for k in kinds)})")
+                    f"(expected {' or '.join(_JSON_TYPE_NAMES.get(k, k.__name__) for k in kinds)})")
     return value
 
 
@@ -260,8 +261,6 @@ def _mode_from_dict(d: Any, mode: str, source: str) -> ModeCurves:
     overhead = _require(d, "overhead", Mapping, source, where)
     per_layer = _require(overhead, "per_layer_ms", (int, float), source, where + "overhead.")
     per_mb = _require(overhead, "per_microbatch_ms", (int, float), source, where + "overhead.")
-    if per_layer < 0 or per_mb < 0:
-        raise _fail(source, f"{where}overhead must be >= 0 ms")
     attn = _require(d, "attention", Mapping, source, where)
     linear = _require(d, "linear", Mapping, source, where)
     head = _require(d, "head", Mapping, source, where)
@@ -271,7 +270,7 @@ def _mode_from_dict(d: Any, mode: str, source: str) -> ModeCurves:
         ys = _require(block, "ms", list, source, f"{where}{name}.")
         kind = block.get("interpolation", cls.interpolation)
         if kind != cls.interpolation:  # a file from another tool or version: not read as ours
-            raise _fail(source, f"{where}{name}.interpolation is {kind!r}, but this costmodel "
+            raise _fail(source, f"{where}{name}.interpolation is {kind!r:.40}, but this costmodel "
                         f"reads {cls.interpolation!r} curves only")
         try:
             built = cls(xs, ys, what=f"{where}{name}")
@@ -285,13 +284,18 @@ def _mode_from_dict(d: Any, mode: str, source: str) -> ModeCurves:
     unknown = sorted(set(linear) - {"dense", "moe"})
     if unknown:
         raise _fail(source, f"{where}linear has unknown kinds {unknown}; allowed: dense, moe")
-    return ModeCurves(
-        attention=curve(AttentionCurve, attn, "lengths", "attention"),
-        linear={k: curve(TokenCurve, v, "tokens", f"linear.{k}") for k, v in linear.items()},
-        head=curve(TokenCurve, head, "tokens", "head"),
-        layer_overhead_ms=float(per_layer),
-        microbatch_overhead_ms=float(per_mb),
-    )
+    try:
+        return ModeCurves(
+            attention=curve(AttentionCurve, attn, "lengths", "attention"),
+            linear={k: curve(TokenCurve, v, "tokens", f"linear.{k}") for k, v in linear.items()},
+            head=curve(TokenCurve, head, "tokens", "head"),
+            layer_overhead_ms=float(per_layer),
+            microbatch_overhead_ms=float(per_mb),
+        )
+    except ValueError as err:  # the overheads' bounds (the curves' errors carry their source)
+        if "_overhead_ms" not in str(err):
+            raise
+        raise _fail(source, f"{where}overhead: {err}") from None
 
 
 def _note_derived_fields(curve: Any, block: Mapping, source: str, where: str) -> None:
@@ -379,8 +383,10 @@ def from_document(
     optional: dict[str, Any] = {}  # absent: the CostModel default
     if "reference_tokens" in doc:
         reference = doc["reference_tokens"]
-        if isinstance(reference, bool) or not isinstance(reference, int) or reference < 1:
-            raise _fail(source, f"reference_tokens must be a positive integer, got {reference!r}")
+        whole = isinstance(reference, int) and not isinstance(reference, bool)
+        if not whole or not 1 <= reference <= MAX_LENGTH:
+            raise _fail(source, f"reference_tokens must be a whole number of tokens in 1.."
+                        f"{MAX_LENGTH:,}, got {reference!r:.40}")
         optional["reference_tokens"] = reference
     extra = {k: doc.get(k) for k in _EXTRA_FIELDS}
     extra["source"] = source

@@ -264,13 +264,44 @@ def test_non_finite_numbers(tmp_path, good_doc):
 
 @pytest.mark.parametrize("key", ["per_layer_ms", "per_microbatch_ms"])
 @pytest.mark.parametrize("value, says", [
-    (-1.0, r"curves\.train\.overhead must be >= 0 ms"),  # a negative fixed cost scheduled
+    # a negative fixed cost scheduled; 5e306 ms a layer loaded, and priced micro-batches at inf
+    (-1.0, r"curves\.train\.overhead: \w+_overhead_ms must lie between 0 and 1e\+09 ms, got -1"),
+    (5e306, r"curves\.train\.overhead: \w+_overhead_ms must lie between 0 and 1e\+09 ms"),
     (True, r"field curves\.train\.overhead\.'{key}' has the wrong type bool"),  # read as 1 ms
 ])
 def test_overheads_must_be_non_negative_numbers(tmp_path, good_doc, key, value, says):
     good_doc["curves"]["train"]["overhead"][key] = value
     with pytest.raises(ValueError, match=says.format(key=key)):
         load_cost_model(_write(tmp_path, json.dumps(good_doc)))
+
+
+def test_what_loads_prices_every_length_finitely(tmp_path, good_doc):
+    """From a fuzzer of cost model files (37,500 mutants; only these loaded and then priced
+    at inf or NaN, or said little): a reference_tokens of 10^307 (every sample_cost NaN),
+    two attention knots one log apart of nothing (scipy's bare "x must be strictly
+    increasing"), and a knot nested 900 deep (its whole repr in the message)."""
+    good_doc["reference_tokens"] = 10**307
+    with pytest.raises(ValueError, match=r"reference_tokens must be a whole number of tokens "
+                                         r"in 1\.\.2,147,483,647, got 1000"):
+        load_cost_model(_write(tmp_path, json.dumps(good_doc)))
+    good_doc["reference_tokens"] = 2**31 - 1
+    m = load_cost_model(_write(tmp_path, json.dumps(good_doc)))
+    assert np.all(np.isfinite(m.sample_cost([1, 8192, 2**31 - 1])))
+    with pytest.raises(ValueError, match="reference_tokens must be at most 2,147,483,647"):
+        CostModel(spec=m.spec, gpu=m.gpu, curves=m.curves, reference_tokens=2**31)
+    attention = good_doc["curves"]["train"]["attention"]
+    last = float(attention["lengths"][-1])
+    attention["lengths"][-2:] = [last, float(np.nextafter(last, np.inf))]  # one log apart of 0
+    with pytest.raises(ValueError, match=rf"attention: lengths {last!r} and \d+\.\d+ are too close "
+                                         r"to tell apart; knots are whole tokens"):
+        load_cost_model(_write(tmp_path, json.dumps(good_doc)))
+    nested: list = [1.0]
+    for _ in range(900):
+        nested = [nested]
+    attention["lengths"][-1] = nested
+    with pytest.raises(ValueError, match="knots must be numbers") as err:
+        load_cost_model(_write(tmp_path, json.dumps(good_doc)))
+    assert len(str(err.value)) < 400
 
 
 def test_numbers_past_float_and_deep_nesting_are_named(tmp_path, good_doc):
