@@ -80,8 +80,9 @@ class AttentionCurve:
         self.lengths, self.ms = _knots(lengths, ms, "lengths", what)
         # portable, not numpy's exp/log: every rank must price a sample to the same bit.
         self._lx, self._ly = portable.log(self.lengths), portable.log(self.ms)
-        if np.any(np.diff(self._lx) <= 0):  # 1000 and 1000.0000000000001: one log
-            i = int(np.argmax(np.diff(self._lx) <= 0))
+        same_log = np.diff(self._lx) <= 0  # 1000 and 1000.0000000000001: one log
+        if same_log.any():
+            i = int(np.argmax(same_log))
             pair = float(self.lengths[i]), float(self.lengths[i + 1])
             raise ValueError(f"{what}: lengths {pair[0]!r} and {pair[1]!r} are too close to tell "
                              "apart; knots are whole tokens")

@@ -284,17 +284,14 @@ def _mode_from_dict(d: Any, mode: str, source: str) -> ModeCurves:
     unknown = sorted(set(linear) - {"dense", "moe"})
     if unknown:
         raise _fail(source, f"{where}linear has unknown kinds {unknown}; allowed: dense, moe")
+    # The curves first: each reports its own errors with the file's name.
+    attention = curve(AttentionCurve, attn, "lengths", "attention")
+    linear_curves = {k: curve(TokenCurve, v, "tokens", f"linear.{k}") for k, v in linear.items()}
+    head_curve = curve(TokenCurve, head, "tokens", "head")
     try:
-        return ModeCurves(
-            attention=curve(AttentionCurve, attn, "lengths", "attention"),
-            linear={k: curve(TokenCurve, v, "tokens", f"linear.{k}") for k, v in linear.items()},
-            head=curve(TokenCurve, head, "tokens", "head"),
-            layer_overhead_ms=float(per_layer),
-            microbatch_overhead_ms=float(per_mb),
-        )
-    except ValueError as err:  # the overheads' bounds (the curves' errors carry their source)
-        if "_overhead_ms" not in str(err):
-            raise
+        return ModeCurves(attention=attention, linear=linear_curves, head=head_curve,
+                          layer_overhead_ms=float(per_layer), microbatch_overhead_ms=float(per_mb))
+    except ValueError as err:  # what is left to check: the overheads' bounds
         raise _fail(source, f"{where}overhead: {err}") from None
 
 

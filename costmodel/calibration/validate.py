@@ -180,9 +180,10 @@ def run_validation(
         if _measured_in_every_mode(measured) < 4:
             raise
         interrupted = str(err) or "KeyboardInterrupt"
-        logger.warning("validation interrupted (%s) after %d of %d micro-batches; reporting "
-                       "those", interrupted, _measured_in_every_mode(measured), len(batches))
     kept = _measured_in_every_mode(measured)
+    if interrupted:
+        logger.warning("validation interrupted (%s) after %d of %d micro-batches; reporting "
+                       "those", interrupted, kept, len(batches))
     batches = batches[:kept]
     if len(batches) < 4:
         raise RuntimeError(f"validation measured only {len(batches)} micro-batches before its "
