@@ -32,6 +32,7 @@ import re
 import shlex
 import sys
 from pathlib import Path
+from typing import Any
 
 DEFAULT_LENGTHS = [512, 1024, 2048, 4096, 8192, 16384, 32768]
 QUICK_LENGTHS = [1024, 4096, 16384]
@@ -239,8 +240,8 @@ def run(
             unavailable[name] = str(exc)
     if triton_configs and "triton" in backends:
         backends["triton"] = functools.partial(backends["triton"], configs=triton_configs)
-    rows = []
-    errors = []  # a backend failing at one L is recorded and skipped, never fatal
+    rows: list[dict] = []
+    errors: list[dict] = []  # a backend failing at one L is recorded and skipped, never fatal
     h, hkv, d = args.num_heads, args.num_kv_heads, args.head_dim
     interrupted = False
     try:
@@ -255,7 +256,7 @@ def run(
         # After the table, on its own: a kernel that mishandled fewer KV heads could leave
         # the device unusable, and the table is what this benchmark is for.
         gqa_check = _kv_as_given(args, backends["torch-varlen"], device, rows, errors, do_bench)
-    result = {
+    result: dict[str, Any] = {
         "provenance": _provenance(argv),
         "unavailable": unavailable,
         "errors": errors,
@@ -488,7 +489,7 @@ def tune(
         # by, but the table, torch-varlen's rows above all, can still be measured.
         failure = f"{type(exc).__name__}: {exc}"
         print(f"tuning stopped: {failure}", file=sys.stderr, flush=True)
-    result = {"provenance": _provenance(argv), "tune_rows": rows, "best": choose_best(rows),
+    result: dict[str, Any] = {"provenance": _provenance(argv), "tune_rows": rows, "best": choose_best(rows),
               "gate_row_err_first_choice": first_choice_gate}
     if interrupted:
         result["interrupted"] = True
@@ -538,10 +539,10 @@ def choose_best(rows: list[dict]) -> dict[str, dict[str, int]]:
     for kernel in TUNE_CANDIDATES:
         totals = _totals(rows, kernel)
         if totals:
-            best[kernel] = _config(kernel, min(totals, key=totals.get))
+            best[kernel] = _config(kernel, min(totals, key=totals.__getitem__))
     pairs = _totals(rows, "dkdv+dq")
     if pairs and "dkdv" in best:
-        pair = min(pairs, key=pairs.get)
+        pair = min(pairs, key=pairs.__getitem__)
         if pairs[pair] < min(_totals(rows, "dkdv").values()):
             best["dkdv"], best["dq"] = _config("dkdv", pair[0]), _config("dq", pair[1])
     return best
@@ -721,15 +722,15 @@ def main(argv: list[str] | None = None) -> int:
         elif args.tune_first:
             tuning = tune(argparse.Namespace(**{**vars(args), "quick": True}), argv, ("dkdv", "dq"))
             _print_tuning(tuning)
-            result = None
+            table = None
             if not tuning.get("interrupted"):  # else the step's time is up: no table
                 try:
-                    result = run(args, argv, triton_configs=tuning["best"])
+                    table = run(args, argv, triton_configs=tuning["best"])
                 except KeyboardInterrupt:  # the step's timeout (SIGINT) during the table
                     print("interrupted during the table: writing the tuning only",
                           file=sys.stderr)
-            if result is None:  # keep the tuning, what that step is for, rather than nothing
-                result = {"provenance": tuning["provenance"], "rows": [], "unavailable": {},
+            # without a table, keep the tuning, what that step is for, rather than nothing
+            result = table if table is not None else {"provenance": tuning["provenance"], "rows": [], "unavailable": {},
                           "tuned_configs": tuning["best"], "interrupted": True}
             result["tune_rows"] = tuning["tune_rows"]
             result["gate_row_err_first_choice"] = tuning["gate_row_err_first_choice"]

@@ -10,13 +10,20 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import functools
 import json
 import platform
+import sys
+from pathlib import Path
 
 import numpy as np
-from bench_scheduler import best_time  # benchmarks/ is on sys.path when run as a script
 
-from costmodel.flops import (
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from benchmarks.bench_scheduler import best_time  # noqa: E402
+from costmodel.flops import (  # noqa: E402
     attention_flops_per_pair,
     attention_projection_flops_per_token,
     calculate_fwd_flops,
@@ -24,7 +31,7 @@ from costmodel.flops import (
     mlp_flops_per_token,
     sequence_fwd_flops,
 )
-from costmodel.spec import PRESETS, ModelSpec
+from costmodel.spec import PRESETS, ModelSpec  # noqa: E402
 
 
 def python_loop_flops(lengths: list[int], spec: ModelSpec) -> int:
@@ -52,9 +59,9 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     print(f"{'preset':<16} {'exact ms':>9} {'per-seq ms':>10} {'python ms':>10} {'speed-up':>9}")
     for name, spec in PRESETS.items():
-        exact_ms, total = best_time(lambda spec=spec: calculate_fwd_flops(lengths, spec), 3)
-        vec_ms, _ = best_time(lambda spec=spec: sequence_fwd_flops(lengths, spec), 3)
-        loop_ms, loop_total = best_time(lambda spec=spec: python_loop_flops(as_list, spec), 1)
+        exact_ms, total = best_time(functools.partial(calculate_fwd_flops, lengths, spec), 3)
+        vec_ms, _ = best_time(functools.partial(sequence_fwd_flops, lengths, spec), 3)
+        loop_ms, loop_total = best_time(functools.partial(python_loop_flops, as_list, spec), 1)
         if loop_total != total:
             raise SystemExit(f"{name}: the Python loop disagrees with calculate_fwd_flops")
         rows.append(

@@ -260,7 +260,7 @@ def main(argv: list[str] | None = None) -> int:
         print("bench_mlp.py needs a CUDA GPU (torch.cuda.is_available() is False here); "
               "run it on a GPU machine", file=sys.stderr)
         return 2
-    tokens = args.tokens or (QUICK_TOKENS if args.quick else FULL_TOKENS)
+    tokens = list(args.tokens or (QUICK_TOKENS if args.quick else FULL_TOKENS))
     if min(tokens) < 1 or args.hidden < 1 or args.ffn < 1:
         parser.error("token counts, --hidden and --ffn must be positive")
     warmup, rep = (10, 30) if args.quick else (25, 100)

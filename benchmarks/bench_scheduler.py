@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import functools
 import json
 import math
 import os
@@ -35,7 +36,9 @@ import platform
 import sys
 import time
 import tracemalloc
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 import numpy as np
 
@@ -43,15 +46,18 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from costmodel.estimate import estimate_cost_model  # noqa: E402
 from costmodel.flops import sequence_fwd_flops  # noqa: E402
+from costmodel.model import CostModel, load_cost_model  # noqa: E402
 from costmodel.scheduler import (  # noqa: E402
     baseline_microbatches,
     build_schedule,
     evaluate_schedule,
     generate_lengths,
 )
-from costmodel.scheduler.costs import AdditiveCost  # noqa: E402
 from costmodel.spec import ModelSpec  # noqa: E402
+
+T = TypeVar("T")
 
 SIZES = (256, 1024, 4096, 16384, 65536)
 DPS = (8, 16, 64)
@@ -59,35 +65,22 @@ CAPS = (16384, 32768)
 DISTS = ("rl", "bimodal")
 # kk-samples keeps a k-array per partial solution: skip it beyond this n × k.
 VARIANT_LIMIT = 1.5e7
-# Fixed per-micro-batch cost of the fallback cost, in FLOPs: about 50 ms at 600 TFLOP/s,
-# what the H200 estimate charges a Qwen3-8B training micro-batch.
-FALLBACK_FIXED_FLOPS = 3.0e13
 
 
-def make_cost(spec: ModelSpec, cost_model: str | None = None):
-    if cost_model is not None:  # a measured profile: what users balance with
-        from costmodel.model import load_cost_model
-
+def make_cost(spec: ModelSpec, cost_model: str | None = None) -> tuple[CostModel, str]:
+    """The cost to judge by: a measured profile if named (what users balance with), else
+    the registry's H200 estimate."""
+    if cost_model is not None:
         model = load_cost_model(cost_model, spec=spec)
         return model, f"{cost_model}: {model.label}, ms"
-    try:
-        from costmodel import estimate_cost_model
-    except ImportError:
-        estimate_cost_model = None
-    if estimate_cost_model is not None:
-        model = estimate_cost_model(spec, "h200")
-        return model, f"estimate_cost_model({spec.name}, h200): {model.label}, ms"
-    cost = AdditiveCost(
-        f"train FLOPs of {spec.name} + {FALLBACK_FIXED_FLOPS:.0e} per micro-batch",
-        lambda x: 3.0 * sequence_fwd_flops(x, spec),
-        fixed=FALLBACK_FIXED_FLOPS,
-    )
-    return cost, cost.name + " (estimate_cost_model not available)"
+    model = estimate_cost_model(spec, "h200")
+    return model, f"estimate_cost_model({spec.name}, h200): {model.label}, ms"
 
 
-def best_time(fn, repeats: int) -> tuple[float, object]:
-    best, out = math.inf, None
-    for _ in range(repeats):
+def best_time(fn: Callable[[], T], repeats: int) -> tuple[float, T]:
+    """The best of `repeats` (at least one) wall times of fn() in ms, and its last result."""
+    best = math.inf
+    for _ in range(max(1, repeats)):
         t0 = time.perf_counter()
         out = fn()
         best = min(best, time.perf_counter() - t0)
@@ -228,7 +221,10 @@ def main(argv=None) -> int:
 
     spec = ModelSpec.from_any(args.model)
     cost, cost_text = make_cost(spec, args.cost_model)
-    sizes, dps, caps, dists = SIZES, DPS, CAPS, DISTS
+    sizes: tuple[int, ...] = SIZES
+    dps: tuple[int, ...] = DPS
+    caps: tuple[int, ...] = CAPS
+    dists = DISTS
     if args.quick:
         sizes, dps, caps = (256, 4096), (8, 64), (16384,)
     print(f"cost: {cost_text}")
@@ -254,8 +250,8 @@ def main(argv=None) -> int:
         for n, dp in ((8192, 64),) + (() if args.quick else tuple((65536, d) for d in DPS)):
             lengths = generate_lengths(n, dist, seed=1)
             ms, _ = best_time(
-                lambda lengths=lengths, dp=dp: build_schedule(
-                    lengths, dp_size=dp, max_tokens_per_microbatch=16384, cost=cost
+                functools.partial(
+                    build_schedule, lengths, dp_size=dp, max_tokens_per_microbatch=16384, cost=cost
                 ),
                 max(args.repeats, 5),
             )

@@ -40,6 +40,10 @@ import tarfile
 import tempfile
 import xml.etree.ElementTree as ET
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from costmodel.model import CostModel
 
 ROOT = Path(__file__).resolve().parents[1]
 BENCHES = ("bench_attention", "bench_mlp", "bench_schedule")
@@ -67,8 +71,10 @@ def _unpack(out: Path, into: Path) -> list[Path]:
                 raise tarfile.TarError(f"unexpected entries {bad[:3]}")
             # Plain files of bare names, checked above; the "data" filter too where this
             # Python has it (3.10.12+, 3.11.4+), which also keeps 3.12+ from warning.
-            safe = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}
-            tar.extractall(into, members=members, **safe)
+            if hasattr(tarfile, "data_filter"):
+                tar.extractall(into, members=members, filter="data")
+            else:
+                tar.extractall(into, members=members)
     except (tarfile.TarError, EOFError, OSError) as exc:
         print(f"skip results.tgz: unreadable ({type(exc).__name__}: {exc}); only {out} is used")
         return [out]
@@ -79,7 +85,7 @@ def _find(folders: list[Path], name: str) -> Path | None:
     return next((f / name for f in folders if (f / name).exists()), None)
 
 
-def _profiles(folders: list[Path], unvalidated: set[str] | bool) -> list[tuple[Path, object]]:
+def _profiles(folders: list[Path], unvalidated: set[str] | bool) -> list[tuple[Path, CostModel]]:
     """(file, cost model) for every measured cost model worth shipping."""
     from costmodel.model import load_cost_model
 
@@ -380,7 +386,7 @@ def adopt(out: Path, dry_run: bool = False, unvalidated: set[str] | bool = False
         profiles = _profiles(folders, unvalidated)
         for line in _partials(folders):
             print(line)
-        keys = {model.gpu_key for _, model in profiles}
+        keys = {str(model.gpu_key) for _, model in profiles}  # each a folder name (checked)
         names = [model.spec.name for _, model in profiles]
         if len(keys) > 1 or len(set(names)) < len(names):
             print(f"{out} holds profiles of several GPUs ({sorted(keys)}) or two of one model "
