@@ -110,14 +110,18 @@ def _estimate_attention_ms(spec: ModelSpec, gpu: GpuInfo, lengths: np.ndarray, *
     return fwd_ms * (_ATTN_TRAIN_TIME_FACTOR if mode == "train" else 1.0)
 
 
-def estimate_cost_model(spec: ModelSpec | str, gpu: str | GpuInfo) -> CostModel:
+def estimate_cost_model(
+    spec: ModelSpec | str, gpu: str | GpuInfo, *, tensor_parallel: int = 1
+) -> CostModel:
     """A CostModel from the registry's peak rates times assumed efficiency curves.
 
     Same curves and file format as a measured model (the estimate is sampled on the same
     kind of grid a calibration measures), but `is_estimate=True` and the provenance says
     what it was built from. Use `costmodel calibrate` on the GPU for a measured one.
+    With `tensor_parallel` > 1 the curves are those of one rank's shard (`ModelSpec.shard`).
     """
-    spec = as_spec(spec)  # a preset name or config.json path too, as everywhere
+    model_spec = as_spec(spec)  # a preset name or config.json path too, as everywhere
+    spec = model_spec.shard(tensor_parallel)  # what one GPU computes
     info = lookup_gpu(gpu)
     curves = {}
     for mode in MODES:
@@ -155,11 +159,12 @@ def estimate_cost_model(spec: ModelSpec | str, gpu: str | GpuInfo) -> CostModel:
         },
     }
     return CostModel(
-        spec=spec,
+        spec=model_spec,
         gpu=info.name,
         gpu_key=info.key,
         curves=curves,
         is_estimate=True,
         provenance=provenance,
+        tensor_parallel=tensor_parallel,
     )
 

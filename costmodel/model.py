@@ -91,8 +91,12 @@ class CostModel:
         gpu_key: str | None = None,
         reference_tokens: int = DEFAULT_REFERENCE_TOKENS,
         extra: Mapping[str, Any] | None = None,
+        tensor_parallel: int = 1,
     ):
         spec = as_spec(spec)  # a preset name or config.json path as well
+        # The curves time one tensor-parallel rank's shard of `spec` (its layer and head
+        # counts, which price a micro-batch, are the model's): checked here, as a shape.
+        self.rank_spec = spec.shard(tensor_parallel)
         if not curves:
             raise ValueError("a CostModel needs curves for at least one mode")
         bad = sorted(set(curves) - set(MODES))
@@ -111,6 +115,7 @@ class CostModel:
             raise ValueError(f"reference_tokens must be at most {MAX_LENGTH:,}, got "
                              f"{reference_tokens}")
         self.spec = spec
+        self.tensor_parallel = int(tensor_parallel)
         self.gpu = gpu
         self.gpu_key = gpu_key
         self.curves = dict(curves)
@@ -138,7 +143,8 @@ class CostModel:
     def label(self) -> str:
         # A synthetic-timer or CPU dry-run file is no measurement, whatever GPU it names.
         kind = "ESTIMATE" if self.is_estimate else str(self.provenance.get("kind") or "measured")
-        return f"{self.spec.name} on {self.gpu} ({kind})"
+        tp = f" at TP {self.tensor_parallel}" if self.tensor_parallel > 1 else ""
+        return f"{self.spec.name}{tp} on {self.gpu} ({kind})"
 
     def __repr__(self) -> str:
         return f"CostModel({self.label}, modes={self.modes})"
@@ -330,6 +336,7 @@ class CostModel:
             "device": self.extra.get("device"),
             "spec": self.spec.to_dict(),
             "spec_fingerprint": self.spec.fingerprint(),
+            "tensor_parallel": self.tensor_parallel,
             "kernels": self.extra.get("kernels"),
             "reference_tokens": self.reference_tokens,
             "provenance": self.provenance,

@@ -61,6 +61,7 @@ _OPTIONAL_TYPES: dict[str, type] = {
 }
 _JSON_TYPE_NAMES: dict[type, str] = {str: "a string", Mapping: "an object", list: "a list"}
 _FLOAT_MAX = int(sys.float_info.max)
+_MAX_TP = 1024  # tensor-parallel ranks; beyond any model's heads
 _REWRITE = "write a new file with `costmodel calibrate` (or restore this one)"
 
 
@@ -385,6 +386,12 @@ def from_document(
             raise _fail(source, f"reference_tokens must be a whole number of tokens in 1.."
                         f"{MAX_LENGTH:,}, got {reference!r:.40}")
         optional["reference_tokens"] = reference
+    if "tensor_parallel" in doc:  # absent in files from before it: one GPU's whole layer
+        tp = doc["tensor_parallel"]
+        if not isinstance(tp, int) or isinstance(tp, bool) or not 1 <= tp <= _MAX_TP:
+            raise _fail(source, f"tensor_parallel must be a whole number in 1..{_MAX_TP}, got "
+                        f"{tp!r:.40}")
+        optional["tensor_parallel"] = tp
     extra = {k: doc.get(k) for k in _EXTRA_FIELDS}
     extra["source"] = source
     try:

@@ -18,6 +18,8 @@ from typing import Any
 
 import numpy as np
 
+from costmodel.checks import positive_int
+
 _DTYPES = ("bf16", "fp16", "fp32")
 _ACTIVATIONS = ("swiglu",)
 
@@ -186,6 +188,43 @@ class ModelSpec:
     def value_head_dim(self) -> int:
         return self.v_head_dim if self.is_mla else self.head_dim
 
+    # ---- tensor parallelism --------------------------------------------------------
+    def shard(self, tensor_parallel: int) -> ModelSpec:
+        """One rank's share of this model under `tensor_parallel`-way tensor parallelism, as
+        Megatron splits it: query heads, key/value heads, the MLP's and every expert's
+        widths (expert tensor parallelism equal to TP, no expert parallelism) and the
+        vocabulary (padded to a multiple of 128 x TP) are divided; hidden size, layers,
+        MLA's low-rank projections and the router stay whole. Fewer key/value heads than
+        ranks are replicated, one a rank. What the ranks exchange (all-reduces, sequence
+        parallelism) is not in it: a shard is what one GPU computes.
+
+        The counts of the result are per rank (a shape to time kernels on), not per model."""
+        tp = positive_int(tensor_parallel, "tensor_parallel")
+        if tp == 1:
+            return self
+        problem = _shard_problem(self, tp)
+        if problem:
+            fits = [str(t) for t in range(1, 65) if not _shard_problem(self, t)]
+            raise ValueError(f"{self.name}: {problem} over TP {tp}; the TP sizes up to 64 that "
+                             f"split it: {', '.join(fits)}")
+        grain = 128 * tp  # Megatron's make-vocab-size-divisible-by, times TP
+        return dataclasses.replace(
+            self,
+            name=f"{self.name} (TP {tp} rank)",
+            num_heads=self.num_heads // tp,
+            num_kv_heads=max(1, self.num_kv_heads // tp),  # fewer than TP: one, replicated
+            intermediate_size=self.intermediate_size // tp,
+            moe_intermediate_size=self.moe_intermediate_size // tp,
+            shared_expert_intermediate_size=self.shared_expert_intermediate_size // tp,
+            vocab_size=-(-self.vocab_size // grain) * grain // tp,
+        )
+
+    def _tp_widths(self) -> dict[str, int]:
+        """The fields tensor parallelism divides evenly (key/value heads aside)."""
+        return {"num_heads": self.num_heads, "intermediate_size": self.intermediate_size,
+                "moe_intermediate_size": self.moe_intermediate_size,
+                "shared_expert_intermediate_size": self.shared_expert_intermediate_size}
+
     # ---- identity and (de)serialisation -------------------------------------------
     def to_dict(self) -> dict[str, Any]:
         """Every field as plain JSON types (`from_dict` reads it back)."""
@@ -289,6 +328,17 @@ def as_spec(spec: ModelSpec | str | Path | Any) -> ModelSpec:
     raise ValueError(f"spec must be a ModelSpec, a preset name, a config.json path or Megatron "
                      f"args (num_layers, hidden_size, num_attention_heads, ...); got "
                      f"{type(spec).__name__} {spec!r:.60}")
+
+
+def _shard_problem(spec: ModelSpec, tp: int) -> str:
+    """Why `spec` does not split over `tp` tensor-parallel ranks ("" when it does)."""
+    uneven = [f"{field}={n}" for field, n in spec._tp_widths().items() if n % tp]
+    kv = spec.num_kv_heads
+    if kv % tp and tp % kv:  # fewer KV heads than ranks replicate only when TP is a multiple
+        uneven.append(f"num_kv_heads={kv}")
+    if not uneven:
+        return ""
+    return f"{', '.join(uneven)} {'does' if len(uneven) == 1 else 'do'} not split evenly"
 
 
 # ---- validation helpers ----------------------------------------------------------------

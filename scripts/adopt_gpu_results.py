@@ -119,6 +119,12 @@ def _profiles(folders: list[Path], unvalidated: set[str] | bool) -> list[tuple[P
     return found
 
 
+def _profile_name(model: CostModel) -> str:
+    """The shipped name: the model's, with -tp<N> for one rank's shard (costmodel.profiles)."""
+    tp = model.tensor_parallel
+    return model.spec.name + (f"-tp{tp}" if tp > 1 else "")
+
+
 def _partials(folders: list[Path]) -> list[str]:
     """How to fit each cut-short calibration's measurements that no cost model came of."""
     lines = []
@@ -387,7 +393,7 @@ def adopt(out: Path, dry_run: bool = False, unvalidated: set[str] | bool = False
         for line in _partials(folders):
             print(line)
         keys = {str(model.gpu_key) for _, model in profiles}  # each a folder name (checked)
-        names = [model.spec.name for _, model in profiles]
+        names = [_profile_name(model) for _, model in profiles]
         if len(keys) > 1 or len(set(names)) < len(names):
             print(f"{out} holds profiles of several GPUs ({sorted(keys)}) or two of one model "
                   f"({names}): ship them one session folder at a time", file=sys.stderr)
@@ -407,7 +413,7 @@ def adopt(out: Path, dry_run: bool = False, unvalidated: set[str] | bool = False
         date = str(profiles[0][1].extra.get("created", ""))[:10] if profiles else ""
         copies: list[tuple[Path, Path]] = []
         for path, model in profiles:
-            dst = ROOT / "costmodel" / "profiles" / key / f"{model.spec.name}.json"
+            dst = ROOT / "costmodel" / "profiles" / key / f"{_profile_name(model)}.json"
             try:
                 shipped = load_cost_model(dst) if dst.exists() else None
             except ValueError:

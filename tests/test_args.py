@@ -481,3 +481,24 @@ def test_a_mig_slice_or_a_suffixed_variant_is_another_gpu_than_the_whole_one():
     assert not cm_args._same_gpu("NVIDIA H200", "NVIDIA H200 NVL 141GB")
     assert cm_args._same_gpu("h200-nvl", "NVIDIA H200 NVL 141GB")
     assert cm_args._same_gpu("NVIDIA H200", "NVIDIA H200 144GB")
+
+
+@pytest.mark.parametrize("model_tp, run_tp, warned", [
+    (1, None, False), (1, 1, False), (4, 4, False), (1, 4, True), (4, None, True)])
+def test_warns_when_the_cost_model_timed_another_tensor_parallel_shard(
+        tmp_path, monkeypatch, caplog, model_tp, run_tp, warned):
+    spec = ModelSpec.from_preset("qwen3-32b")
+    path = estimate_cost_model(spec, "h200", tensor_parallel=model_tp).save(tmp_path / "cm.json")
+    args = parse([*FLOPS_ARGV, "--cost-model", str(path)])
+    if run_tp is not None:  # Megatron's flag; scripts without it run one GPU per layer
+        args.tensor_model_parallel_size = run_tp
+    monkeypatch.setattr(cm_args, "current_gpu_name", lambda: None)
+    with caplog.at_level(logging.WARNING, logger="costmodel.integrations.args"):
+        validate_args(args, spec=spec)
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    if not warned:
+        assert warnings == []
+        return
+    assert len(warnings) == 1
+    assert f"shard at tensor parallelism {model_tp}, but this run uses {run_tp or 1}" in warnings[0]
+    assert f"costmodel calibrate --model qwen3-32b --tensor-parallel {run_tp or 1}" in warnings[0]

@@ -461,11 +461,12 @@ def test_kernel_timer_refuses_a_backend_that_is_nan_or_off_in_fp32(monkeypatch, 
 
 
 @pytest.mark.skipif(torch is None, reason="needs torch")
-@pytest.mark.parametrize("preset", ["qwen3-8b", "qwen3-30b-a3b"])
-def test_cpu_dry_run_of_calibrate_validate_report(tmp_path, preset, one_thread):
+@pytest.mark.parametrize("preset, tp", [("qwen3-8b", 1), ("qwen3-30b-a3b", 1), ("qwen3-30b-a3b", 4)])
+def test_cpu_dry_run_of_calibrate_validate_report(tmp_path, preset, tp, one_thread):
     """The real workloads through the same pipeline as on the GPU: plan -> sweep -> fit ->
     file -> validate -> report, timed on CPU (the numbers mean nothing; shapes, dtypes and
-    arguments are what is checked)."""
+    arguments are what is checked). At TP 4 the tiny MoE's shard has one query head, its
+    two KV heads replicated to one a rank, and experts a quarter as wide."""
     from costmodel.calibration.pipeline import calibrate
     from costmodel.calibration.plan import QUICK_SETTINGS, make_plan
     from costmodel.calibration.report import format_report
@@ -474,16 +475,18 @@ def test_cpu_dry_run_of_calibrate_validate_report(tmp_path, preset, one_thread):
     from costmodel.model import load_cost_model
 
     spec = _tiny(preset)
-    timer = KernelTimer(spec, attention="sdpa", dtype="fp32", device="cpu")
+    rank = spec.shard(tp)
+    timer = KernelTimer(rank, attention="sdpa", dtype="fp32", device="cpu")
     settings = dataclasses.replace(QUICK_SETTINGS, repeats=1, warmup=0, token_per_octave=2, max_packs=2,
                                    attention_per_octave=1, head_per_octave=1, probes_per_mode=2)
-    plan = make_plan(spec, max_len=256, max_tokens=512, gpu="h200", settings=settings)
+    plan = make_plan(rank, max_len=256, max_tokens=512, gpu="h200", settings=settings)
     model = calibrate(spec, timer=timer, plan=plan, gpu_key="cpu", gpu_info=None, attention="sdpa",
-                      dtype="fp32", command="test")
+                      dtype="fp32", command="test", tensor_parallel=tp)
     assert model.provenance["kind"] == "dry-run" and set(model.modes) == {"train", "forward"}
     assert not model.extra["flops_check"]["checked"]
     path = model.save(tmp_path / "dry.json")
     loaded = load_cost_model(path, spec=spec)
+    assert loaded.tensor_parallel == tp and loaded.rank_spec == rank
     block = run_validation(loaded, timer, count=6, caps=(128, 512), num_layers=2, repeats=1, warmup=0)
     assert block["count"] == 6 and set(block["modes"]) == {"train", "forward"}
     assert "CPU dry run" in format_report(loaded)
@@ -1082,3 +1085,44 @@ def test_the_gpu_in_use_is_the_current_device_not_the_first(monkeypatch):
     assert current_gpu_name() == "NVIDIA H200"
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert current_gpu_name() is None
+
+
+def test_calibrate_one_tensor_parallel_rank(tmp_path, monkeypatch, capsys):
+    """--tensor-parallel 2 times one rank's shard (half the heads and MLP width) and the file
+    says so: validate and a refit time and fit that shard again, report names it."""
+    import costmodel.calibration.device as device
+    import costmodel.calibration.workloads as workloads
+    from costmodel.calibration.timer import SyntheticTimer
+    from costmodel.model import load_cost_model
+
+    monkeypatch.setattr(device, "require_cuda", lambda: None)
+    monkeypatch.setattr(device, "settle_gpu", lambda seconds: None)
+    monkeypatch.setattr(device, "device_fingerprint", lambda: {"name": "NVIDIA H200"})
+    timed = []
+    monkeypatch.setattr(workloads, "KernelTimer", lambda spec, **kw: timed.append(spec) or
+                        SyntheticTimer(spec, noise=0.003, timing=kw["timing"]))
+    out = tmp_path / "tp2.json"
+    base = ["calibrate", "--gpu", "h200", "--model", "qwen3-0.6b", "--quick", "--max-len", "4096"]
+    assert main([*base, "--tensor-parallel", "3", "-o", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "num_heads=16, num_kv_heads=8 do not split evenly over TP 3" in err
+    assert "split it: 1, 2, 4, 8, 16" in err and not timed and not out.exists()
+    assert main([*base, "--tensor-parallel", "2", "-o", str(out)]) == 0, capsys.readouterr().err
+    assert "FLOPs check passed" in capsys.readouterr().out
+    assert (timed[0].num_heads, timed[0].num_kv_heads, timed[0].intermediate_size) == (8, 4, 1536)
+    doc = json.loads(out.read_text())
+    assert doc["tensor_parallel"] == 2 and doc["spec"]["num_heads"] == 16  # the model's shape
+    model = load_cost_model(out, spec="qwen3-0.6b")
+    assert model.tensor_parallel == 2 and model.rank_spec == timed[0]
+    assert model.label == "qwen3-0.6b at TP 2 on NVIDIA H200 (synthetic)"
+    assert main(["validate", str(out), "--count", "8", "--layers", "1"]) == 0
+    assert timed[-1] == timed[0]  # validation times the same shard
+    assert json.loads(out.read_text())["validation"]["modes"]["train"]["summary"]["all"][
+        "cost_model"]["mape"] < 0.03
+    assert main(["report", str(out)]) == 0
+    assert "qwen3-0.6b at TP 2 (one rank's shard) on NVIDIA H200" in capsys.readouterr().out
+    refitted = tmp_path / "refit.json"
+    assert main(["calibrate", "--refit", str(out), "-o", str(refitted)]) == 0
+    assert json.loads(refitted.read_text())["tensor_parallel"] == 2
+    assert main(["calibrate", "--refit", str(out), "--tensor-parallel", "4", "-o", str(refitted)]) == 2
+    assert "--tensor-parallel would be ignored" in capsys.readouterr().err

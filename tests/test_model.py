@@ -678,3 +678,40 @@ def test_a_blank_output_path_and_the_fields_past_four_of_another_shape(tmp_path,
             check_output_path(blank, "-o")
     with pytest.raises(ValueError, match=r"differs in [^;]*, and \d+ more\)"):
         load_cost_model(_write(tmp_path, json.dumps(good_doc)), spec=ModelSpec.from_preset("llama-3.1-70b"))
+
+
+def test_a_cost_model_of_one_tensor_parallel_rank(tmp_path):
+    """A TP estimate prices one rank's shard: under a quarter of the whole layer's time for
+    long micro-batches, more for short ones (fixed costs are not divided); the file keeps
+    the TP size, and a file without one (written before it) is one GPU's whole layer."""
+    spec = ModelSpec.from_preset("qwen3-32b")
+    whole, rank = estimate_cost_model(spec, "h200"), estimate_cost_model(spec, "h200", tensor_parallel=4)
+    assert rank.tensor_parallel == 4 and rank.spec == spec and rank.rank_spec == spec.shard(4)
+    assert rank.label == "qwen3-32b at TP 4 on NVIDIA H200 (ESTIMATE)"
+    short, long = [256], [16384, 16384]
+    assert whole.microbatch_cost(short) / rank.microbatch_cost(short) < 3.5
+    assert 3.5 < whole.microbatch_cost(long) / rank.microbatch_cost(long) <= 4.0
+    loaded = load_cost_model(rank.save(tmp_path / "tp4.json"), spec=spec)
+    assert loaded.tensor_parallel == 4 and loaded.microbatch_cost(long) == rank.microbatch_cost(long)
+    doc = json.loads((tmp_path / "tp4.json").read_text())
+    del doc["tensor_parallel"]
+    assert CostModel.from_dict(doc).tensor_parallel == 1
+    for bad, message in ((3, "do not split evenly over TP 3"), (0, "whole number in 1..1024"),
+                         ("4", "whole number in 1..1024, got '4'"), (True, "got True")):
+        doc["tensor_parallel"] = bad
+        with pytest.raises(ValueError, match=f"cost model bad.json: .*{message}"):
+            CostModel.from_dict(doc, source="bad.json")
+
+
+def test_a_shipped_shard_profile_is_taken_by_its_name_only(tmp_path, monkeypatch):
+    """`h200` with a model's shape takes the whole layer's profile, never a TP shard's of the
+    same shape; the shard's is loaded by its name (h200/<model>-tp<N>)."""
+    import costmodel.profiles as profiles
+
+    spec = ModelSpec.from_preset("qwen3-32b")
+    (tmp_path / "h200").mkdir()
+    estimate_cost_model(spec, "h200", tensor_parallel=4).save(tmp_path / "h200" / "qwen3-32b-tp4.json")
+    monkeypatch.setattr(profiles, "PROFILES_DIR", tmp_path)
+    assert profiles.profile_for_shape("h200", spec.shape_key()) is None
+    assert load_cost_model("h200/qwen3-32b-tp4", spec=spec).tensor_parallel == 4
+    assert load_cost_model("h200", spec=spec).tensor_parallel == 1  # the estimate of the whole layer

@@ -476,3 +476,33 @@ def test_megatron_int_moe_layer_freq_starts_at_layer_zero():
 def test_megatron_prefers_the_padded_vocabulary():
     spec = ModelSpec.from_megatron_args(_small_megatron(vocab_size=100, padded_vocab_size=128))
     assert spec.vocab_size == 128
+
+
+def test_a_tensor_parallel_shard_is_what_one_rank_computes():
+    spec = ModelSpec.from_preset("qwen3-32b")  # 64 query heads, 8 KV heads, MLP 25,600
+    assert spec.shard(1) is spec
+    four = spec.shard(4)
+    assert (four.num_heads, four.num_kv_heads, four.intermediate_size) == (16, 2, 6400)
+    assert four.vocab_size == 152064 // 4  # padded to a multiple of 128 x 4 first, as Megatron
+    assert (four.hidden_size, four.num_layers, four.head_dim) == (5120, 64, 128)
+    assert four.name == "qwen3-32b (TP 4 rank)" and four.fingerprint() != spec.fingerprint()
+    sixteen = spec.shard(16)  # fewer KV heads than ranks: one each, replicated
+    assert (sixteen.num_heads, sixteen.num_kv_heads) == (4, 1)
+    moe = ModelSpec.from_preset("qwen3-30b-a3b").shard(4)  # expert TP = TP, every expert here
+    assert (moe.moe_intermediate_size, moe.num_experts, moe.num_experts_per_tok) == (192, 128, 8)
+    mla = ModelSpec.from_preset("deepseek-v3").shard(8)  # low-rank projections stay whole
+    assert (mla.num_heads, mla.num_kv_heads, mla.q_lora_rank, mla.kv_lora_rank) == (16, 16, 1536, 512)
+    assert mla.shared_expert_intermediate_size == 256
+
+
+@pytest.mark.parametrize("tp, message", [
+    (3, r"num_heads=64, intermediate_size=25600, num_kv_heads=8 do not split evenly over TP 3; "
+        r"the TP sizes up to 64 "
+        r"that split it: 1, 2, 4, 8, 16, 32, 64"),
+    (128, "num_heads=64 does not split evenly over TP 128"),
+    (0, "tensor_parallel must be an integer >= 1, got 0"),
+    (2.0, "tensor_parallel must be an integer >= 1"),
+])
+def test_a_tensor_parallel_size_the_model_does_not_split_by_is_refused(tp, message):
+    with pytest.raises(ValueError, match=message):
+        ModelSpec.from_preset("qwen3-32b").shard(tp)

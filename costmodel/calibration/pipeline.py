@@ -23,6 +23,7 @@ from costmodel.calibration.check import flops_check
 from costmodel.calibration.fit import Record, check_time, fit_mode, residuals
 from costmodel.calibration.plan import SweepPlan, SweepPoint
 from costmodel.calibration.timer import Timer
+from costmodel.checks import positive_int
 from costmodel.curves import MODES
 from costmodel.gpus import GpuInfo, lookup_gpu
 from costmodel.model import CostModel
@@ -53,8 +54,12 @@ def calibrate(
     command: str | None = None,
     progress: Progress | None = None,
     save_partial: Callable[[dict[str, Any]], None] | None = None,
+    tensor_parallel: int = 1,
 ) -> CostModel:
     """Run `plan` with `timer` and return the fitted, checked cost model (not yet saved).
+
+    With `tensor_parallel` > 1, `timer` and `plan` time one rank's shard of `spec`
+    (`ModelSpec.shard`), and the model records `spec` and the TP size.
 
     The timer's `timing` ("graph" or "eager", see costmodel.calibration.timer) is recorded
     with the kernels, so that `validate` times micro-batches the same way. If anything fails after
@@ -70,7 +75,8 @@ def calibrate(
     try:
         _run_sweep(timer, plan, records, sweep, progress)
         return fit_measurements(spec, records, device=fingerprint, sweep=sweep, gpu_key=gpu_key,
-                                gpu_info=gpu_info, kernels=kernels, command=command)
+                                gpu_info=gpu_info, kernels=kernels, command=command,
+                                tensor_parallel=tensor_parallel)
     except BaseException as err:
         if save_partial is not None and records:
             save_partial({
@@ -81,6 +87,7 @@ def calibrate(
                 "gpu": {"key": gpu_key, "name": fingerprint.get("name")},
                 "device": fingerprint,
                 "spec": spec.to_dict(),
+                "tensor_parallel": tensor_parallel,
                 "kernels": kernels,
                 "sweep": sweep,
                 "measurements": [r.to_dict() for r in records],
@@ -151,8 +158,10 @@ def fit_measurements(
     kernels: Mapping[str, Any],
     command: str | None,
     created: str | None = None,
+    tensor_parallel: int = 1,
 ) -> CostModel:
     """Fit every mode that has measurements, check them against FLOPs, build the model.
+    The measurements are of one rank's shard of `spec` at `tensor_parallel`.
 
     A mode whose fit fails (an interrupted sweep never reached it) is dropped with a
     warning as long as another mode fits; if none does, the first error is raised.
@@ -177,7 +186,7 @@ def fit_measurements(
         logger.warning("mode %s dropped from the cost model: %s", mode, why)
 
     peak = gpu_info.peak_bf16_flops if gpu_info is not None else None
-    check = flops_check(records, spec, peak_flops=peak, gpu_name=str(device.get("name")))
+    check = flops_check(records, spec.shard(tensor_parallel), peak_flops=peak, gpu_name=str(device.get("name")))
 
     provenance: dict[str, Any] = {
         "kind": "measured",
@@ -210,6 +219,7 @@ def fit_measurements(
             "flops_check": check,
             "validation": None,
         },
+        tensor_parallel=tensor_parallel,
     )
 
 
@@ -222,6 +232,8 @@ def refit(doc: Mapping[str, Any], *, source: str, command: str | None = None) ->
                          f"reads {SCHEMA!r} and {PARTIAL_SCHEMA!r} files")
     try:
         spec = ModelSpec.from_dict(doc["spec"])
+        tensor_parallel = positive_int(doc.get("tensor_parallel", 1), "tensor_parallel")
+        spec.shard(tensor_parallel)  # a TP the spec does not split by is refused here
         measurements = list(doc["measurements"])
         gpu_key, gpu_name = doc["gpu"]["key"], doc["gpu"].get("name")
         if not isinstance(gpu_key, str) or not gpu_key.strip():  # null was written as "None"
@@ -264,6 +276,7 @@ def refit(doc: Mapping[str, Any], *, source: str, command: str | None = None) ->
     model = fit_measurements(
         spec, records, device=device, sweep=sweep, gpu_key=gpu_key, gpu_info=info,
         kernels=doc.get("kernels") or {}, command=doc.get("command"), created=doc.get("created"),
+        tensor_parallel=tensor_parallel,
     )
     model.provenance["refit"] = {"from": source, "at": utc_timestamp(), "command": command,
                                  "partial_error": doc.get("error")}

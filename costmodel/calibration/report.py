@@ -51,16 +51,17 @@ def _gpu_info(model: CostModel) -> GpuInfo | None:
 
 
 def _label(model: CostModel) -> str:
+    tp = f" at TP {model.tensor_parallel} (one rank's shard)" if model.tensor_parallel > 1 else ""
     if model.is_estimate:
-        return f"ESTIMATE (not measured): {model.spec.name} on {model.gpu}"
+        return f"ESTIMATE (not measured): {model.spec.name}{tp} on {model.gpu}"
     kind = model.provenance.get("kind", "measured")
-    return f"{kind}: {model.spec.name} on {model.gpu}"
+    return f"{kind}: {model.spec.name}{tp} on {model.gpu}"
 
 
 def format_report(model: CostModel) -> str:
     info = _gpu_info(model)
     peak = info.peak_bf16_flops if info else None
-    spec = model.spec
+    spec = model.rank_spec  # what the curves time: FLOPs and efficiency are one GPU's
     out = [f"cost model — {_label(model)}"]
     if model.is_estimate:
         out.append(f"  {model.provenance.get('note', '')}")
@@ -236,7 +237,7 @@ def plot_report(model: CostModel, path: str) -> str:
         import matplotlib.pyplot as plt
     except ImportError:
         raise RuntimeError("plotting needs matplotlib: pip install 'costmodel[plot]'") from None
-    spec = model.spec
+    spec = model.rank_spec  # what the curves time: FLOPs and efficiency are one GPU's
     info = _gpu_info(model)
     peak = info.peak_bf16_flops if info else None
     fig, axes = plt.subplots(2, 2, figsize=(13, 9))

@@ -141,7 +141,7 @@ def run_validation(
     """
     import time
 
-    spec = model.spec
+    spec = model.rank_spec  # what one GPU runs (a tensor-parallel rank's shard)
     if isinstance(count, bool) or not isinstance(count, int) or count < 4:
         raise ValueError(f"validation needs count >= 4 micro-batches, got {count!r}")
     if isinstance(modes, str):  # "train" would be read letter by letter
@@ -224,7 +224,7 @@ def _compare(model: CostModel, batches: list[tuple[int, ...]], m: np.ndarray, mo
              num_layers: int, moe: bool) -> dict[str, Any]:
     """One mode's summary and points: the model's predictions of measured times ``m``."""
     toks = np.array([sum(b) for b in batches], dtype=np.float64)
-    fl = np.array([stack_flops(b, model.spec, num_layers=num_layers, moe=moe) for b in batches])
+    fl = np.array([stack_flops(b, model.rank_spec, num_layers=num_layers, moe=moe) for b in batches])
     predicted = np.array([model.stack_cost(b, mode, num_layers=num_layers, moe=moe) for b in batches])
     summary = summarize(m, {"cost_model": predicted, "tokens": toks, "flops": fl}, toks)
     return {

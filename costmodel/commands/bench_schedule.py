@@ -215,8 +215,14 @@ def run(args: argparse.Namespace, *, measure=None) -> int:
     )
     device: dict[str, Any]
     if measure is None:
-        timer = LayerTimer(spec, attention=args.attention, dtype=args.dtype,
-                                 timing=args.timing)  # RuntimeError without a GPU
+        # A cost model of one tensor-parallel rank's shard is judged on that shard's layer.
+        rank = spec
+        if cost_model is not None and cost_model.tensor_parallel > 1:
+            rank = cost_model.rank_spec
+            print(f"timing one rank's shard at TP {cost_model.tensor_parallel}, as the cost model "
+                  "was calibrated", file=sys.stderr)
+        timer = LayerTimer(rank, attention=args.attention, dtype=args.dtype,
+                           timing=args.timing)  # RuntimeError without a GPU
         measure = timer
         device = timer.describe()
         from costmodel.calibration.device import settle_gpu

@@ -29,7 +29,7 @@ def parse_modes(text: str) -> tuple[str, ...]:
 _SWEEP_DEFAULTS = {
     "gpu": "auto", "attention": "torch-varlen", "dtype": "bf16", "modes": "train,forward",
     "max_len": 32768, "max_tokens": None, "quick": False, "timing": "graph", "budget_s": None,
-    "settle_s": None,
+    "settle_s": None, "tensor_parallel": 1,
 }
 
 
@@ -60,6 +60,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="longest sequence length measured (default 32768)")
     p.add_argument("--max-tokens", type=int, default=None,
                    help="largest micro-batch measured (default max(max-len, 16384))")
+    p.add_argument("--tensor-parallel", type=int, default=_SWEEP_DEFAULTS["tensor_parallel"],
+                   metavar="TP",
+                   help="time one rank's shard of the model under TP-way tensor parallelism, as "
+                   "Megatron splits it (heads, MLP and expert widths, vocabulary divided by TP): "
+                   "the curves a run with --tensor-model-parallel-size TP needs. The ranks' "
+                   "communication is not timed (default 1: the whole layer)")
     p.add_argument("--quick", action="store_true", help="a coarser sweep (~30 s on an H200)")
     p.add_argument("--timing", default=_SWEEP_DEFAULTS["timing"], choices=("graph", "eager"),
                    help="graph (default): time replays of a CUDA graph of each workload, the "
@@ -105,10 +111,11 @@ def run(args: argparse.Namespace) -> int:
     spec = ModelSpec.from_any(args.model)
     if spec.dtype != args.dtype:
         spec = dataclasses.replace(spec, dtype=args.dtype)
+    rank = spec.shard(args.tensor_parallel)  # what this GPU times: a bad TP fails here
     check_attention(args.attention)
 
     def plan_for(gpu: str, timing: str):
-        return make_plan(spec, modes=modes, max_len=args.max_len, max_tokens=args.max_tokens,
+        return make_plan(rank, modes=modes, max_len=args.max_len, max_tokens=args.max_tokens,
                          quick=args.quick, gpu=gpu, budget_s=args.budget_s, timing=timing)
 
     # The flags that need no GPU are checked before CUDA starts: a known --gpu name, and
@@ -121,10 +128,10 @@ def run(args: argparse.Namespace) -> int:
     gpu_key, info = resolve_gpu(args.gpu, fingerprint)
     from costmodel.calibration.workloads import KernelTimer
 
-    timer = KernelTimer(spec, attention=args.attention, dtype=args.dtype, timing=args.timing,
+    timer = KernelTimer(rank, attention=args.attention, dtype=args.dtype, timing=args.timing,
                         fingerprint=fingerprint)
     plan = plan_for(gpu_key, timer.timing)  # outside the registry: planned with H200 rates, noted in the plan
-    print(f"calibrating {spec.name} on {fingerprint['name']} ({gpu_key}), attention "
+    print(f"calibrating {rank.name} on {fingerprint['name']} ({gpu_key}), attention "
           f"{args.attention}, {args.dtype}, {timer.timing} timing: {plan.summary()}", file=sys.stderr)
     for note in plan.notes:  # also kept in the file's provenance
         print(f"note: {note}", file=sys.stderr)
@@ -143,6 +150,7 @@ def run(args: argparse.Namespace) -> int:
         model = calibrate(
             spec, timer=timer, plan=plan, gpu_key=gpu_key, gpu_info=info, attention=args.attention,
             dtype=args.dtype, command=command, save_partial=save_partial,
+            tensor_parallel=args.tensor_parallel,
             progress=ProgressLine(sys.stderr, "calibrate"),
         )
         try:

@@ -101,7 +101,7 @@ def run(args: argparse.Namespace) -> int:
     # Time micro-batches as the calibration timed its points (files from before the
     # option were timed eagerly), unless asked otherwise.
     timing = args.timing or kernels.get("timing", "eager")
-    timer = KernelTimer(model.spec, attention=attention, dtype=kernels.get("dtype", "bf16"),
+    timer = KernelTimer(model.rank_spec, attention=attention, dtype=kernels.get("dtype", "bf16"),
                         timing=timing, fingerprint=fingerprint)
     timing = timer.timing  # eager where the workload cannot be captured
     settle_gpu(args.settle_s)

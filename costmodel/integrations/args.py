@@ -190,7 +190,8 @@ def validate_args(
     - an on/off flag is not true or false, or ``--cost-model`` is empty.
     FileNotFoundError (naming the flag) when the ``--cost-model`` file does not exist.
     Logs a warning when the cost model was measured on another GPU than the one in use
-    (naming both), and an info line when no GPU is visible or the model is an estimate.
+    (naming both), or for another tensor-parallel size than ``--tensor-model-parallel-size``
+    (1 when ``args`` has none), and an info line when no GPU is visible or the model is an estimate.
 
     ``spec`` is the model being trained (a `ModelSpec`); without it, Megatron-style fields on
     ``args`` (hidden_size, num_layers, ...) are used. The loaded model is kept on ``args``
@@ -261,8 +262,24 @@ def validate_args(
     except FileNotFoundError as err:
         raise FileNotFoundError(f"--cost-model {cost_model_arg}: {err}") from None
     _check_gpu(model, cost_model_arg)
+    _check_tensor_parallel(model, args, cost_model_arg)
     setattr(args, _LOADED_ATTR, model)
     return model
+
+
+def _check_tensor_parallel(model: CostModel, args: argparse.Namespace, label: str) -> None:
+    """Warn when the cost model timed another tensor-parallel shard than this run's: a
+    narrower shard runs further below peak, so its curve has another shape (the schedule
+    stays within the cap either way; only the balance suffers)."""
+    raw = _flag(args, "tensor_model_parallel_size")
+    run_tp = 1 if raw is None else positive_int(raw, "--tensor-model-parallel-size")
+    if model.tensor_parallel != run_tp:
+        logger.warning(
+            "--cost-model %s timed one rank's shard at tensor parallelism %d, but this run uses "
+            "%d: its curves are another shape's; calibrate for this run with `costmodel "
+            "calibrate --model %s --tensor-parallel %d`", label, model.tensor_parallel, run_tp,
+            model.spec.name, run_tp,
+        )
 
 
 def _same_gpu(model_gpu: str, device_name: str) -> bool:

@@ -1,4 +1,5 @@
-"""Shipped cost models: `costmodel/profiles/<gpu key>/<model preset>.json`.
+"""Shipped cost models: `costmodel/profiles/<gpu key>/<model preset>.json` (one GPU's whole
+layer), `<model preset>-tp<N>.json` for one rank's shard at tensor parallelism N.
 
 Measured profiles carry their provenance (device, versions, command, validation). Load
 them by name with `costmodel.model.load_cost_model("h200/qwen3-8b")`; a name with no file
@@ -31,15 +32,17 @@ def shipped_profiles() -> list[str]:
 def profile_for_shape(gpu_key: str, shape_key: str) -> Path | None:
     """The shipped file for this GPU key whose model has this shape (`ModelSpec.shape_key`),
     or None: a model given as a config.json under another name still gets the measured
-    profile of its shape."""
+    profile of its shape. Only profiles of the whole layer (tensor parallelism 1) count: a
+    shard's is taken by its name."""
     from costmodel.spec import ModelSpec
 
     for path in sorted((PROFILES_DIR / gpu_key.lower()).glob("*.json")):
         try:
             with path.open(encoding="utf-8") as f:
-                stored = ModelSpec.from_dict(json.load(f)["spec"]).shape_key()
+                doc = json.load(f)
+            stored = ModelSpec.from_dict(doc["spec"]).shape_key()
         except (OSError, ValueError, AttributeError, KeyError, TypeError):
             continue  # a broken file is reported when it is loaded by name, not here
-        if stored == shape_key:
+        if stored == shape_key and doc.get("tensor_parallel", 1) == 1:
             return path
     return None
