@@ -32,7 +32,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from numpy.typing import ArrayLike
@@ -52,6 +52,9 @@ from costmodel.model_file import (
 )
 from costmodel.profiles import profile_for_shape, profile_path, shipped_profiles
 from costmodel.spec import ModelSpec, as_spec, preset_names
+
+if TYPE_CHECKING:
+    from costmodel.context_parallel import ContextParallelCost
 
 __all__ = [
     "DEFAULT_REFERENCE_TOKENS", "CostModel", "cached_cost_model", "load_cost_model",
@@ -238,17 +241,7 @@ class CostModel:
         `lengths[offsets[j]:offsets[j+1]]`, so `offsets` has n_microbatches + 1 entries,
         starts at 0 and ends at len(lengths). An empty micro-batch costs 0 (nothing runs).
         """
-        L = _as_lengths(lengths)
-        off = np.asarray(offsets)
-        if off.ndim != 1 or off.size < 1 or off.dtype.kind not in "iu":
-            raise ValueError("offsets must be a 1-D integer array with n_microbatches + 1 entries")
-        off = off.astype(np.int64, copy=False)
-        if off[0] != 0 or off[-1] != L.size or np.any(np.diff(off) < 0):
-            raise ValueError(
-                f"offsets must start at 0, be non-decreasing and end at len(lengths)={L.size}; "
-                f"got first {off[0]}, last {off[-1]}"
-            )
-        return separable_microbatch_costs(self, L, off, mode)
+        return separable_microbatch_costs(self, *checked_csr(lengths, offsets), mode)
 
     # The three parts of a non-empty micro-batch's cost: fixed_cost + Σ sequence_costs(Lᵢ)
     # + token_costs(Σ Lᵢ). The scheduler's local search uses them to price a move exactly
@@ -298,6 +291,17 @@ class CostModel:
         }
         parts["total"] = sum(parts.values())
         return parts
+
+    def for_context_parallel(self, size: int) -> CostModel | ContextParallelCost:
+        """This model as one rank of a `size`-way context-parallel group prices a micro-batch
+        (`costmodel.context_parallel`): what the scheduler balances when each micro-batch is
+        split over `size` GPUs. Itself at size 1."""
+        size = positive_int(size, "context-parallel size")
+        if size == 1:
+            return self
+        from costmodel.context_parallel import ContextParallelCost
+
+        return ContextParallelCost(self, size)
 
     def stack_cost(
         self, lengths: ArrayLike, mode: str = "train", *, num_layers: int, moe: bool = False,
@@ -368,6 +372,22 @@ class CostModel:
 # ---- by path or name ---------------------------------------------------------------------
 _NAME_RE = re.compile(r"^([A-Za-z0-9_.-]+)/([A-Za-z0-9_.-]+)$")
 _NOT_A_FILE = "is not an existing cost model file, and as a name (GPU key / model preset): "
+
+
+def checked_csr(lengths: ArrayLike, offsets: ArrayLike) -> tuple[np.ndarray, np.ndarray]:
+    """Micro-batches laid out CSR-style (see `CostModel.microbatch_costs`) as int64 arrays;
+    ValueError for lengths below 1 or offsets that do not slice them."""
+    L = _as_lengths(lengths)
+    off = np.asarray(offsets)
+    if off.ndim != 1 or off.size < 1 or off.dtype.kind not in "iu":
+        raise ValueError("offsets must be a 1-D integer array with n_microbatches + 1 entries")
+    off = off.astype(np.int64, copy=False)
+    if off[0] != 0 or off[-1] != L.size or np.any(np.diff(off) < 0):
+        raise ValueError(
+            f"offsets must start at 0, be non-decreasing and end at len(lengths)={L.size}; "
+            f"got first {off[0]}, last {off[-1]}"
+        )
+    return L, off
 
 
 def separable_microbatch_costs(

@@ -158,14 +158,18 @@ def _switch(args: argparse.Namespace, name: str) -> bool:
     return on_off(_flag(args, name, False), f"--{name.replace('_', '-')}")
 
 
+def _context_parallel(args: argparse.Namespace) -> int:
+    """Megatron's --context-parallel-size (1 where a script has none)."""
+    cp = _flag(args, "context_parallel_size", 1)
+    return 1 if cp is None else positive_int(cp, "--context-parallel-size")
+
+
 def _cap(args: argparse.Namespace) -> int | None:
     cap = _flag(args, "max_tokens_per_gpu")
     if cap is None:
         return None
     # -2 made a cap of -200 tokens, and 0 read as 1
-    cp = _flag(args, "context_parallel_size", 1)
-    cp = 1 if cp is None else positive_int(cp, "--context-parallel-size")
-    return whole_number(cap, "--max-tokens-per-gpu") * cp
+    return whole_number(cap, "--max-tokens-per-gpu") * _context_parallel(args)
 
 
 def _spec_from_args(args: argparse.Namespace) -> ModelSpec | None:
@@ -344,8 +348,9 @@ def scheduler_from_args(
     """Keyword arguments for `costmodel.scheduler.build_schedule` from the parsed flags.
 
     ``cost`` is ``"tokens"`` without ``--balance-by-flops``, ``"flops"`` with it, and the
-    loaded cost model with ``--cost-model`` too; ``max_tokens_per_microbatch`` is the cap
-    (× context-parallel size); ``spec`` is passed through. ``dp_size`` is included when
+    loaded cost model with ``--cost-model`` too (as one rank of the context-parallel group
+    prices a micro-batch, `CostModel.for_context_parallel`); ``max_tokens_per_microbatch`` is
+    the cap (× context-parallel size); ``spec`` is passed through. ``dp_size`` is included when
     given. Call `validate_args` first (this calls it when it has not run yet).
     """
     if spec is None and _switch(args, "balance_by_flops"):
@@ -370,7 +375,9 @@ def scheduler_from_args(
             validate_args(args, spec=spec)
             model = getattr(args, _LOADED_ATTR)
         if model is not None:
-            cost: Any = model
+            # Each micro-batch is split over the context-parallel group: balance what one of
+            # its ranks takes (a micro-batch's fixed cost weighs more against T / cp tokens).
+            cost: Any = model.for_context_parallel(_context_parallel(args))
         else:
             if spec is None:
                 raise ValueError(

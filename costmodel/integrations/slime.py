@@ -26,7 +26,8 @@ What it honours on ``args``: ``use_dynamic_batch_size`` with ``max_tokens_per_gp
 (× ``cp_size``, × ``packing_safety_margin`` when set, as slime does), or ``micro_batch_size``
 for fixed-size micro-batches; ``balance_data``, ``balance_by_flops``; and a new
 ``cost_model`` (a calibrated file or a shipped name such as ``h200/qwen3-8b``; absent or
-None for none). Model shape for FLOPs comes from the Megatron-style fields on ``args``
+None for none), priced as one rank of the ``cp_size`` group runs a micro-batch
+(`CostModel.for_context_parallel`). Model shape for FLOPs comes from the Megatron-style fields on ``args``
 (`ModelSpec.from_megatron_args`).
 
 Differences from slime, all on purpose:
@@ -252,6 +253,8 @@ def build_dp_schedule(
             )
     dynamic = _on(args, "use_dynamic_batch_size")
     cost, spec, balance = _resolve_cost(args)
+    if hasattr(cost, "for_context_parallel"):  # a cost model: what one rank of cp_size takes
+        cost = cost.for_context_parallel(cp)
     cap: int | None = None  # the token cap: set exactly when dynamic
     if dynamic:
         per_gpu = getattr(args, "max_tokens_per_gpu", None)

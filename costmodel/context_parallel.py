@@ -1,0 +1,82 @@
+"""A cost model as one rank of a context-parallel group prices a micro-batch.
+
+With context parallelism of size c, one micro-batch of up to c x the per-GPU cap is split
+over c GPUs (Megatron and slime: ring attention over chunks of every sequence; verl:
+Ulysses, the heads split after an all-to-all). Each GPU holds T / c of its T tokens, so:
+
+- its token-linear part (projections, MLP, LM head) is the curve at T / c tokens: exact
+  under both schemes, and inside the calibrated range where T itself would not be;
+- it computes 1 / c of every sequence's attention FLOPs, priced as that sequence's
+  attention over c (at the whole length's efficiency: ring chunks and fewer heads run
+  somewhat below it, which no calibration here measures);
+- it pays a micro-batch's whole fixed cost (every layer's launches), which therefore
+  weighs c times more against the compute than on one GPU.
+
+What the ranks exchange is not in it. Every rank of the group takes about this long; the
+scheduler balances it over the data-parallel ranks.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+from numpy.typing import ArrayLike
+
+from costmodel.model import checked_csr, separable_microbatch_costs
+
+if TYPE_CHECKING:
+    from costmodel.model import CostModel
+
+__all__ = ["ContextParallelCost"]
+
+
+class ContextParallelCost:
+    """`model`'s prices for one rank of a `size`-way context-parallel group (ms), with the
+    cost model interface the scheduler takes (`CostModel.for_context_parallel` makes one)."""
+
+    def __init__(self, model: CostModel, size: int) -> None:
+        self.model = model
+        self.size = size
+
+    # What the scheduler and the drop-ins read of a cost model, as the model has it.
+    @property
+    def spec(self) -> Any:
+        return self.model.spec
+
+    @property
+    def gpu(self) -> str:
+        return self.model.gpu
+
+    @property
+    def modes(self) -> list[str]:
+        return self.model.modes
+
+    @property
+    def accepted_shapes(self) -> set[str]:
+        return self.model.accepted_shapes
+
+    @property
+    def label(self) -> str:
+        return f"{self.model.label}, one rank of context parallelism {self.size}"
+
+    def __repr__(self) -> str:
+        return f"ContextParallelCost({self.label})"
+
+    # The three parts of a separable cost, per rank.
+    def fixed_cost(self, mode: str = "train") -> float:
+        return self.model.fixed_cost(mode)
+
+    def sequence_costs(self, lengths: ArrayLike, mode: str = "train") -> np.ndarray:
+        return self.model.sequence_costs(lengths, mode) / self.size
+
+    def token_costs(self, tokens: ArrayLike, mode: str = "train") -> np.ndarray:
+        return self.model.token_costs(np.asarray(tokens, dtype=np.float64) / self.size, mode)
+
+    def microbatch_costs(self, lengths: ArrayLike, offsets: ArrayLike, mode: str = "train") -> np.ndarray:
+        """As `CostModel.microbatch_costs`, for one rank of the group."""
+        return separable_microbatch_costs(self, *checked_csr(lengths, offsets), mode)
+
+    def microbatch_cost(self, lengths: ArrayLike, mode: str = "train") -> float:
+        L, _ = checked_csr(lengths, [0, np.size(lengths)])
+        return float(self.microbatch_costs(L, np.array([0, L.size]), mode)[0])
