@@ -57,6 +57,10 @@ class ContextParallelCost:
         return self.model.accepted_shapes
 
     @property
+    def is_estimate(self) -> bool:
+        return self.model.is_estimate
+
+    @property
     def label(self) -> str:
         return f"{self.model.label}, one rank of context parallelism {self.size}"
 

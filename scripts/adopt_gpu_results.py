@@ -10,8 +10,9 @@ file is skipped, with the reason, before anything moved):
 
 - ``<model>.json`` (a measured and validated cost model; ``--unvalidated MODEL`` also takes
   that model's ``--quick`` one, e.g. the session's MoE profile; ``--unvalidated`` alone,
-  any) to ``costmodel/profiles/<gpu key>/<model>.json``; profiles of two GPUs, or two of
-  one model, are refused: one session folder at a time;
+  any) to ``costmodel/profiles/<gpu key>/<model>.json`` (``<model>-tp<N>`` for one
+  tensor-parallel rank's shard, named so to ``--unvalidated`` too); profiles of two GPUs,
+  or two of one model, are refused: one session folder at a time;
 - ``bench_attention.json``, ``bench_mlp.json``, ``bench_schedule.json`` to
   ``benchmarks/results/<name>_<gpu key>.json`` (a file without result rows, such as an
   interrupted tuning, never replaces one with rows: it goes to ``<name>_partial_<key>``),
@@ -104,7 +105,7 @@ def _profiles(folders: list[Path], unvalidated: set[str] | bool) -> list[tuple[P
             print(f"skip {path.name}: not a cost model ({exc})")
             continue
         kind = model.provenance.get("kind", "measured")
-        let_through = unvalidated is True or (unvalidated and model.spec.name in unvalidated)
+        let_through = unvalidated is True or (unvalidated and _profile_name(model) in unvalidated)
         if model.is_estimate:
             print(f"skip {path.name}: an estimate, not a measurement")
         elif kind != "measured":  # a synthetic-timer or CPU dry-run file names a GPU too
@@ -113,7 +114,7 @@ def _profiles(folders: list[Path], unvalidated: set[str] | bool) -> list[tuple[P
             print(f"skip {path.name}: GPU key {model.gpu_key!r} is not a folder name")
         elif model.validation_summary("train") is None and not let_through:
             print(f"skip {path.name}: not validated (a --quick run, or the validate step "
-                  f"stored nothing: see session.log); --unvalidated {model.spec.name} ships it")
+                  f"stored nothing: see session.log); --unvalidated {_profile_name(model)} ships it")
         else:
             found.append((path, model))
     return found

@@ -23,13 +23,15 @@
 #   8. the reference trainer on the GPU (train-demo: nccl, one process, 4 steps), if time
 #      is left (its nccl/CUDA path has run on CPU only, where it is gloo)     ~20 s
 #   9. a quick MoE calibration (qwen3-30b-a3b), if time is left
+#  10. a quick calibration of one TP-2 rank's shard of $MODEL, if time is left
 # STEPS picks a subset (run in the order above), e.g. STEPS="bench_schedule pytest" with
 # CAL=<a shipped profile> for a session that only needs those, or, in a second call while
 # the machine is still warm, the steps the first call's LIMIT_S skipped (CAL: the first
 # call's profile, copied into the checkout). At most 8 files come back from $OUT, so
 # only these are written there: session.log, $MODEL.json (+ .partial.json on failure),
 # $MODEL.png, pytest-gpu.xml, bench_attention.json, bench_mlp.json, bench_schedule.json,
-# qwen3-30b-a3b.json; past 8, all but the log and $MODEL.json go into results.tgz.
+# qwen3-30b-a3b.json, $MODEL-tp2.json; past 8, all but the log and $MODEL.json go into
+# results.tgz.
 # Every step has a timeout (SIGINT first, so Python saves what it can), the whole script
 # skips steps past LIMIT_S, and a failing step never stops the next. Everything goes
 # under "$OUT" (default ./out) with a log: session.log.
@@ -59,7 +61,7 @@ PY="${PYTHON:-$(command -v python3 || command -v python)}"  # the H200 image has
 LIMIT_S="${LIMIT_S:-460}"   # total wall budget; later steps are skipped past it
 MODEL="${MODEL:-qwen3-8b}"
 CAL="${CAL:-$OUT/$MODEL.json}"
-STEPS="${STEPS:-calibrate validate report pytest bench_attention bench_schedule bench_mlp train_demo calibrate_moe}"
+STEPS="${STEPS:-calibrate validate report pytest bench_attention bench_schedule bench_mlp train_demo calibrate_moe calibrate_tp}"
 STATUS=0
 want() { [[ " $STEPS " == *" $1 "* ]]; }
 
@@ -184,6 +186,11 @@ want train_demo && step "train-demo (cuda, nccl, 1 process)" 45 "$PY" -m costmod
 want calibrate_moe && step "calibrate qwen3-30b-a3b --quick" 70 "$PY" -m costmodel -v calibrate \
   --gpu auto --model qwen3-30b-a3b --attention torch-varlen --dtype bf16 --quick --settle-s 0 \
   -o "$OUT/qwen3-30b-a3b.json"
+# One tensor-parallel rank's shard, if time is left: --quick, no separate validation; set
+# beside the whole layer's profile, it shows how far a shard's curve is from the whole /2.
+want calibrate_tp && step "calibrate $MODEL --tensor-parallel 2 --quick" 60 "$PY" -m costmodel -v \
+  calibrate --gpu auto --model "$MODEL" --tensor-parallel 2 --attention torch-varlen \
+  --dtype bf16 --quick --settle-s 0 -o "$OUT/$MODEL-tp2.json"
 echo "== session end after ${SECONDS}s, status $STATUS; files:"
 ls -la "$OUT"
 # At most 8 files come back: past that, everything but the log and the cost model goes

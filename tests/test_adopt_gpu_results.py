@@ -307,3 +307,19 @@ def test_bench_files_of_two_gpus_are_not_filed_under_either(adopt_script, tmp_pa
     assert adopt_script.main([str(out)]) == 1
     assert "pass --gpu KEY" in capsys.readouterr().err
     assert not (tmp_path / "repo").exists()
+
+
+def test_a_tensor_parallel_shard_ships_beside_the_whole_layer(adopt_script, tmp_path, capsys):
+    """The session's quick TP-2 profile of the same model is no second profile of it: it
+    ships as <model>-tp2 when named so to --unvalidated, and is skipped otherwise."""
+    out = _session_folder(tmp_path)
+    doc = json.loads((out / "qwen3-8b.json").read_text())
+    doc.update(tensor_parallel=2, validation=None)
+    (out / "qwen3-8b-tp2.json").write_text(json.dumps(doc))
+    assert adopt_script.main([str(out)]) == 0
+    assert "--unvalidated qwen3-8b-tp2 ships it" in capsys.readouterr().out
+    profiles = tmp_path / "repo" / "costmodel" / "profiles" / "h200"
+    assert not (profiles / "qwen3-8b-tp2.json").exists()
+    assert adopt_script.main([str(out), "--unvalidated", "qwen3-8b-tp2"]) == 0
+    assert json.loads((profiles / "qwen3-8b-tp2.json").read_text())["tensor_parallel"] == 2
+    assert "tensor_parallel" not in json.loads((profiles / "qwen3-8b.json").read_text())

@@ -35,6 +35,7 @@ def test_size_one_is_the_model_and_bad_sizes_are_refused():
     assert MODEL.for_context_parallel(1) is MODEL
     rank = MODEL.for_context_parallel(2)
     assert isinstance(rank, ContextParallelCost) and rank.spec is MODEL.spec
+    assert not rank.is_estimate and rank.modes == MODEL.modes
     assert rank.label == "qwen3-8b on NVIDIA H200 (measured), one rank of context parallelism 2"
     for bad in (0, -2, 2.5, "2", True):
         with pytest.raises(ValueError, match="context-parallel size must be an integer >= 1"):
