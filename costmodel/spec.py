@@ -30,7 +30,8 @@ _VOCAB_GRAIN = 1024
 
 @dataclass(frozen=True, kw_only=True)
 class ModelSpec:
-    """A decoder-only transformer's shape. Every count is per model, not per rank."""
+    """A decoder-only transformer's shape. Every count is per model, not per rank (but in
+    what `shard` returns: one tensor-parallel rank's share, the shape one GPU computes)."""
 
     name: str = "custom"
     """Label only; it does not enter `fingerprint()`."""
