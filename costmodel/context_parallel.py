@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from numpy.typing import ArrayLike
 
+from costmodel.flops import as_lengths
 from costmodel.model import checked_csr, separable_microbatch_costs
 
 if TYPE_CHECKING:
@@ -82,5 +83,5 @@ class ContextParallelCost:
         return separable_microbatch_costs(self, *checked_csr(lengths, offsets), mode)
 
     def microbatch_cost(self, lengths: ArrayLike, mode: str = "train") -> float:
-        L, _ = checked_csr(lengths, [0, np.size(lengths)])
+        L = as_lengths(lengths, "lengths")
         return float(self.microbatch_costs(L, np.array([0, L.size]), mode)[0])

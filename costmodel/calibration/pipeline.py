@@ -186,7 +186,8 @@ def fit_measurements(
         logger.warning("mode %s dropped from the cost model: %s", mode, why)
 
     peak = gpu_info.peak_bf16_flops if gpu_info is not None else None
-    check = flops_check(records, spec.shard(tensor_parallel), peak_flops=peak, gpu_name=str(device.get("name")))
+    check = flops_check(records, spec.shard(tensor_parallel), peak_flops=peak,  # one GPU's work
+                        gpu_name=str(device.get("name")))
 
     provenance: dict[str, Any] = {
         "kind": "measured",
