@@ -227,7 +227,7 @@ def test_schedule_and_simulate_json_record_their_input(tmp_path, capsys):
                  "--json", str(out)]) == 0
     assert json.loads(out.read_text())["input"] == {
         "source": "64 samples, distribution 'rl', seed 0", "model": "qwen3-8b",
-        "cost": "qwen3-8b on NVIDIA H200 (measured)"}
+        "cost": "qwen3-8b on NVIDIA H200 (measured)", "context_parallel": 1}
     out = tmp_path / "sim.json"
     assert main(["simulate", "--n", "64", "--dp", "2", "--max-tokens", "8192", "--json", str(out)]) == 0
     assert {k: v for k, v in json.loads(out.read_text())["input"].items()
@@ -322,3 +322,28 @@ def test_simulate_judges_with_the_h200_model_of_model_s_shape_by_default(capsys)
     assert "judged by: qwen3-4b on NVIDIA H200" in capsys.readouterr().out
     assert main(["simulate", "--n", "64", "--cost-model", "FLOPS"]) == 2
     assert "already a row of the table" in capsys.readouterr().err
+
+
+def test_context_parallel_prices_one_gpu_of_each_split_micro_batch(tmp_path, capsys):
+    """--context-parallel 4: schedule and simulate's cost-model row balance, and simulate
+    judges every policy by, what one of the 4 GPUs of a micro-batch runs."""
+    from costmodel.model import load_cost_model
+    from costmodel.scheduler import generate_lengths
+
+    sched, sim = tmp_path / "s.json", tmp_path / "sim.json"
+    flags = ["--n", "256", "--dp", "4", "--max-tokens", "65536"]
+    assert main(["schedule", *flags, "--cost", "h200/qwen3-8b", "--context-parallel", "4",
+                 "--json", str(sched)]) == 0
+    assert main(["simulate", *flags, "--context-parallel", "4", "--json", str(sim)]) == 0
+    out = capsys.readouterr().out
+    assert "one rank of context parallelism 4" in out
+    simulated, scheduled = json.loads(sim.read_text()), json.loads(sched.read_text())
+    assert simulated["input"]["context_parallel"] == scheduled["input"]["context_parallel"] == 4
+    rows = {r["policy"]: r for r in simulated["policies"]}
+    assert rows["cost-model"]["makespan_ms"] == pytest.approx(scheduled["makespan"], rel=1e-9)
+    one_gpu = load_cost_model("h200/qwen3-8b").for_context_parallel(4)
+    lengths = generate_lengths(256, "rl", seed=0)  # what --n 256 draws
+    for mbs, costs in zip(scheduled["microbatches"], scheduled["microbatch_costs"]):
+        assert costs == pytest.approx([one_gpu.microbatch_cost(lengths[mb]) for mb in mbs])
+    assert main(["schedule", *flags, "--context-parallel", "0"]) == 2
+    assert "--context-parallel must be an integer >= 1, got 0" in capsys.readouterr().err

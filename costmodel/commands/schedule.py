@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from costmodel.checks import positive_int
 from costmodel.curves import MODES
 from costmodel.model_file import is_unknown_name
 from costmodel.scheduler.lengths import DISTRIBUTIONS, MAX_GENERATED, generate_lengths, read_lengths
@@ -53,6 +54,12 @@ def add_batch_arguments(p: argparse.ArgumentParser) -> None:
         choices=MODES,
         default="train",
         help="cost of a training step or of a forward-only (log-prob) pass (default: %(default)s)",
+    )
+    p.add_argument(
+        "--context-parallel", type=int, default=1, metavar="CP",
+        help="each micro-batch is split over CP GPUs (--max-tokens is then the whole "
+        "micro-batch's cap, CP x one GPU's): a cost model prices what one of them runs "
+        "(default: %(default)s)",
     )
 
 
@@ -147,7 +154,10 @@ def run(args: argparse.Namespace) -> int:
         check_output_path(args.json, "--json")
     spec = ModelSpec.from_any(args.model)
     lengths, source = batch_lengths(args)
+    cp = positive_int(args.context_parallel, "--context-parallel")
     cost = resolve_cost(args.cost, spec, allow_other_shape=args.cost_model_allow_other_shape)
+    if not isinstance(cost, str):  # tokens and FLOPs split evenly: their balance is the same
+        cost = cost.for_context_parallel(cp)
     t0 = time.perf_counter()
     s = build_schedule(
         lengths,
@@ -162,7 +172,8 @@ def run(args: argparse.Namespace) -> int:
     elapsed_ms = (time.perf_counter() - t0) * 1e3
     if args.json is not None:  # before the table: a reader that stops early (| head) loses none
         doc = s.to_dict()
-        doc["input"] = {"source": source, "model": spec.name, "cost": cost_label(cost)}
+        doc["input"] = {"source": source, "model": spec.name, "cost": cost_label(cost),
+                        "context_parallel": args.context_parallel}
         write_json_atomic(args.json, doc)
     unit = "ms" if not isinstance(cost, str) else ("tokens" if cost == "tokens" else "FLOP")
     print(f"{source}; {int(lengths.sum()):,} tokens")

@@ -23,6 +23,7 @@ import sys
 import time
 from typing import Any
 
+from costmodel.checks import positive_int
 from costmodel.commands.schedule import (
     add_allow_other_shape,
     add_batch_arguments,
@@ -82,6 +83,8 @@ def run(args: argparse.Namespace) -> int:
     # (a config folder's name may be no valid "gpu/model" name)
     model = load_cost_model(args.cost_model or "h200", spec=spec,
                             allow_other_shape=args.cost_model_allow_other_shape)
+    # What one GPU of a micro-batch split over --context-parallel GPUs runs.
+    judge = model.for_context_parallel(positive_int(args.context_parallel, "--context-parallel"))
     common = dict(max_tokens_per_microbatch=args.max_tokens, mode=args.mode)
     flops = sequence_fwd_flops(lengths, spec)
 
@@ -110,7 +113,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"note: --variant's kk-samples baseline takes time quadratic in the number "
                   f"of samples: {lengths.size:,} can take minutes", file=sys.stderr)
         policies.append(("baseline kk-samples", baseline("kk-samples")))
-    policies.append(("cost-model", ours(model)))
+    policies.append(("cost-model", ours(judge)))
 
     rows: list[dict[str, Any]] = []
     for name, build in policies:
@@ -118,7 +121,7 @@ def run(args: argparse.Namespace) -> int:
         built = build()
         elapsed = (time.perf_counter() - t0) * 1e3
         mbs = built.microbatches if hasattr(built, "microbatches") else built
-        judged = evaluate_schedule(mbs, lengths, cost=model, spec=spec, **common)
+        judged = evaluate_schedule(mbs, lengths, cost=judge, spec=spec, **common)
         counts = sorted({len(r) for r in mbs})
         rows.append(
             {
@@ -134,7 +137,7 @@ def run(args: argparse.Namespace) -> int:
         )
     base = next(r["makespan_ms"] for r in rows if r["policy"] == "tokens")
     print(f"{source}; {int(lengths.sum()):,} tokens; dp={args.dp}, cap={args.max_tokens}")
-    print(f"judged by: {cost_label(model)} ({args.mode})")
+    print(f"judged by: {cost_label(judge)} ({args.mode})")
     summary = model.validation_summary(args.mode)
     if summary:
         print(summary)
@@ -163,7 +166,8 @@ def run(args: argparse.Namespace) -> int:
                 "model": spec.name,
                 "dp": args.dp,
                 "max_tokens": args.max_tokens,
-                "cost_model": cost_label(model),
+                "context_parallel": args.context_parallel,
+                "cost_model": cost_label(judge),
                 "mode": args.mode,
             },
             "policies": rows,
