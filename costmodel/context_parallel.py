@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from numpy.typing import ArrayLike
 
+from costmodel.checks import positive_int
 from costmodel.flops import as_lengths
 from costmodel.model import checked_csr, separable_microbatch_costs
 
@@ -38,7 +39,7 @@ class ContextParallelCost:
 
     def __init__(self, model: CostModel, size: int) -> None:
         self.model = model
-        self.size = size
+        self.size = positive_int(size, "context-parallel size")  # 0 priced everything inf
 
     # What the scheduler and the drop-ins read of a cost model, as the model has it.
     @property

@@ -502,3 +502,23 @@ def test_warns_when_the_cost_model_timed_another_tensor_parallel_shard(
     assert len(warnings) == 1
     assert f"shard at tensor parallelism {model_tp}, but this run uses {run_tp or 1}" in warnings[0]
     assert f"costmodel calibrate --model qwen3-32b --tensor-parallel {run_tp or 1}" in warnings[0]
+
+
+@pytest.mark.parametrize("run_tp, run_etp, warned", [(4, None, False), (4, 4, False), (4, 1, True)])
+def test_warns_when_the_run_keeps_experts_whole_that_the_cost_model_split(
+        tmp_path, monkeypatch, caplog, run_tp, run_etp, warned):
+    """ModelSpec.shard splits every expert TP ways (Megatron's default expert TP); a MoE run
+    with --expert-tensor-parallel-size 1 (common with expert parallelism) is warned."""
+    spec = ModelSpec.from_preset("qwen3-30b-a3b")
+    path = estimate_cost_model(spec, "h200", tensor_parallel=4).save(tmp_path / "cm.json")
+    args = parse([*FLOPS_ARGV, "--cost-model", str(path)])
+    args.tensor_model_parallel_size = run_tp
+    if run_etp is not None:
+        args.expert_tensor_parallel_size = run_etp
+    monkeypatch.setattr(cm_args, "current_gpu_name", lambda: None)
+    with caplog.at_level(logging.WARNING, logger="costmodel.integrations.args"):
+        validate_args(args, spec=spec)
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == int(warned)
+    if warned:
+        assert "expert tensor parallelism is 1" in warnings[0]

@@ -82,3 +82,36 @@ def test_slime_balances_one_rank_of_cp_size(monkeypatch):
     slime.build_dp_schedule(args, {"dp_size": 2, "cp_size": 2}, lengths, global_batch_size=64,
                             rollout_indices=list(range(64)))
     assert isinstance(seen[0], ContextParallelCost) and seen[0].size == 2
+
+
+def test_a_view_made_directly_checks_its_size():
+    """ContextParallelCost is exported: a size of 0 priced every micro-batch at inf."""
+    for bad in (0, -2, 2.5, True):
+        with pytest.raises(ValueError, match="context-parallel size must be an integer >= 1"):
+            ContextParallelCost(MODEL, bad)
+
+
+def test_slime_warns_once_when_the_cost_model_timed_another_tp_shard(tmp_path, monkeypatch, caplog):
+    """As validate_args does for Megatron flags: slime's args carry the run's TP size."""
+    from costmodel.estimate import estimate_cost_model
+
+    monkeypatch.setattr(slime, "_warned", set())
+    path = estimate_cost_model("qwen3-8b", "h200", tensor_parallel=2).save(tmp_path / "tp2.json")
+    args = types.SimpleNamespace(
+        use_dynamic_batch_size=True, max_tokens_per_gpu=8192, balance_data=True,
+        cost_model=str(path), num_layers=36, hidden_size=4096, num_attention_heads=32,
+        num_query_groups=8, group_query_attention=True, kv_channels=128, ffn_hidden_size=12288,
+        vocab_size=151936, qk_layernorm=True, swiglu=True, untie_embeddings_and_output_weights=True,
+        tensor_model_parallel_size=4)
+    lengths = generate_lengths(64, "rl", seed=0).tolist()
+    with caplog.at_level("WARNING", logger="costmodel.integrations.slime"):
+        for _ in range(2):
+            slime.build_dp_schedule(args, {"dp_size": 2, "cp_size": 1}, lengths,
+                                    global_batch_size=64, rollout_indices=list(range(64)))
+    warned = [r.getMessage() for r in caplog.records if "tensor parallelism 2" in r.getMessage()]
+    assert len(warned) == 1 and "this run uses 4" in warned[0]
+    caplog.clear()
+    args.tensor_model_parallel_size = 2
+    slime.build_dp_schedule(args, {"dp_size": 2, "cp_size": 1}, lengths, global_batch_size=64,
+                            rollout_indices=list(range(64)))
+    assert "tensor parallelism" not in caplog.text

@@ -195,7 +195,8 @@ def validate_args(
     FileNotFoundError (naming the flag) when the ``--cost-model`` file does not exist.
     Logs a warning when the cost model was measured on another GPU than the one in use
     (naming both), or for another tensor-parallel size than ``--tensor-model-parallel-size``
-    (1 when ``args`` has none), and an info line when no GPU is visible or the model is an estimate.
+    (1 when ``args`` has none) or, for a MoE model, experts split otherwise
+    (``--expert-tensor-parallel-size``, TP when absent), and an info line when no GPU is visible or the model is an estimate.
 
     ``spec`` is the model being trained (a `ModelSpec`); without it, Megatron-style fields on
     ``args`` (hidden_size, num_layers, ...) are used. The loaded model is kept on ``args``
@@ -277,13 +278,32 @@ def _check_tensor_parallel(model: CostModel, args: argparse.Namespace, label: st
     stays within the cap either way; only the balance suffers)."""
     raw = _flag(args, "tensor_model_parallel_size")
     run_tp = 1 if raw is None else positive_int(raw, "--tensor-model-parallel-size")
-    if model.tensor_parallel != run_tp:
-        logger.warning(
-            "--cost-model %s timed one rank's shard at tensor parallelism %d, but this run uses "
-            "%d: its curves are another shape's; calibrate for this run with `costmodel "
-            "calibrate --model %s --tensor-parallel %d`", label, model.tensor_parallel, run_tp,
-            model.spec.name, run_tp,
-        )
+    raw_etp = _flag(args, "expert_tensor_parallel_size")
+    run_etp = None if raw_etp is None else positive_int(raw_etp, "--expert-tensor-parallel-size")
+    why = tensor_parallel_mismatch(model, run_tp, run_etp)
+    if why:
+        logger.warning("--cost-model %s %s", label, why)
+
+
+def tensor_parallel_mismatch(model: Any, tensor_parallel: int,
+                             expert_tensor_parallel: int | None = None) -> str | None:
+    """Why `model`'s curves are not one rank's shard of a run at `tensor_parallel` (and
+    Megatron's `expert_tensor_parallel`, which defaults to the TP size), or None when
+    they are. Shared by `validate_args` and the slime drop-in."""
+    model_tp = int(getattr(model, "tensor_parallel", 1))
+    if model_tp != tensor_parallel:
+        return (f"timed one rank's shard at tensor parallelism {model_tp}, but this run uses "
+                f"{tensor_parallel}: its curves are another shape's; calibrate for this run "
+                f"with `costmodel calibrate --model {model.spec.name} --tensor-parallel "
+                f"{tensor_parallel}`")
+    etp = tensor_parallel if expert_tensor_parallel is None else expert_tensor_parallel
+    if model.spec.num_moe_layers and etp != model_tp:
+        # ModelSpec.shard splits every expert TP ways (Megatron's default); a run with
+        # --expert-tensor-parallel-size 1 (common with expert parallelism) keeps them whole.
+        return (f"split every expert over its {model_tp} tensor-parallel ranks (expert tensor "
+                f"parallelism = TP), but this run's expert tensor parallelism is {etp}: its "
+                "MoE layers' curve is another expert width's")
+    return None
 
 
 def _same_gpu(model_gpu: str, device_name: str) -> bool:
