@@ -111,17 +111,19 @@ def _estimate_attention_ms(spec: ModelSpec, gpu: GpuInfo, lengths: np.ndarray, *
 
 
 def estimate_cost_model(
-    spec: ModelSpec | str, gpu: str | GpuInfo, *, tensor_parallel: int = 1
+    spec: ModelSpec | str, gpu: str | GpuInfo, *, tensor_parallel: int = 1,
+    expert_tensor_parallel: int | None = None,
 ) -> CostModel:
     """A CostModel from the registry's peak rates times assumed efficiency curves.
 
     Same curves and file format as a measured model (the estimate is sampled on the same
     kind of grid a calibration measures), but `is_estimate=True` and the provenance says
     what it was built from. Use `costmodel calibrate` on the GPU for a measured one.
-    With `tensor_parallel` > 1 the curves are those of one rank's shard (`ModelSpec.shard`).
+    With `tensor_parallel` > 1 (or `expert_tensor_parallel`) the curves are those of one
+    rank's shard (`ModelSpec.shard`).
     """
     model_spec = as_spec(spec)  # a preset name or config.json path too, as everywhere
-    spec = model_spec.shard(tensor_parallel)  # what one GPU computes
+    spec = model_spec.shard(tensor_parallel, expert_tensor_parallel)  # what one GPU computes
     info = lookup_gpu(gpu)
     curves = {}
     for mode in MODES:
@@ -166,5 +168,6 @@ def estimate_cost_model(
         is_estimate=True,
         provenance=provenance,
         tensor_parallel=tensor_parallel,
+        expert_tensor_parallel=expert_tensor_parallel,
     )
 

@@ -95,11 +95,16 @@ class CostModel:
         reference_tokens: int = DEFAULT_REFERENCE_TOKENS,
         extra: Mapping[str, Any] | None = None,
         tensor_parallel: int = 1,
+        expert_tensor_parallel: int | None = None,
     ):
         spec = as_spec(spec)  # a preset name or config.json path as well
         # The curves time one tensor-parallel rank's shard of `spec` (its layer and head
         # counts, which price a micro-batch, are the model's): checked here, as a shape.
-        self.rank_spec = spec.shard(tensor_parallel)
+        # Experts are split TP ways unless said otherwise (Megatron's default); a dense
+        # model has none to split.
+        self.rank_spec = spec.shard(tensor_parallel, expert_tensor_parallel)
+        if expert_tensor_parallel is None or not spec.is_moe:
+            expert_tensor_parallel = tensor_parallel
         if not curves:
             raise ValueError("a CostModel needs curves for at least one mode")
         bad = sorted(set(curves) - set(MODES))
@@ -119,6 +124,7 @@ class CostModel:
                              f"{reference_tokens}")
         self.spec = spec
         self.tensor_parallel = int(tensor_parallel)
+        self.expert_tensor_parallel = int(expert_tensor_parallel)
         self.gpu = gpu
         self.gpu_key = gpu_key
         self.curves = dict(curves)
@@ -146,8 +152,15 @@ class CostModel:
     def label(self) -> str:
         # A synthetic-timer or CPU dry-run file is no measurement, whatever GPU it names.
         kind = "ESTIMATE" if self.is_estimate else str(self.provenance.get("kind") or "measured")
-        tp = f" at TP {self.tensor_parallel}" if self.tensor_parallel > 1 else ""
-        return f"{self.spec.name}{tp} on {self.gpu} ({kind})"
+        return f"{self.spec.name}{self.parallel_label} on {self.gpu} ({kind})"
+
+    @property
+    def parallel_label(self) -> str:
+        """For one rank's shard, ' at TP 4' (and ', experts TP 1' where they split
+        otherwise); '' for one GPU's whole model."""
+        tp, etp = self.tensor_parallel, self.expert_tensor_parallel
+        experts = f", experts TP {etp}" if etp != tp else ""
+        return f" at TP {tp}{experts}" if (tp, etp) != (1, 1) else ""
 
     def __repr__(self) -> str:
         return f"CostModel({self.label}, modes={self.modes})"
@@ -341,6 +354,7 @@ class CostModel:
             "spec": self.spec.to_dict(),
             "spec_fingerprint": self.spec.fingerprint(),
             "tensor_parallel": self.tensor_parallel,
+            "expert_tensor_parallel": self.expert_tensor_parallel,
             "kernels": self.extra.get("kernels"),
             "reference_tokens": self.reference_tokens,
             "provenance": self.provenance,

@@ -386,12 +386,14 @@ def from_document(
             raise _fail(source, f"reference_tokens must be a whole number of tokens in 1.."
                         f"{MAX_LENGTH:,}, got {reference!r:.40}")
         optional["reference_tokens"] = reference
-    if "tensor_parallel" in doc:  # absent in files from before it: one GPU's whole layer
-        tp = doc["tensor_parallel"]
-        if not isinstance(tp, int) or isinstance(tp, bool) or not 1 <= tp <= _MAX_TP:
-            raise _fail(source, f"tensor_parallel must be a whole number in 1..{_MAX_TP}, got "
-                        f"{tp!r:.40}")
-        optional["tensor_parallel"] = tp
+    # Absent in files from before them: one GPU's whole layer; experts split as TP.
+    for key in ("tensor_parallel", "expert_tensor_parallel"):
+        if key in doc:
+            ways = doc[key]
+            if not isinstance(ways, int) or isinstance(ways, bool) or not 1 <= ways <= _MAX_TP:
+                raise _fail(source, f"{key} must be a whole number in 1..{_MAX_TP}, got "
+                            f"{ways!r:.40}")
+            optional[key] = ways
     extra = {k: doc.get(k) for k in _EXTRA_FIELDS}
     extra["source"] = source
     try:

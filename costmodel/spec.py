@@ -190,41 +190,42 @@ class ModelSpec:
         return self.v_head_dim if self.is_mla else self.head_dim
 
     # ---- tensor parallelism --------------------------------------------------------
-    def shard(self, tensor_parallel: int) -> ModelSpec:
+    def shard(self, tensor_parallel: int, expert_tensor_parallel: int | None = None) -> ModelSpec:
         """One rank's share of this model under `tensor_parallel`-way tensor parallelism, as
-        Megatron splits it: query heads, key/value heads, the MLP's and every expert's
-        widths (expert tensor parallelism equal to TP, no expert parallelism) and the
-        vocabulary (padded to a multiple of 128 x TP) are divided; hidden size, layers,
-        MLA's low-rank projections and the router stay whole. Fewer key/value heads than
-        ranks are replicated, one a rank. What the ranks exchange (all-reduces, sequence
-        parallelism) is not in it: a shard is what one GPU computes.
+        Megatron splits it: query heads, key/value heads, the dense and shared-expert MLP
+        widths and the vocabulary (padded to a multiple of 128 x TP) are divided by TP, each
+        routed expert's width by `expert_tensor_parallel` (Megatron's default: TP; 1 keeps
+        experts whole, as runs with expert parallelism often do); hidden size, layers, MLA's
+        low-rank projections and the router stay whole. Fewer key/value heads than ranks
+        count as one a rank (Megatron versions differ there: older ones refuse it). Expert
+        parallelism (experts spread over ranks, tokens exchanged) and what the ranks
+        exchange are not in it: a shard is what one GPU computes.
 
         The counts of the result are per rank (a shape to time kernels on), not per model."""
         tp = positive_int(tensor_parallel, "tensor_parallel")
-        if tp == 1:
+        etp = tp if expert_tensor_parallel is None else positive_int(
+            expert_tensor_parallel, "expert_tensor_parallel")
+        if tp == etp == 1:
             return self
-        problem = _shard_problem(self, tp)
+        problem = _shard_problem(self, tp, etp)
         if problem:
-            fits = [str(t) for t in range(1, 65) if not _shard_problem(self, t)]
-            raise ValueError(f"{self.name}: {problem} over TP {tp}; the TP sizes up to 64 that "
-                             f"split it: {', '.join(fits)}")
+            fits = [str(t) for t in range(1, 65) if not _shard_problem(
+                self, t, t if expert_tensor_parallel is None else etp)]
+            raise ValueError(f"{self.name}: {problem}; the TP sizes up to 64 that split it"
+                             f"{'' if expert_tensor_parallel is None else f' with expert TP {etp}'}: "
+                             f"{', '.join(fits) or 'none'}")
         grain = 128 * tp  # Megatron's make-vocab-size-divisible-by, times TP
+        experts = f", expert TP {etp}" if etp != tp and self.is_moe else ""
         return dataclasses.replace(
             self,
-            name=f"{self.name} (TP {tp} rank)",
+            name=f"{self.name} (TP {tp}{experts} rank)",
             num_heads=self.num_heads // tp,
-            num_kv_heads=max(1, self.num_kv_heads // tp),  # fewer than TP: one, replicated
+            num_kv_heads=max(1, self.num_kv_heads // tp),
             intermediate_size=self.intermediate_size // tp,
-            moe_intermediate_size=self.moe_intermediate_size // tp,
+            moe_intermediate_size=self.moe_intermediate_size // etp,
             shared_expert_intermediate_size=self.shared_expert_intermediate_size // tp,
             vocab_size=-(-self.vocab_size // grain) * grain // tp,
         )
-
-    def _tp_widths(self) -> dict[str, int]:
-        """The fields tensor parallelism divides evenly (key/value heads aside)."""
-        return {"num_heads": self.num_heads, "intermediate_size": self.intermediate_size,
-                "moe_intermediate_size": self.moe_intermediate_size,
-                "shared_expert_intermediate_size": self.shared_expert_intermediate_size}
 
     # ---- identity and (de)serialisation -------------------------------------------
     def to_dict(self) -> dict[str, Any]:
@@ -331,15 +332,20 @@ def as_spec(spec: ModelSpec | str | Path | Any) -> ModelSpec:
                      f"{type(spec).__name__} {spec!r:.60}")
 
 
-def _shard_problem(spec: ModelSpec, tp: int) -> str:
-    """Why `spec` does not split over `tp` tensor-parallel ranks ("" when it does)."""
-    uneven = [f"{field}={n}" for field, n in spec._tp_widths().items() if n % tp]
+def _shard_problem(spec: ModelSpec, tp: int, etp: int) -> str:
+    """Why `spec` does not split over `tp` tensor-parallel ranks with experts split `etp`
+    ways ("" when it does)."""
+    splits = {"num_heads": tp, "intermediate_size": tp, "shared_expert_intermediate_size": tp,
+              "moe_intermediate_size": etp}
+    uneven = [f"{field}={getattr(spec, field)}" for field, ways in splits.items()
+              if getattr(spec, field) % ways]
     kv = spec.num_kv_heads
-    if kv % tp and tp % kv:  # fewer KV heads than ranks replicate only when TP is a multiple
+    if kv % tp and tp % kv:  # fewer KV heads than ranks: only where TP is a multiple
         uneven.append(f"num_kv_heads={kv}")
     if not uneven:
         return ""
-    return f"{', '.join(uneven)} {'does' if len(uneven) == 1 else 'do'} not split evenly"
+    over = f"TP {tp}" + (f" (experts over {etp})" if etp != tp else "")
+    return f"{', '.join(uneven)} {'does' if len(uneven) == 1 else 'do'} not split evenly over {over}"
 
 
 # ---- validation helpers ----------------------------------------------------------------

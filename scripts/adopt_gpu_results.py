@@ -121,9 +121,10 @@ def _profiles(folders: list[Path], unvalidated: set[str] | bool) -> list[tuple[P
 
 
 def _profile_name(model: CostModel) -> str:
-    """The shipped name: the model's, with -tp<N> for one rank's shard (costmodel.profiles)."""
-    tp = model.tensor_parallel
-    return model.spec.name + (f"-tp{tp}" if tp > 1 else "")
+    """The shipped name: the model's, with -tp<N> (-etp<M>) for one rank's shard."""
+    tp, etp = model.tensor_parallel, model.expert_tensor_parallel
+    experts = f"-etp{etp}" if etp != tp else ""
+    return model.spec.name + (f"-tp{tp}{experts}" if (tp, etp) != (1, 1) else "")
 
 
 def _partials(folders: list[Path]) -> list[str]:

@@ -504,13 +504,17 @@ def test_warns_when_the_cost_model_timed_another_tensor_parallel_shard(
     assert f"costmodel calibrate --model qwen3-32b --tensor-parallel {run_tp or 1}" in warnings[0]
 
 
-@pytest.mark.parametrize("run_tp, run_etp, warned", [(4, None, False), (4, 4, False), (4, 1, True)])
-def test_warns_when_the_run_keeps_experts_whole_that_the_cost_model_split(
-        tmp_path, monkeypatch, caplog, run_tp, run_etp, warned):
-    """ModelSpec.shard splits every expert TP ways (Megatron's default expert TP); a MoE run
-    with --expert-tensor-parallel-size 1 (common with expert parallelism) is warned."""
+@pytest.mark.parametrize("model_etp, run_tp, run_etp, warned", [
+    (None, 4, None, False), (None, 4, 4, False), (None, 4, 1, True),
+    (1, 4, 1, False), (1, 4, None, True)])
+def test_warns_when_the_run_splits_experts_otherwise_than_the_cost_model(
+        tmp_path, monkeypatch, caplog, model_etp, run_tp, run_etp, warned):
+    """ModelSpec.shard splits every expert TP ways (Megatron's default expert TP) unless told
+    otherwise; a MoE run whose --expert-tensor-parallel-size (TP when absent) differs from
+    the file's, e.g. 1 (common with expert parallelism), is warned."""
     spec = ModelSpec.from_preset("qwen3-30b-a3b")
-    path = estimate_cost_model(spec, "h200", tensor_parallel=4).save(tmp_path / "cm.json")
+    path = estimate_cost_model(spec, "h200", tensor_parallel=4,
+                               expert_tensor_parallel=model_etp).save(tmp_path / "cm.json")
     args = parse([*FLOPS_ARGV, "--cost-model", str(path)])
     args.tensor_model_parallel_size = run_tp
     if run_etp is not None:
@@ -521,4 +525,6 @@ def test_warns_when_the_run_keeps_experts_whole_that_the_cost_model_split(
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == int(warned)
     if warned:
-        assert "expert tensor parallelism is 1" in warnings[0]
+        etp = run_etp or run_tp
+        assert f"expert tensor parallelism is {etp}" in warnings[0]
+        assert f"--tensor-parallel 4 --expert-tensor-parallel {etp}`" in warnings[0]

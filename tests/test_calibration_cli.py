@@ -461,12 +461,15 @@ def test_kernel_timer_refuses_a_backend_that_is_nan_or_off_in_fp32(monkeypatch, 
 
 
 @pytest.mark.skipif(torch is None, reason="needs torch")
-@pytest.mark.parametrize("preset, tp", [("qwen3-8b", 1), ("qwen3-30b-a3b", 1), ("qwen3-30b-a3b", 4)])
-def test_cpu_dry_run_of_calibrate_validate_report(tmp_path, preset, tp, one_thread):
+@pytest.mark.parametrize("preset, tp, etp", [
+    ("qwen3-8b", 1, None), ("qwen3-30b-a3b", 1, None), ("qwen3-30b-a3b", 4, None),
+    ("qwen3-30b-a3b", 2, 1)])
+def test_cpu_dry_run_of_calibrate_validate_report(tmp_path, preset, tp, etp, one_thread):
     """The real workloads through the same pipeline as on the GPU: plan -> sweep -> fit ->
     file -> validate -> report, timed on CPU (the numbers mean nothing; shapes, dtypes and
     arguments are what is checked). At TP 4 the tiny MoE's shard has one query head, its
-    two KV heads replicated to one a rank, and experts a quarter as wide."""
+    two KV heads counted as one a rank, and experts a quarter as wide; at TP 2 with expert
+    TP 1, whole experts."""
     from costmodel.calibration.pipeline import calibrate
     from costmodel.calibration.plan import QUICK_SETTINGS, make_plan
     from costmodel.calibration.report import format_report
@@ -475,18 +478,20 @@ def test_cpu_dry_run_of_calibrate_validate_report(tmp_path, preset, tp, one_thre
     from costmodel.model import load_cost_model
 
     spec = _tiny(preset)
-    rank = spec.shard(tp)
+    rank = spec.shard(tp, etp)
     timer = KernelTimer(rank, attention="sdpa", dtype="fp32", device="cpu")
     settings = dataclasses.replace(QUICK_SETTINGS, repeats=1, warmup=0, token_per_octave=2, max_packs=2,
                                    attention_per_octave=1, head_per_octave=1, probes_per_mode=2)
     plan = make_plan(rank, max_len=256, max_tokens=512, gpu="h200", settings=settings)
     model = calibrate(spec, timer=timer, plan=plan, gpu_key="cpu", gpu_info=None, attention="sdpa",
-                      dtype="fp32", command="test", tensor_parallel=tp)
+                      dtype="fp32", command="test", tensor_parallel=tp,
+                      expert_tensor_parallel=etp)
     assert model.provenance["kind"] == "dry-run" and set(model.modes) == {"train", "forward"}
     assert not model.extra["flops_check"]["checked"]
     path = model.save(tmp_path / "dry.json")
     loaded = load_cost_model(path, spec=spec)
     assert loaded.tensor_parallel == tp and loaded.rank_spec == rank
+    assert loaded.expert_tensor_parallel == (tp if etp is None else etp)
     block = run_validation(loaded, timer, count=6, caps=(128, 512), num_layers=2, repeats=1, warmup=0)
     assert block["count"] == 6 and set(block["modes"]) == {"train", "forward"}
     assert "CPU dry run" in format_report(loaded)

@@ -715,3 +715,21 @@ def test_a_shipped_shard_profile_is_taken_by_its_name_only(tmp_path, monkeypatch
     assert profiles.profile_for_shape("h200", spec.shape_key()) is None
     assert load_cost_model("h200/qwen3-32b-tp4", spec=spec).tensor_parallel == 4
     assert load_cost_model("h200", spec=spec).tensor_parallel == 1  # the estimate of the whole layer
+
+
+def test_a_moe_shard_with_whole_experts_round_trips(tmp_path):
+    """Expert TP other than TP (1: whole experts, as with expert parallelism) is kept in the
+    file and the label; a dense model has no experts to split, so it reads as TP."""
+    spec = ModelSpec.from_preset("qwen3-30b-a3b")
+    rank = estimate_cost_model(spec, "h200", tensor_parallel=4, expert_tensor_parallel=1)
+    assert rank.label == "qwen3-30b-a3b at TP 4, experts TP 1 on NVIDIA H200 (ESTIMATE)"
+    assert rank.rank_spec.moe_intermediate_size == spec.moe_intermediate_size
+    loaded = load_cost_model(rank.save(tmp_path / "moe.json"), spec=spec)
+    assert (loaded.tensor_parallel, loaded.expert_tensor_parallel) == (4, 1)
+    assert loaded.rank_spec == rank.rank_spec
+    dense = estimate_cost_model("qwen3-8b", "h200", tensor_parallel=2, expert_tensor_parallel=1)
+    assert dense.expert_tensor_parallel == 2 and dense.label.startswith("qwen3-8b at TP 2 on")
+    doc = json.loads((tmp_path / "moe.json").read_text())
+    doc["expert_tensor_parallel"] = 5
+    with pytest.raises(ValueError, match=r"cost model bad.json: .*experts over 5"):
+        CostModel.from_dict(doc, source="bad.json")

@@ -490,9 +490,13 @@ def test_a_tensor_parallel_shard_is_what_one_rank_computes():
     assert (sixteen.num_heads, sixteen.num_kv_heads) == (4, 1)
     moe = ModelSpec.from_preset("qwen3-30b-a3b").shard(4)  # expert TP = TP, every expert here
     assert (moe.moe_intermediate_size, moe.num_experts, moe.num_experts_per_tok) == (192, 128, 8)
-    mla = ModelSpec.from_preset("deepseek-v3").shard(8)  # low-rank projections stay whole
+    whole = ModelSpec.from_preset("qwen3-30b-a3b").shard(4, expert_tensor_parallel=1)
+    assert (whole.num_heads, whole.intermediate_size, whole.moe_intermediate_size) == (8, 1536, 768)
+    assert whole.name == "qwen3-30b-a3b (TP 4, expert TP 1 rank)"
+    assert spec.shard(4, expert_tensor_parallel=1) == four  # a dense model has no experts
+    mla = ModelSpec.from_preset("deepseek-v3").shard(8, 1)  # low-rank projections stay whole
     assert (mla.num_heads, mla.num_kv_heads, mla.q_lora_rank, mla.kv_lora_rank) == (16, 16, 1536, 512)
-    assert mla.shared_expert_intermediate_size == 256
+    assert (mla.shared_expert_intermediate_size, mla.moe_intermediate_size) == (256, 2048)
 
 
 @pytest.mark.parametrize("tp, message", [
@@ -501,8 +505,11 @@ def test_a_tensor_parallel_shard_is_what_one_rank_computes():
         r"that split it: 1, 2, 4, 8, 16, 32, 64"),
     (128, "num_heads=64 does not split evenly over TP 128"),
     (0, "tensor_parallel must be an integer >= 1, got 0"),
+    ((2, 5), r"moe_intermediate_size=768 does not split evenly over TP 2 \(experts over 5\); "
+             r"the TP sizes up to 64 that split it with expert TP 5: none"),
     (2.0, "tensor_parallel must be an integer >= 1"),
 ])
 def test_a_tensor_parallel_size_the_model_does_not_split_by_is_refused(tp, message):
+    spec = ModelSpec.from_preset("qwen3-30b-a3b" if isinstance(tp, tuple) else "qwen3-32b")
     with pytest.raises(ValueError, match=message):
-        ModelSpec.from_preset("qwen3-32b").shard(tp)
+        spec.shard(*tp) if isinstance(tp, tuple) else spec.shard(tp)

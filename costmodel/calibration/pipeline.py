@@ -55,11 +55,12 @@ def calibrate(
     progress: Progress | None = None,
     save_partial: Callable[[dict[str, Any]], None] | None = None,
     tensor_parallel: int = 1,
+    expert_tensor_parallel: int | None = None,
 ) -> CostModel:
     """Run `plan` with `timer` and return the fitted, checked cost model (not yet saved).
 
-    With `tensor_parallel` > 1, `timer` and `plan` time one rank's shard of `spec`
-    (`ModelSpec.shard`), and the model records `spec` and the TP size.
+    With `tensor_parallel` > 1 (or `expert_tensor_parallel`), `timer` and `plan` time one
+    rank's shard of `spec` (`ModelSpec.shard`), and the model records `spec` and the sizes.
 
     The timer's `timing` ("graph" or "eager", see costmodel.calibration.timer) is recorded
     with the kernels, so that `validate` times micro-batches the same way. If anything fails after
@@ -76,7 +77,8 @@ def calibrate(
         _run_sweep(timer, plan, records, sweep, progress)
         return fit_measurements(spec, records, device=fingerprint, sweep=sweep, gpu_key=gpu_key,
                                 gpu_info=gpu_info, kernels=kernels, command=command,
-                                tensor_parallel=tensor_parallel)
+                                tensor_parallel=tensor_parallel,
+                                expert_tensor_parallel=expert_tensor_parallel)
     except BaseException as err:
         if save_partial is not None and records:
             save_partial({
@@ -88,6 +90,7 @@ def calibrate(
                 "device": fingerprint,
                 "spec": spec.to_dict(),
                 "tensor_parallel": tensor_parallel,
+                "expert_tensor_parallel": expert_tensor_parallel,
                 "kernels": kernels,
                 "sweep": sweep,
                 "measurements": [r.to_dict() for r in records],
@@ -159,9 +162,10 @@ def fit_measurements(
     command: str | None,
     created: str | None = None,
     tensor_parallel: int = 1,
+    expert_tensor_parallel: int | None = None,
 ) -> CostModel:
     """Fit every mode that has measurements, check them against FLOPs, build the model.
-    The measurements are of one rank's shard of `spec` at `tensor_parallel`.
+    The measurements are of one rank's shard of `spec` (`ModelSpec.shard`).
 
     A mode whose fit fails (an interrupted sweep never reached it) is dropped with a
     warning as long as another mode fits; if none does, the first error is raised.
@@ -186,8 +190,8 @@ def fit_measurements(
         logger.warning("mode %s dropped from the cost model: %s", mode, why)
 
     peak = gpu_info.peak_bf16_flops if gpu_info is not None else None
-    check = flops_check(records, spec.shard(tensor_parallel), peak_flops=peak,  # one GPU's work
-                        gpu_name=str(device.get("name")))
+    rank = spec.shard(tensor_parallel, expert_tensor_parallel)  # one GPU's work
+    check = flops_check(records, rank, peak_flops=peak, gpu_name=str(device.get("name")))
 
     provenance: dict[str, Any] = {
         "kind": "measured",
@@ -221,6 +225,7 @@ def fit_measurements(
             "validation": None,
         },
         tensor_parallel=tensor_parallel,
+        expert_tensor_parallel=expert_tensor_parallel,
     )
 
 
@@ -234,7 +239,9 @@ def refit(doc: Mapping[str, Any], *, source: str, command: str | None = None) ->
     try:
         spec = ModelSpec.from_dict(doc["spec"])
         tensor_parallel = positive_int(doc.get("tensor_parallel", 1), "tensor_parallel")
-        spec.shard(tensor_parallel)  # a TP the spec does not split by is refused here
+        expert_tp = doc.get("expert_tensor_parallel")
+        expert_tp = None if expert_tp is None else positive_int(expert_tp, "expert_tensor_parallel")
+        spec.shard(tensor_parallel, expert_tp)  # sizes the spec does not split by: refused here
         measurements = list(doc["measurements"])
         gpu_key, gpu_name = doc["gpu"]["key"], doc["gpu"].get("name")
         if not isinstance(gpu_key, str) or not gpu_key.strip():  # null was written as "None"
@@ -277,7 +284,7 @@ def refit(doc: Mapping[str, Any], *, source: str, command: str | None = None) ->
     model = fit_measurements(
         spec, records, device=device, sweep=sweep, gpu_key=gpu_key, gpu_info=info,
         kernels=doc.get("kernels") or {}, command=doc.get("command"), created=doc.get("created"),
-        tensor_parallel=tensor_parallel,
+        tensor_parallel=tensor_parallel, expert_tensor_parallel=expert_tp,
     )
     model.provenance["refit"] = {"from": source, "at": utc_timestamp(), "command": command,
                                  "partial_error": doc.get("error")}

@@ -51,7 +51,7 @@ def _gpu_info(model: CostModel) -> GpuInfo | None:
 
 
 def _label(model: CostModel) -> str:
-    tp = f" at TP {model.tensor_parallel} (one rank's shard)" if model.tensor_parallel > 1 else ""
+    tp = f"{model.parallel_label} (one rank's shard)" if model.parallel_label else ""
     if model.is_estimate:
         return f"ESTIMATE (not measured): {model.spec.name}{tp} on {model.gpu}"
     kind = model.provenance.get("kind", "measured")

@@ -29,7 +29,7 @@ def parse_modes(text: str) -> tuple[str, ...]:
 _SWEEP_DEFAULTS = {
     "gpu": "auto", "attention": "torch-varlen", "dtype": "bf16", "modes": "train,forward",
     "max_len": 32768, "max_tokens": None, "quick": False, "timing": "graph", "budget_s": None,
-    "settle_s": None, "tensor_parallel": 1,
+    "settle_s": None, "tensor_parallel": 1, "expert_tensor_parallel": None,
 }
 
 
@@ -66,6 +66,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    "Megatron splits it (heads, MLP and expert widths, vocabulary divided by TP): "
                    "the curves a run with --tensor-model-parallel-size TP needs. The ranks' "
                    "communication is not timed (default 1: the whole layer)")
+    p.add_argument("--expert-tensor-parallel", type=int,
+                   default=_SWEEP_DEFAULTS["expert_tensor_parallel"], metavar="ETP",
+                   help="a MoE model's routed experts split ETP ways (Megatron's "
+                   "--expert-tensor-parallel-size; 1 keeps them whole, as runs with expert "
+                   "parallelism often do) (default: the --tensor-parallel size)")
     p.add_argument("--quick", action="store_true", help="a coarser sweep (~30 s on an H200)")
     p.add_argument("--timing", default=_SWEEP_DEFAULTS["timing"], choices=("graph", "eager"),
                    help="graph (default): time replays of a CUDA graph of each workload, the "
@@ -111,7 +116,8 @@ def run(args: argparse.Namespace) -> int:
     spec = ModelSpec.from_any(args.model)
     if spec.dtype != args.dtype:
         spec = dataclasses.replace(spec, dtype=args.dtype)
-    rank = spec.shard(args.tensor_parallel)  # what this GPU times: a bad TP fails here
+    # What this GPU times: sizes the model does not split by fail here.
+    rank = spec.shard(args.tensor_parallel, args.expert_tensor_parallel)
     check_attention(args.attention)
 
     def plan_for(gpu: str, timing: str):
@@ -150,7 +156,7 @@ def run(args: argparse.Namespace) -> int:
         model = calibrate(
             spec, timer=timer, plan=plan, gpu_key=gpu_key, gpu_info=info, attention=args.attention,
             dtype=args.dtype, command=command, save_partial=save_partial,
-            tensor_parallel=args.tensor_parallel,
+            tensor_parallel=args.tensor_parallel, expert_tensor_parallel=args.expert_tensor_parallel,
             progress=ProgressLine(sys.stderr, "calibrate"),
         )
         try:

@@ -196,7 +196,8 @@ def validate_args(
     Logs a warning when the cost model was measured on another GPU than the one in use
     (naming both), or for another tensor-parallel size than ``--tensor-model-parallel-size``
     (1 when ``args`` has none) or, for a MoE model, experts split otherwise
-    (``--expert-tensor-parallel-size``, TP when absent), and an info line when no GPU is visible or the model is an estimate.
+    (``--expert-tensor-parallel-size``, TP when absent), and an info line when no GPU is
+    visible or the model is an estimate.
 
     ``spec`` is the model being trained (a `ModelSpec`); without it, Megatron-style fields on
     ``args`` (hidden_size, num_layers, ...) are used. The loaded model is kept on ``args``
@@ -297,12 +298,14 @@ def tensor_parallel_mismatch(model: Any, tensor_parallel: int,
                 f"with `costmodel calibrate --model {model.spec.name} --tensor-parallel "
                 f"{tensor_parallel}`")
     etp = tensor_parallel if expert_tensor_parallel is None else expert_tensor_parallel
-    if model.spec.num_moe_layers and etp != model_tp:
-        # ModelSpec.shard splits every expert TP ways (Megatron's default); a run with
-        # --expert-tensor-parallel-size 1 (common with expert parallelism) keeps them whole.
-        return (f"split every expert over its {model_tp} tensor-parallel ranks (expert tensor "
-                f"parallelism = TP), but this run's expert tensor parallelism is {etp}: its "
-                "MoE layers' curve is another expert width's")
+    model_etp = int(getattr(model, "expert_tensor_parallel", model_tp))
+    if model.spec.num_moe_layers and etp != model_etp:
+        # A run with --expert-tensor-parallel-size 1 (common with expert parallelism) keeps
+        # its experts whole where Megatron's default splits them TP ways.
+        return (f"split every expert {model_etp} ways, but this run's expert tensor "
+                f"parallelism is {etp}: its MoE layers' curve is another expert width's; "
+                f"calibrate for this run with `costmodel calibrate --model {model.spec.name} "
+                f"--tensor-parallel {tensor_parallel} --expert-tensor-parallel {etp}`")
     return None
 
 

@@ -1,5 +1,6 @@
 """Shipped cost models: `costmodel/profiles/<gpu key>/<model preset>.json` (one GPU's whole
-layer), `<model preset>-tp<N>.json` for one rank's shard at tensor parallelism N.
+layer), `<model preset>-tp<N>.json` for one rank's shard at tensor parallelism N
+(`-tp<N>-etp<M>` where a MoE model's experts split M ways instead).
 
 Measured profiles carry their provenance (device, versions, command, validation). Load
 them by name with `costmodel.model.load_cost_model("h200/qwen3-8b")`; a name with no file
@@ -43,6 +44,7 @@ def profile_for_shape(gpu_key: str, shape_key: str) -> Path | None:
             stored = ModelSpec.from_dict(doc["spec"]).shape_key()
         except (OSError, ValueError, AttributeError, KeyError, TypeError):
             continue  # a broken file is reported when it is loaded by name, not here
-        if stored == shape_key and doc.get("tensor_parallel", 1) == 1:
+        tp = doc.get("tensor_parallel", 1)
+        if stored == shape_key and tp == doc.get("expert_tensor_parallel", tp) == 1:
             return path
     return None
