@@ -63,6 +63,11 @@ class ContextParallelCost:
         return self.model.is_estimate
 
     @property
+    def parallel_label(self) -> str:
+        """The model's (" at TP 4", or ""), then this view's context parallelism."""
+        return f"{self.model.parallel_label}, one GPU of CP {self.size}"
+
+    @property
     def label(self) -> str:
         return f"{self.model.label}, one rank of context parallelism {self.size}"
 

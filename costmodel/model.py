@@ -385,6 +385,7 @@ class CostModel:
 
 # ---- by path or name ---------------------------------------------------------------------
 _NAME_RE = re.compile(r"^([A-Za-z0-9_.-]+)/([A-Za-z0-9_.-]+)$")
+_SHARD_RE = re.compile(r"^(.+)-tp([0-9]{1,4})(?:-etp([0-9]{1,4}))?$", re.IGNORECASE)
 _NOT_A_FILE = "is not an existing cost model file, and as a name (GPU key / model preset): "
 
 
@@ -495,6 +496,10 @@ def load_cost_model(
         return CostModel.from_dict(
             doc, source=str(shipped), spec=spec, allow_other_shape=allow_other_shape
         )
+    # "qwen3-32b-tp4" (-etp1): one rank's shard, as shipped profiles of shards are named
+    shard = _SHARD_RE.match(model_name) if m else None
+    if shard:
+        model_name = shard.group(1)
     if spec is not None and spec.name.lower() == model_name.lower():
         model_spec = spec
     else:
@@ -508,14 +513,22 @@ def load_cost_model(
                 f"{model_spec.fingerprint()}), not {spec.name!r} (shape {spec.fingerprint()}); "
                 f"{OTHER_SHAPE_HINT}"
             )
+    from costmodel.estimate import estimate_cost_model  # here: estimate builds on CostModel
+
+    parallel: dict[str, Any] = {}
+    if shard:
+        parallel["tensor_parallel"] = int(shard.group(2))
+        if shard.group(3):
+            parallel["expert_tensor_parallel"] = int(shard.group(3))
+    try:
+        model = estimate_cost_model(model_spec, info, **parallel)
+    except ValueError as err:  # a shard the model does not split into
+        raise ValueError(f"cost model {text!r}: {err}") from None
     # A warning: a trainer that named a GPU/model expecting measured curves balances by an
     # estimate otherwise without a word at its usual log level.
     logger.warning("no measured profile for %s/%s; using the registry estimate (peak rates "
                    "times an efficiency curve): run `costmodel calibrate` on that GPU for "
-                   "measured curves", info.key, model_name)
-    from costmodel.estimate import estimate_cost_model  # here: estimate builds on CostModel
-
-    model = estimate_cost_model(model_spec, info)
+                   "measured curves", info.key, m.group(2) if m else model_name)
     model.accept_shape_of(spec)  # allowed above
     return model
 

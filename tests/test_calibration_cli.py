@@ -14,6 +14,7 @@ import pytest
 import costmodel
 from costmodel.calibration.device import require_cuda, resolve_gpu
 from costmodel.cli import main
+from costmodel.spec import ModelSpec
 
 try:
     import torch
@@ -1125,7 +1126,10 @@ def test_calibrate_one_tensor_parallel_rank(tmp_path, monkeypatch, capsys):
     assert json.loads(out.read_text())["validation"]["modes"]["train"]["summary"]["all"][
         "cost_model"]["mape"] < 0.03
     assert main(["report", str(out)]) == 0
-    assert "qwen3-0.6b at TP 2 (one rank's shard) on NVIDIA H200" in capsys.readouterr().out
+    report = capsys.readouterr().out
+    assert "qwen3-0.6b at TP 2 (one rank's shard) on NVIDIA H200" in report
+    assert "model: qwen3-0.6b (shape " + ModelSpec.from_preset("qwen3-0.6b").fingerprint() in report
+    assert "timed per GPU: qwen3-0.6b (TP 2 rank): 8 query / 4 KV heads, MLP 1536," in report
     refitted = tmp_path / "refit.json"
     assert main(["calibrate", "--refit", str(out), "-o", str(refitted)]) == 0
     assert json.loads(refitted.read_text())["tensor_parallel"] == 2

@@ -733,3 +733,16 @@ def test_a_moe_shard_with_whole_experts_round_trips(tmp_path):
     doc["expert_tensor_parallel"] = 5
     with pytest.raises(ValueError, match=r"cost model bad.json: .*experts over 5"):
         CostModel.from_dict(doc, source="bad.json")
+
+
+def test_a_shard_named_with_no_shipped_profile_is_estimated_at_that_size(caplog):
+    """'b200/qwen3-32b-tp4' (as shard profiles are named) falls back to the estimate of that
+    shard, as 'b200/qwen3-32b' does to the whole model's; a size the model does not split
+    into is refused naming the cost model."""
+    model = load_cost_model("b200/qwen3-32b-tp4")
+    assert (model.tensor_parallel, model.expert_tensor_parallel) == (4, 4) and model.is_estimate
+    assert "no measured profile for b200/qwen3-32b-tp4" in caplog.text
+    moe = load_cost_model("h200/qwen3-30b-a3b-TP4-etp1", spec="qwen3-30b-a3b")
+    assert (moe.tensor_parallel, moe.expert_tensor_parallel) == (4, 1)
+    with pytest.raises(ValueError, match=r"cost model 'h200/qwen3-32b-tp3': qwen3-32b: .* over TP 3"):
+        load_cost_model("h200/qwen3-32b-tp3")

@@ -83,11 +83,17 @@ def format_report(model: CostModel) -> str:
         timing = kernels.get("timing", "eager")  # files from before --timing were eager
         out.append("  timing: " + ("CUDA-graph replays (the GPU's own time)" if timing == "graph"
                                    else "eager calls (this process's launch overhead included)"))
+    whole = model.spec  # the shape every shape error names; `spec` may be one rank's shard
     out.append(
-        f"  model: {spec.name} (shape {spec.fingerprint()}): {spec.num_layers} layers "
-        f"({spec.num_dense_layers} dense, {spec.num_moe_layers} MoE, {spec.sliding_window_layers} "
-        f"sliding-window), hidden {spec.hidden_size}, vocab {spec.vocab_size}"
+        f"  model: {whole.name} (shape {whole.fingerprint()}): {whole.num_layers} layers "
+        f"({whole.num_dense_layers} dense, {whole.num_moe_layers} MoE, "
+        f"{whole.sliding_window_layers} sliding-window), hidden {whole.hidden_size}, vocab "
+        f"{whole.vocab_size}"
     )
+    if spec is not whole:
+        experts = f", experts {spec.moe_intermediate_size}" if spec.is_moe else ""
+        out.append(f"  timed per GPU: {spec.name}: {spec.num_heads} query / {spec.num_kv_heads} "
+                   f"KV heads, MLP {spec.intermediate_size}{experts}, vocab {spec.vocab_size}")
     if info is not None and peak:  # (a peak comes from info)
         out.append(f"  peak: {peak / 1e12:.0f} TFLOP/s bf16 dense ({info.source})")
     for mode in model.modes:

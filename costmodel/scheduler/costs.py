@@ -258,6 +258,8 @@ class ModelCost(Cost):
         spec = getattr(model, "spec", None)
         spec_name = getattr(spec, "name", None)
         label = "/".join(str(p) for p in (gpu, spec_name) if p)
+        # " at TP 4" and the like: one rank's shard, or one GPU of a split micro-batch
+        label += str(getattr(model, "parallel_label", "") or "")
         self.name = f"cost model {label}" if label else f"cost model {type(model).__name__}"
         modes = getattr(model, "modes", None)
         if isinstance(modes, (list, tuple)) and mode not in modes:  # said here, not per batch
