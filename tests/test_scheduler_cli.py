@@ -182,6 +182,19 @@ def test_policy_gain_benchmark(tmp_path, load_benchmark, capsys):
     assert "vs tokens" in capsys.readouterr().out
 
 
+def test_context_parallel_benchmark(tmp_path, load_benchmark, capsys):
+    """Every case judged per GPU: the per-GPU pricing's schedule is no worse than the
+    one-GPU pricing's by more than the search's noise (it lost 0.11% once)."""
+    bench = load_benchmark("bench_context_parallel")
+    out = tmp_path / "cp.json"
+    assert bench.main(["--json", str(out)]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert len(rows) == len(bench.CASES) * len(bench.DISTS)
+    for row in rows:
+        assert len(row["cases"]) == len(bench.SEEDS) and row["min_excess"] > -0.005, row
+    assert "mean excess" in capsys.readouterr().out
+
+
 def test_one_rank_benchmark_quick_run(tmp_path, load_benchmark):
     """The one-rank (verl) benchmark end to end (--quick): ours never over the cap and at
     most first fit's count; verl's rule re-implemented makes ceil(tokens / cap)."""
