@@ -513,3 +513,33 @@ def test_a_tensor_parallel_size_the_model_does_not_split_by_is_refused(tp, messa
     spec = ModelSpec.from_preset("qwen3-30b-a3b" if isinstance(tp, tuple) else "qwen3-32b")
     with pytest.raises(ValueError, match=message):
         spec.shard(*tp) if isinstance(tp, tuple) else spec.shard(tp)
+
+
+def test_the_tp_ranks_of_a_shard_do_the_whole_models_matmuls_between_them():
+    """Every preset at every TP that splits it without replicating KV heads: tp shards'
+    FLOPs add up to the whole model's, but for what Megatron keeps whole on every rank
+    (MLA's down-projections, the router) and the vocabulary's padding."""
+    from costmodel import flops
+
+    for spec in PRESETS.values():
+        for tp in (t for t in range(2, 65) if spec.num_kv_heads % t == 0):
+            for etp in (None, 1):
+                try:
+                    rank = spec.shard(tp, etp)
+                except ValueError:
+                    continue
+                kept = 0  # per-token FLOPs every rank repeats
+                if spec.is_mla:
+                    h = spec.hidden_size
+                    kept = 2 * h * spec.q_lora_rank + 2 * h * (spec.kv_lora_rank + spec.qk_rope_head_dim)
+                projections = flops.attention_projection_flops_per_token
+                assert tp * (projections(rank) - kept) == projections(spec) - kept, (spec.name, tp)
+                assert tp * flops.attention_flops_per_pair(rank) == flops.attention_flops_per_pair(spec)
+                assert tp * rank.intermediate_size == spec.intermediate_size
+                if spec.is_moe:
+                    whole, part = (flops.mlp_flops_per_token(s, moe=True) for s in (spec, rank))
+                    assert part["moe_router"] == whole["moe_router"]
+                    assert (etp or tp) * part["moe_experts"] == whole["moe_experts"]
+                    assert tp * part["moe_shared_experts"] == whole["moe_shared_experts"]
+                padded = -(-spec.vocab_size // (128 * tp)) * 128 * tp
+                assert tp * flops.lm_head_flops_per_token(rank) == 2 * spec.hidden_size * padded
