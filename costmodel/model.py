@@ -42,6 +42,7 @@ from costmodel.checks import positive_int
 from costmodel.curves import MODES, ModeCurves, TokenCurve
 from costmodel.flops import MAX_LENGTH, as_lengths, causal_pairs
 from costmodel.model_file import (
+    MAX_TENSOR_PARALLEL,
     OTHER_SHAPE_HINT,
     SCHEMA,
     UnknownCostModel,
@@ -103,6 +104,10 @@ class CostModel:
         # Experts are split TP ways unless said otherwise (Megatron's default); a dense
         # model has none to split.
         self.rank_spec = spec.shard(tensor_parallel, expert_tensor_parallel)
+        for name, ways in (("tensor_parallel", tensor_parallel),
+                           ("expert_tensor_parallel", expert_tensor_parallel or 1)):
+            if ways > MAX_TENSOR_PARALLEL:  # what a file may hold: it would not load again
+                raise ValueError(f"{name} must be at most {MAX_TENSOR_PARALLEL}, got {ways}")
         if expert_tensor_parallel is None or not spec.is_moe:
             expert_tensor_parallel = tensor_parallel
         if not curves:
@@ -389,6 +394,30 @@ _SHARD_RE = re.compile(r"^(.+)-tp([0-9]{1,4})(?:-etp([0-9]{1,4}))?$", re.IGNOREC
 _NOT_A_FILE = "is not an existing cost model file, and as a name (GPU key / model preset): "
 
 
+def _canonical_shard_name(name: str, spec: ModelSpec | None) -> str:
+    """`name` ("qwen3-8b-tp2-etp2") as a shipped profile of that shard is named
+    ("qwen3-8b-tp2"): the model alone at TP 1 with whole experts, no leading zeros, no
+    expert TP where it equals TP or the model is dense. `name` unchanged when it names no
+    shard, or sizes that no shard has (0 is refused later, with the estimate)."""
+    shard = _SHARD_RE.match(name)
+    if not shard:
+        return name
+    base, tp = shard.group(1), int(shard.group(2))
+    etp = int(shard.group(3)) if shard.group(3) else tp
+    if tp < 1 or etp < 1:
+        return name
+    try:
+        whole = spec if spec is not None and spec.name.lower() == base.lower() else (
+            ModelSpec.from_preset(base))
+    except ValueError:
+        whole = None  # an unknown model: said with the estimate's lookup
+    if whole is not None and not whole.is_moe:
+        etp = tp
+    if (tp, etp) == (1, 1):
+        return base
+    return f"{base}-tp{tp}" + (f"-etp{etp}" if etp != tp else "")
+
+
 def checked_csr(lengths: ArrayLike, offsets: ArrayLike) -> tuple[np.ndarray, np.ndarray]:
     """Micro-batches laid out CSR-style (see `CostModel.microbatch_costs`) as int64 arrays;
     ValueError for lengths below 1 or offsets that do not slice them."""
@@ -489,6 +518,11 @@ def load_cost_model(
         shipped = profile_for_shape(info.key, spec.shape_key())
     else:
         shipped = profile_path(info.key, model_name)
+        if shipped is None and not (spec is not None and spec.name.lower() == model_name.lower()):
+            # "qwen3-8b-tp1", "-tp02", "-tp2-etp2": the shipped file's own name
+            # (`<model>`, `<model>-tp<N>`, `<model>-tp<N>-etp<M>`), as adopt_gpu_results names it
+            model_name = _canonical_shard_name(model_name, spec)
+            shipped = profile_path(info.key, model_name)
         if shipped is None and spec is not None and spec.name.lower() == model_name.lower():
             shipped = profile_for_shape(info.key, spec.shape_key())  # a config.json's own name
     if shipped is not None:

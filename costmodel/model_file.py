@@ -61,7 +61,7 @@ _OPTIONAL_TYPES: dict[str, type] = {
 }
 _JSON_TYPE_NAMES: dict[type, str] = {str: "a string", Mapping: "an object", list: "a list"}
 _FLOAT_MAX = int(sys.float_info.max)
-_MAX_TP = 1024  # tensor-parallel ranks; beyond any model's heads
+MAX_TENSOR_PARALLEL = 1024  # ranks; beyond any model's heads, and what a file may say
 _REWRITE = "write a new file with `costmodel calibrate` (or restore this one)"
 
 
@@ -390,9 +390,10 @@ def from_document(
     for key in ("tensor_parallel", "expert_tensor_parallel"):
         if key in doc:
             ways = doc[key]
-            if not isinstance(ways, int) or isinstance(ways, bool) or not 1 <= ways <= _MAX_TP:
-                raise _fail(source, f"{key} must be a whole number in 1..{_MAX_TP}, got "
-                            f"{ways!r:.40}")
+            whole = isinstance(ways, int) and not isinstance(ways, bool)
+            if not whole or not 1 <= ways <= MAX_TENSOR_PARALLEL:
+                raise _fail(source, f"{key} must be a whole number in 1..{MAX_TENSOR_PARALLEL}, "
+                            f"got {ways!r:.40}")
             optional[key] = ways
     extra = {k: doc.get(k) for k in _EXTRA_FIELDS}
     extra["source"] = source

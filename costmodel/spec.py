@@ -205,14 +205,19 @@ class ModelSpec:
         tp = positive_int(tensor_parallel, "tensor_parallel")
         etp = tp if expert_tensor_parallel is None else positive_int(
             expert_tensor_parallel, "expert_tensor_parallel")
+        # A dense model has no experts to split: its shard is TP's whatever expert TP says
+        # (at TP 1, the model itself, as CostModel records it).
+        own_etp = expert_tensor_parallel is not None and self.is_moe
+        if not own_etp:
+            etp = tp
         if tp == etp == 1:
             return self
         problem = _shard_problem(self, tp, etp)
         if problem:
             fits = [str(t) for t in range(1, 65) if not _shard_problem(
-                self, t, t if expert_tensor_parallel is None else etp)]
+                self, t, etp if own_etp else t)]
             raise ValueError(f"{self.name}: {problem}; the TP sizes up to 64 that split it"
-                             f"{'' if expert_tensor_parallel is None else f' with expert TP {etp}'}: "
+                             f"{f' with expert TP {etp}' if own_etp else ''}: "
                              f"{', '.join(fits) or 'none'}")
         grain = 128 * tp  # Megatron's make-vocab-size-divisible-by, times TP
         experts = f", expert TP {etp}" if etp != tp and self.is_moe else ""

@@ -528,3 +528,16 @@ def test_warns_when_the_run_splits_experts_otherwise_than_the_cost_model(
         etp = run_etp or run_tp
         assert f"expert tensor parallelism is {etp}" in warnings[0]
         assert f"--tensor-parallel 4 --expert-tensor-parallel {etp}`" in warnings[0]
+
+
+def test_the_tensor_parallel_advice_keeps_the_runs_expert_tp():
+    """Another TP and whole experts (expert TP 1): the advice says both, since calibrate
+    splits experts TP ways unless told (following a TP-only advice warned again)."""
+    from costmodel.integrations.args import tensor_parallel_mismatch
+
+    moe = estimate_cost_model("qwen3-30b-a3b", "h200", tensor_parallel=2)
+    why = tensor_parallel_mismatch(moe, 4, 1)
+    assert why is not None and why.endswith("--tensor-parallel 4 --expert-tensor-parallel 1`")
+    assert tensor_parallel_mismatch(moe, 4, None).endswith("--tensor-parallel 4`")
+    dense = estimate_cost_model("qwen3-8b", "h200", tensor_parallel=2)
+    assert tensor_parallel_mismatch(dense, 4, 1).endswith("--tensor-parallel 4`")

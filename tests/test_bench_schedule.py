@@ -726,3 +726,27 @@ def test_the_printed_targets_match_the_written_ones(tmp_path, capsys):
         cut = 100 * t["makespan_cut_vs_tokens"]
         assert (f"dp {t['dp_size']}: calibrated max/mean {t['calibrated_max_over_mean']:.3f}; "
                 f"makespan {abs(cut):.1f}% {'below' if cut >= 0 else 'ABOVE'} tokens") in text
+
+
+@pytest.mark.parametrize("name, heads, expert_width", [
+    ("h200/qwen3-30b-a3b-tp2", 16, 384), ("h200/qwen3-30b-a3b-tp1-etp4", 32, 192),
+    ("h200/qwen3-30b-a3b", 32, 768)])
+def test_the_layer_timed_is_the_shard_the_cost_model_prices(name, heads, expert_width,
+                                                            monkeypatch, capsys):
+    """Experts split at TP 1 (--expert-tensor-parallel alone) make a shard too: the layer
+    timed is the cost model's rank_spec, not the whole layer."""
+    timed = []
+
+    class Stop(Exception):
+        pass
+
+    def fake_timer(spec, **kwargs):
+        timed.append(spec)
+        raise Stop
+
+    monkeypatch.setattr(timer_mod, "LayerTimer", fake_timer)
+    args = build_parser().parse_args(["bench-schedule", "--model", "qwen3-30b-a3b", "--cost-model",
+                                      name, "--dp", "2", "--samples", "64", "--cap", "131072"])
+    with pytest.raises(Stop):
+        bench_schedule.run(args)
+    assert (timed[0].num_heads, timed[0].moe_intermediate_size) == (heads, expert_width)

@@ -746,3 +746,28 @@ def test_a_shard_named_with_no_shipped_profile_is_estimated_at_that_size(caplog)
     assert (moe.tensor_parallel, moe.expert_tensor_parallel) == (4, 1)
     with pytest.raises(ValueError, match=r"cost model 'h200/qwen3-32b-tp3': qwen3-32b: .* over TP 3"):
         load_cost_model("h200/qwen3-32b-tp3")
+
+
+def test_a_shard_name_finds_the_shipped_profile_of_that_shard(tmp_path, monkeypatch):
+    """'-tp1' (-etp1) is the whole layer: the shipped measured profile, not an estimate; a
+    leading zero, or an expert TP equal to TP (or of a dense model), names the shipped
+    '<model>-tp<N>' file all the same."""
+    whole = load_cost_model("h200/qwen3-8b")
+    assert not whole.is_estimate
+    for name in ("h200/qwen3-8b-tp1", "h200/qwen3-8b-TP01", "h200/qwen3-8b-tp1-etp1",
+                 "h200/qwen3-8b-tp1-etp4"):
+        model = load_cost_model(name)
+        assert not model.is_estimate and model.extra["source"] == whole.extra["source"], name
+    import costmodel.profiles as profiles
+
+    (tmp_path / "h200").mkdir()
+    shipped = tmp_path / "h200" / "qwen3-32b-tp4.json"
+    estimate_cost_model("qwen3-32b", "h200", tensor_parallel=4).save(shipped)
+    moe = tmp_path / "h200" / "qwen3-30b-a3b-tp4-etp1.json"
+    estimate_cost_model("qwen3-30b-a3b", "h200", tensor_parallel=4, expert_tensor_parallel=1).save(moe)
+    monkeypatch.setattr(profiles, "PROFILES_DIR", tmp_path)
+    for name in ("h200/qwen3-32b-tp04", "h200/qwen3-32b-tp4-etp4", "h200/Qwen3-32B-TP4-ETP2"):
+        assert load_cost_model(name).extra["source"] == str(shipped), name
+    for name in ("h200/qwen3-30b-a3b-tp4-etp01", "h200/qwen3-30b-a3b-TP0004-ETP1"):
+        assert load_cost_model(name).extra["source"] == str(moe), name
+    assert load_cost_model("h200/qwen3-30b-a3b-tp4").extra.get("source") is None  # experts TP 4: none shipped

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 
 import pytest
@@ -543,3 +544,16 @@ def test_the_tp_ranks_of_a_shard_do_the_whole_models_matmuls_between_them():
                     assert tp * part["moe_shared_experts"] == whole["moe_shared_experts"]
                 padded = -(-spec.vocab_size // (128 * tp)) * 128 * tp
                 assert tp * flops.lm_head_flops_per_token(rank) == 2 * spec.hidden_size * padded
+
+
+def test_a_dense_model_ignores_expert_tensor_parallelism():
+    """A dense model has no experts: its shard under any expert TP is TP's (the model itself
+    at TP 1, as CostModel records it), and a refusal names no expert TP."""
+    spec = ModelSpec.from_preset("qwen3-8b")
+    assert spec.shard(1, expert_tensor_parallel=4) is spec
+    odd = dataclasses.replace(spec, name="odd", vocab_size=32064)  # not a multiple of 128
+    assert odd.shard(1, 2) is odd and odd.shard(2, 8) == odd.shard(2)
+    with pytest.raises(ValueError) as err:
+        spec.shard(3, 7)
+    assert "expert" not in str(err.value)
+    assert str(err.value).endswith("the TP sizes up to 64 that split it: 1, 2, 4, 8, 16, 32")

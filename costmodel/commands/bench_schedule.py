@@ -217,9 +217,10 @@ def run(args: argparse.Namespace, *, measure=None) -> int:
     if measure is None:
         # A cost model of one tensor-parallel rank's shard is judged on that shard's layer.
         rank = spec
-        if cost_model is not None and cost_model.tensor_parallel > 1:
+        # (experts split at TP 1 too: --expert-tensor-parallel alone makes a shard)
+        if cost_model is not None and cost_model.rank_spec is not cost_model.spec:
             rank = cost_model.rank_spec
-            print(f"timing one rank's shard at TP {cost_model.tensor_parallel}, as the cost model "
+            print(f"timing one rank's shard{cost_model.parallel_label}, as the cost model "
                   "was calibrated", file=sys.stderr)
         timer = LayerTimer(rank, attention=args.attention, dtype=args.dtype,
                            timing=args.timing)  # RuntimeError without a GPU

@@ -292,12 +292,15 @@ def tensor_parallel_mismatch(model: Any, tensor_parallel: int,
     Megatron's `expert_tensor_parallel`, which defaults to the TP size), or None when
     they are. Shared by `validate_args` and the slime drop-in."""
     model_tp = int(getattr(model, "tensor_parallel", 1))
+    etp = tensor_parallel if expert_tensor_parallel is None else expert_tensor_parallel
     if model_tp != tensor_parallel:
+        # calibrate splits experts TP ways unless told: say the run's expert TP where it differs
+        experts = (f" --expert-tensor-parallel {etp}"
+                   if model.spec.num_moe_layers and etp != tensor_parallel else "")
         return (f"timed one rank's shard at tensor parallelism {model_tp}, but this run uses "
                 f"{tensor_parallel}: its curves are another shape's; calibrate for this run "
                 f"with `costmodel calibrate --model {model.spec.name} --tensor-parallel "
-                f"{tensor_parallel}`")
-    etp = tensor_parallel if expert_tensor_parallel is None else expert_tensor_parallel
+                f"{tensor_parallel}{experts}`")
     model_etp = int(getattr(model, "expert_tensor_parallel", model_tp))
     if model.spec.num_moe_layers and etp != model_etp:
         # A run with --expert-tensor-parallel-size 1 (common with expert parallelism) keeps
