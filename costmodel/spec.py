@@ -214,11 +214,10 @@ class ModelSpec:
             return self
         problem = _shard_problem(self, tp, etp)
         if problem:
-            fits = [str(t) for t in range(1, 65) if not _shard_problem(
-                self, t, etp if own_etp else t)]
+            fits = self.tensor_parallel_sizes(64, etp if own_etp else None)
             raise ValueError(f"{self.name}: {problem}; the TP sizes up to 64 that split it"
                              f"{f' with expert TP {etp}' if own_etp else ''}: "
-                             f"{', '.join(fits) or 'none'}")
+                             f"{', '.join(map(str, fits)) or 'none'}")
         grain = 128 * tp  # Megatron's make-vocab-size-divisible-by, times TP
         experts = f", expert TP {etp}" if etp != tp and self.is_moe else ""
         return dataclasses.replace(
@@ -231,6 +230,14 @@ class ModelSpec:
             shared_expert_intermediate_size=self.shared_expert_intermediate_size // tp,
             vocab_size=-(-self.vocab_size // grain) * grain // tp,
         )
+
+    def tensor_parallel_sizes(self, most: int = 64,
+                              expert_tensor_parallel: int | None = None) -> list[int]:
+        """The tensor-parallel sizes up to `most` that `shard` splits this model into (with
+        routed experts split `expert_tensor_parallel` ways; None: as many as TP)."""
+        return [tp for tp in range(1, most + 1) if not _shard_problem(
+            self, tp, tp if expert_tensor_parallel is None or not self.is_moe
+            else expert_tensor_parallel)]
 
     # ---- identity and (de)serialisation -------------------------------------------
     def to_dict(self) -> dict[str, Any]:

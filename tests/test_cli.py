@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -49,6 +50,9 @@ def test_presets(capsys):
     assert main(["presets"]) == 0
     out = capsys.readouterr().out
     assert "deepseek-v3" in out and "qwen3-30b-a3b" in out
+    # the TP sizes calibrate --tensor-parallel takes: Qwen2.5-7B's 28 heads stop at 4
+    assert re.search(r"qwen2\.5-7b .* 1,2,4$", out, re.MULTILINE)
+    assert re.search(r"qwen3-8b .* 1,2,4,8,16$", out, re.MULTILINE)
 
 
 def test_flops_table(capsys):
@@ -274,8 +278,9 @@ def test_flops_attention_share_is_core_over_total(capsys):
 def test_presets_active_parameters(capsys):
     """qwen3-8b has ~7.6B non-embedding parameters, qwen3-30b-a3b ~3.3B active."""
     assert main(["presets"]) == 0
-    rows = {ln.split()[0]: float(ln.split()[-1].rstrip("B")) for ln in capsys.readouterr().out.splitlines()
-            if ln.endswith("B")}
+    lines = [ln.split() for ln in capsys.readouterr().out.splitlines()]
+    rows = {cells[0]: float(cells[-2].rstrip("B")) for cells in lines  # active, then TP sizes
+            if len(cells) > 2 and re.fullmatch(r"[0-9.]+B", cells[-2])}
     assert 7.0 < rows["qwen3-8b"] < 8.2
     assert 2.5 < rows["qwen3-30b-a3b"] < 4.0
 
