@@ -108,8 +108,7 @@ class CostModel:
                            ("expert_tensor_parallel", expert_tensor_parallel or 1)):
             if ways > MAX_TENSOR_PARALLEL:  # what a file may hold: it would not load again
                 raise ValueError(f"{name} must be at most {MAX_TENSOR_PARALLEL}, got {ways}")
-        if expert_tensor_parallel is None or not spec.is_moe:
-            expert_tensor_parallel = tensor_parallel
+        expert_tensor_parallel = spec.expert_split(tensor_parallel, expert_tensor_parallel)
         if not curves:
             raise ValueError("a CostModel needs curves for at least one mode")
         bad = sorted(set(curves) - set(MODES))
@@ -394,16 +393,25 @@ _SHARD_RE = re.compile(r"^(.+)-tp([0-9]{1,4})(?:-etp([0-9]{1,4}))?$", re.IGNOREC
 _NOT_A_FILE = "is not an existing cost model file, and as a name (GPU key / model preset): "
 
 
+def _shard_sizes(name: str) -> tuple[str, int, int | None] | None:
+    """(model, TP, expert TP or None) of a shard's name ("qwen3-32b-tp4-etp1"), or None."""
+    shard = _SHARD_RE.match(name)
+    if not shard:
+        return None
+    etp = shard.group(3)
+    return shard.group(1), int(shard.group(2)), None if etp is None else int(etp)
+
+
 def _canonical_shard_name(name: str, spec: ModelSpec | None) -> str:
     """`name` ("qwen3-8b-tp2-etp2") as a shipped profile of that shard is named
     ("qwen3-8b-tp2"): the model alone at TP 1 with whole experts, no leading zeros, no
     expert TP where it equals TP or the model is dense. `name` unchanged when it names no
     shard, or sizes that no shard has (0 is refused later, with the estimate)."""
-    shard = _SHARD_RE.match(name)
-    if not shard:
+    sizes = _shard_sizes(name)
+    if sizes is None:
         return name
-    base, tp = shard.group(1), int(shard.group(2))
-    etp = int(shard.group(3)) if shard.group(3) else tp
+    base, tp, asked_etp = sizes
+    etp = tp if asked_etp is None else asked_etp
     if tp < 1 or etp < 1:
         return name
     try:
@@ -411,8 +419,8 @@ def _canonical_shard_name(name: str, spec: ModelSpec | None) -> str:
             ModelSpec.from_preset(base))
     except ValueError:
         whole = None  # an unknown model: said with the estimate's lookup
-    if whole is not None and not whole.is_moe:
-        etp = tp
+    if whole is not None:
+        etp = whole.expert_split(tp, etp)
     if (tp, etp) == (1, 1):
         return base
     return f"{base}-tp{tp}" + (f"-etp{etp}" if etp != tp else "")
@@ -531,9 +539,9 @@ def load_cost_model(
             doc, source=str(shipped), spec=spec, allow_other_shape=allow_other_shape
         )
     # "qwen3-32b-tp4" (-etp1): one rank's shard, as shipped profiles of shards are named
-    shard = _SHARD_RE.match(model_name) if m else None
+    shard = _shard_sizes(model_name) if m else None
     if shard:
-        model_name = shard.group(1)
+        model_name = shard[0]
     if spec is not None and spec.name.lower() == model_name.lower():
         model_spec = spec
     else:
@@ -549,13 +557,10 @@ def load_cost_model(
             )
     from costmodel.estimate import estimate_cost_model  # here: estimate builds on CostModel
 
-    parallel: dict[str, Any] = {}
-    if shard:
-        parallel["tensor_parallel"] = int(shard.group(2))
-        if shard.group(3):
-            parallel["expert_tensor_parallel"] = int(shard.group(3))
+    tp, etp = shard[1:] if shard else (1, None)
     try:
-        model = estimate_cost_model(model_spec, info, **parallel)
+        model = estimate_cost_model(model_spec, info, tensor_parallel=tp,
+                                    expert_tensor_parallel=etp)
     except ValueError as err:  # a shard the model does not split into
         raise ValueError(f"cost model {text!r}: {err}") from None
     # A warning: a trainer that named a GPU/model expecting measured curves balances by an

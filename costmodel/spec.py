@@ -203,23 +203,18 @@ class ModelSpec:
 
         The counts of the result are per rank (a shape to time kernels on), not per model."""
         tp = positive_int(tensor_parallel, "tensor_parallel")
-        etp = tp if expert_tensor_parallel is None else positive_int(
-            expert_tensor_parallel, "expert_tensor_parallel")
-        # A dense model has no experts to split: its shard is TP's whatever expert TP says
-        # (at TP 1, the model itself, as CostModel records it).
-        own_etp = expert_tensor_parallel is not None and self.is_moe
-        if not own_etp:
-            etp = tp
+        etp = self.expert_split(tp, expert_tensor_parallel)
         if tp == etp == 1:
             return self
         problem = _shard_problem(self, tp, etp)
         if problem:
+            own_etp = expert_tensor_parallel is not None and self.is_moe
             fits = self.tensor_parallel_sizes(64, etp if own_etp else None)
             raise ValueError(f"{self.name}: {problem}; the TP sizes up to 64 that split it"
                              f"{f' with expert TP {etp}' if own_etp else ''}: "
                              f"{', '.join(map(str, fits)) or 'none'}")
         grain = 128 * tp  # Megatron's make-vocab-size-divisible-by, times TP
-        experts = f", expert TP {etp}" if etp != tp and self.is_moe else ""
+        experts = f", expert TP {etp}" if etp != tp else ""
         return dataclasses.replace(
             self,
             name=f"{self.name} (TP {tp}{experts} rank)",
@@ -231,13 +226,21 @@ class ModelSpec:
             vocab_size=-(-self.vocab_size // grain) * grain // tp,
         )
 
+    def expert_split(self, tensor_parallel: int, expert_tensor_parallel: int | None = None) -> int:
+        """How many ways `shard` splits each routed expert: `expert_tensor_parallel` for a MoE
+        model where given (checked), else as many as TP (Megatron's default; a dense model
+        has no experts to split, so at TP 1 its shard is the model itself)."""
+        if expert_tensor_parallel is None:
+            return tensor_parallel
+        etp = positive_int(expert_tensor_parallel, "expert_tensor_parallel")
+        return etp if self.is_moe else tensor_parallel
+
     def tensor_parallel_sizes(self, most: int = 64,
                               expert_tensor_parallel: int | None = None) -> list[int]:
         """The tensor-parallel sizes up to `most` that `shard` splits this model into (with
         routed experts split `expert_tensor_parallel` ways; None: as many as TP)."""
-        return [tp for tp in range(1, most + 1) if not _shard_problem(
-            self, tp, tp if expert_tensor_parallel is None or not self.is_moe
-            else expert_tensor_parallel)]
+        return [tp for tp in range(1, most + 1)
+                if not _shard_problem(self, tp, self.expert_split(tp, expert_tensor_parallel))]
 
     # ---- identity and (de)serialisation -------------------------------------------
     def to_dict(self) -> dict[str, Any]:

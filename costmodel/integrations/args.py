@@ -277,13 +277,22 @@ def _check_tensor_parallel(model: CostModel, args: argparse.Namespace, label: st
     """Warn when the cost model timed another tensor-parallel shard than this run's: a
     narrower shard runs further below peak, so its curve has another shape (the schedule
     stays within the cap either way; only the balance suffers)."""
-    raw = _flag(args, "tensor_model_parallel_size")
-    run_tp = 1 if raw is None else positive_int(raw, "--tensor-model-parallel-size")
-    raw_etp = _flag(args, "expert_tensor_parallel_size")
-    run_etp = None if raw_etp is None else positive_int(raw_etp, "--expert-tensor-parallel-size")
-    why = tensor_parallel_mismatch(model, run_tp, run_etp)
+    why = tensor_parallel_mismatch(model, *run_tensor_parallel(args))
     if why:
         logger.warning("--cost-model %s %s", label, why)
+
+
+def run_tensor_parallel(args: Any, *, as_flags: bool = True) -> tuple[int, int | None]:
+    """A run's Megatron-style (tensor_model_parallel_size, expert_tensor_parallel_size):
+    1 and None (as TP) where ``args`` has none; a bad value is a ValueError naming it as a
+    flag (``--tensor-model-parallel-size``) or, without ``as_flags``, as the attribute."""
+    sizes = []
+    for name in ("tensor_model_parallel_size", "expert_tensor_parallel_size"):
+        raw = _flag(args, name)
+        shown = "--" + name.replace("_", "-") if as_flags else name
+        sizes.append(None if raw is None else positive_int(raw, shown))
+    tp, etp = sizes
+    return 1 if tp is None else tp, etp
 
 
 def tensor_parallel_mismatch(model: Any, tensor_parallel: int,

@@ -96,13 +96,9 @@ def _resolve_cost(args: Any) -> tuple[Any, Any, bool]:
             spec = None
         allow = _on(args, "cost_model_allow_other_shape")
         model = cached_cost_model(cost_model, spec=spec, allow_other_shape=allow)
-        from costmodel.integrations.args import tensor_parallel_mismatch
+        from costmodel.integrations.args import run_tensor_parallel, tensor_parallel_mismatch
 
-        tp = getattr(args, "tensor_model_parallel_size", None)
-        etp = getattr(args, "expert_tensor_parallel_size", None)
-        why = tensor_parallel_mismatch(
-            model, 1 if tp is None else positive_int(tp, "tensor_model_parallel_size"),
-            None if etp is None else positive_int(etp, "expert_tensor_parallel_size"))
+        why = tensor_parallel_mismatch(model, *run_tensor_parallel(args, as_flags=False))
         if why:
             _warn_once(f"cost_model {cost_model}: {why}")
         return model, spec, balance
