@@ -16,9 +16,6 @@ cost model, on the CPU: no GPU time is measured here.
 from __future__ import annotations
 
 import argparse
-import datetime as dt
-import json
-import platform
 import sys
 from pathlib import Path
 
@@ -26,6 +23,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.bench_scheduler import write_cases  # noqa: E402
 from costmodel.model import load_cost_model  # noqa: E402
 from costmodel.scheduler import build_schedule, evaluate_schedule, generate_lengths  # noqa: E402
 
@@ -80,13 +78,8 @@ def main(argv: list[str] | None = None) -> int:
                   f"{row['min_excess']:>+7.2%}..{row['max_excess']:>+7.2%} "
                   f"{str(counts):>16} {str(ours):>8}")
     if args.json:
-        doc = {"date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-               "machine": f"{platform.machine()}, Python {platform.python_version()}, "
-                          f"numpy {np.__version__} (predictions: no timing)",
-               "cost_model": args.cost_model, "label": model.label, "n": N, "dp": DP,
-               "seeds": list(SEEDS), "rows": rows}
-        Path(args.json).write_text(json.dumps(doc, indent=1) + "\n")
-        print(f"wrote {args.json}")
+        write_cases(args.json, rows, note="predictions: no timing", cost_model=args.cost_model,
+                    label=model.label, n=N, dp=DP, seeds=list(SEEDS))
     return 0
 
 

@@ -188,7 +188,7 @@ def test_context_parallel_benchmark(tmp_path, load_benchmark, capsys):
     bench = load_benchmark("bench_context_parallel")
     out = tmp_path / "cp.json"
     assert bench.main(["--json", str(out)]) == 0
-    rows = json.loads(out.read_text())["rows"]
+    rows = json.loads(out.read_text())["cases"]
     assert len(rows) == len(bench.CASES) * len(bench.DISTS)
     for row in rows:
         assert len(row["cases"]) == len(bench.SEEDS) and row["min_excess"] > -0.005, row
