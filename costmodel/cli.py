@@ -26,6 +26,7 @@ _COMMAND_MODULES = (
     "calibrate",
     "report",
     "validate",
+    "correct",
     "bench_schedule",
     "train_demo",
 )

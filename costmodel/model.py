@@ -58,13 +58,15 @@ if TYPE_CHECKING:
     from costmodel.context_parallel import ContextParallelCost
 
 __all__ = [
-    "DEFAULT_REFERENCE_TOKENS", "CostModel", "cached_cost_model", "load_cost_model",
+    "DEFAULT_REFERENCE_TOKENS", "PARTS", "CostModel", "cached_cost_model", "load_cost_model",
     "separable_microbatch_costs",
 ]
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_REFERENCE_TOKENS = 8192
+# The parts of a micro-batch's cost, as `breakdown` and `microbatch_parts` name them.
+PARTS = ("overhead", "attention", "linear", "head")
 # Attention is tabulated per integer length up to this (or the longest knot, if longer,
 # up to _MAX_TABLE); longer lengths are evaluated directly.
 _MIN_TABLE = 16384
@@ -294,20 +296,36 @@ class CostModel:
     def breakdown(self, lengths: ArrayLike, mode: str = "train") -> dict[str, float]:
         """The parts of `microbatch_cost`: overhead, attention, linear, head and total (ms)."""
         L = _as_lengths(lengths)
-        c = self._mode(mode)
-        t = self._tables_for(mode)
-        if L.size == 0:
-            return dict.fromkeys(("overhead", "attention", "linear", "head", "total"), 0.0)
-        tokens = float(L.sum())
-        linear = sum(w * float(curve(tokens)) for w, curve in t.linear_terms[:-1])
-        parts = {
-            "overhead": float(t.overhead),
-            "attention": float(self._attn_lookup(mode, L).sum()),
-            "linear": float(linear),
-            "head": float(c.head(tokens)),
-        }
+        one = self.microbatch_parts(L, np.array([0, L.size]), mode)
+        parts = {k: float(v[0]) for k, v in one.items()}
         parts["total"] = sum(parts.values())
         return parts
+
+    def microbatch_parts(
+        self, lengths: ArrayLike, offsets: ArrayLike, mode: str = "train"
+    ) -> dict[str, np.ndarray]:
+        """The parts of `microbatch_costs` (CSR micro-batches, as there), one array each:
+        overhead (fixed costs), attention (Σ over sequences and layers), linear (every
+        layer's projections and MLP) and head (ms). An empty micro-batch's parts are 0."""
+        L, off = checked_csr(lengths, offsets)
+        c = self._mode(mode)
+        sizes = np.diff(off)
+        nonempty = sizes > 0
+        attention = np.zeros(sizes.size)
+        if nonempty.any():
+            attention[nonempty] = np.add.reduceat(self._attn_lookup(mode, L), off[:-1][nonempty])
+        tok_cum = np.concatenate(([0], np.cumsum(L)))
+        tokens = (tok_cum[off[1:]] - tok_cum[off[:-1]]).astype(np.float64)
+        head = np.where(nonempty, c.head(tokens), 0.0)
+        linear = np.zeros(sizes.size)
+        for weight, curve in self._tables_for(mode).linear_terms[:-1]:  # the last is the head
+            linear += weight * curve(tokens)
+        return {
+            "overhead": np.where(nonempty, self.fixed_cost(mode), 0.0),
+            "attention": attention,
+            "linear": np.where(nonempty, linear, 0.0),
+            "head": head,
+        }
 
     def for_context_parallel(self, size: int) -> CostModel | ContextParallelCost:
         """This model as one rank of a `size`-way context-parallel group prices a micro-batch
@@ -325,25 +343,30 @@ class CostModel:
         head: bool = True, microbatch_overhead: bool = False,
     ) -> float:
         """Predicted time of `num_layers` identical layers (+ the head): what `validate` runs."""
+        return sum(self.stack_parts(lengths, mode, num_layers=num_layers, moe=moe, head=head,
+                                    microbatch_overhead=microbatch_overhead).values())
+
+    def stack_parts(
+        self, lengths: ArrayLike, mode: str = "train", *, num_layers: int, moe: bool = False,
+        head: bool = True, microbatch_overhead: bool = False,
+    ) -> dict[str, float]:
+        """The parts of `stack_cost`, as `breakdown` names them (ms)."""
         num_layers = positive_int(num_layers, "num_layers")
         L = _as_lengths(lengths)
         if L.size == 0:
-            return 0.0
+            return dict.fromkeys(PARTS, 0.0)
         c = self._mode(mode)
         kind = "moe" if moe else "dense"
         if kind not in c.linear:
             raise ValueError(f"this cost model has no {kind} linear curve; it has {list(c.linear)}")
         tokens = float(L.sum())
-        per_layer = (
-            c.layer_overhead_ms + float(c.attention(L.astype(np.float64)).sum())
-            + float(c.linear[kind](tokens))
-        )
-        total = num_layers * per_layer
-        if head:
-            total += float(c.head(tokens))
-        if microbatch_overhead:
-            total += c.microbatch_overhead_ms
-        return total
+        return {
+            "overhead": num_layers * c.layer_overhead_ms
+            + (c.microbatch_overhead_ms if microbatch_overhead else 0.0),
+            "attention": num_layers * float(c.attention(L.astype(np.float64)).sum()),
+            "linear": num_layers * float(c.linear[kind](tokens)),
+            "head": float(c.head(tokens)) if head else 0.0,
+        }
 
     # ---- serialisation -----------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:

@@ -286,6 +286,10 @@ def refit(doc: Mapping[str, Any], *, source: str, command: str | None = None) ->
         kernels=doc.get("kernels") or {}, command=doc.get("command"), created=doc.get("created"),
         tensor_parallel=tensor_parallel, expert_tensor_parallel=expert_tp,
     )
+    if isinstance(provenance, Mapping) and provenance.get("correction"):
+        logger.warning("%s: its curves were corrected (`costmodel correct`); the refit fits the "
+                       "measurements alone, without the correction: run `costmodel correct` on "
+                       "the refitted file again", source)
     model.provenance["refit"] = {"from": source, "at": utc_timestamp(), "command": command,
                                  "partial_error": doc.get("error")}
     if doc.get("validation"):

@@ -69,6 +69,7 @@ def format_report(model: CostModel) -> str:
         if model.extra.get(key):
             out.append(f"  {key}: {model.extra[key]}")
     _optional(out, "provenance.refit", lambda: _refit_lines(model.provenance))
+    _optional(out, "provenance.correction", lambda: _correction_lines(model.provenance))
     dev = model.extra.get("device") or {}
     if dev:  # an object (checked on load)
         out.append(
@@ -155,6 +156,25 @@ def _refit_lines(provenance: Any) -> list[str]:
                    "of the command above, fitted again)")
     for mode, why in ((provenance or {}).get("dropped_modes") or {}).items():
         out.append(f"  dropped mode: {mode} (its fit failed: {why})")
+    return out
+
+
+def _correction_lines(provenance: Any) -> list[str]:
+    """The factors `costmodel correct` scaled the curves by, and what they bought."""
+    corr = (provenance or {}).get("correction")
+    if not corr:
+        return []
+    if not corr.get("scales"):
+        return [f"  correction tried from {corr.get('from')} at {corr.get('at')}: no pass "
+                "predicted held-out runs better than chance; the curves are as fitted"]
+    out = [f"  corrected: from {corr.get('from')} at {corr.get('at')}; the curves below are "
+           "the fitted ones times these factors (all corrections so far):"]
+    for mode, scales in (corr.get("scales") or {}).items():
+        fig = (corr.get("figures") or {}).get(mode) or {}
+        errors = (f" (runs' error {fig['before']['mape']:.2%} -> {fig['held_out']['mape']:.2%} "
+                  "held out)" if fig.get("adopted") else "")
+        out.append(f"    {mode}: " + ", ".join(f"{p} x{float(s):.3g}" for p, s in scales.items())
+                   + errors)
     return out
 
 

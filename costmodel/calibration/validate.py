@@ -301,7 +301,8 @@ def format_validation(block: dict[str, Any]) -> str:
     if block.get("interrupted"):
         stopped += f"; interrupted ({block['interrupted']}), {block.get('requested_count')} requested"
     if block.get("revalidated"):
-        stopped += "; times as measured, predictions of the refitted curves"
+        by = block["revalidated"].get("by", "refitted") if isinstance(block["revalidated"], dict) else "refitted"
+        stopped += f"; times as measured, predictions of the {by} curves"
     lines = [
         f"validation: {block.get('count')} random micro-batches per mode through "
         f"{block.get('num_layers')} layers + head (caps {block.get('caps')}{stopped})",

@@ -1,0 +1,318 @@
+"""Correct a cost model's parts from measured runs of the whole stack.
+
+Calibration times each part of a micro-batch alone: attention per length, the token-linear
+layer per token count, the fixed costs. A real stack runs them together, and what it pays
+is not always their sum: in an eager PyTorch stack, each part timed alone pays launch and
+autograd overheads that overlap when they run in one graph (on the first H200 profile the
+parts summed to up to 73% more than a small micro-batch's stack); a training framework
+adds its own per-token work (tensor-parallel collectives, recomputation); another attention
+kernel than the calibrated one shifts the attention part. Such differences scale a part,
+not one micro-batch.
+
+A correction fits one factor per part (`costmodel.model.PARTS`: overhead, attention,
+linear, head) and per pass to runs measured end to end — `validate`'s random micro-batches
+stored in the file, or a training run's per-rank times — and scales the curves by them:
+the file format, the scheduler and every caller stay as they are.
+
+The fit: least squares of the relative error (what MAPE measures) over the runs, each
+factor bounded (`_BOUNDS`), with a weak pull towards 1 (`_PRIOR_WEIGHT`) so that a part the
+runs do not tell apart from the others keeps its calibrated scale. Judged by k-fold
+cross-validation (each run predicted by factors fitted without it); a pass keeps its curves
+unless its runs' held-out errors are smaller than the uncorrected model's by more than
+chance (a one-sided Wilcoxon signed-rank test, p < 0.05). The corrected curves must
+pass the FLOPs check against the GPU's peak, as measured ones do.
+
+Runs file (JSON lines, one measured run each; blank lines and `#` comments skipped):
+
+    {"mode": "train", "microbatches": [[1200, 350], [4096]], "ms": 812.5}
+
+`ms` is the time of the whole model running those micro-batches one after another (a
+rank's compute time in a step); `mode` is "train" (forward+backward, the default) or
+"forward".
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from scipy.optimize import lsq_linear
+from scipy.stats import wilcoxon
+
+from costmodel import gpus
+from costmodel.calibration.check import DEFAULT_TOLERANCE, flops_check
+from costmodel.calibration.fit import Record
+from costmodel.calibration.validate import error_metrics, revalidate
+from costmodel.curves import MODES
+from costmodel.flops import as_lengths
+from costmodel.model import PARTS, CostModel
+from costmodel.model_file import utc_timestamp
+
+__all__ = ["Correction", "Run", "apply_correction", "fit_correction", "read_runs", "validation_runs"]
+
+logger = logging.getLogger(__name__)
+
+MIN_RUNS = 10  # per pass: four factors from fewer runs fit their noise
+DEFAULT_FOLDS = 5
+# Overheads may vanish (their launches overlap in the stack); a curve scaled to nothing
+# would price its part at 0. Past 20x the runs are not of this model and GPU.
+_BOUNDS = {"overhead": (0.0, 20.0), "attention": (0.05, 20.0), "linear": (0.05, 20.0),
+           "head": (0.05, 20.0)}
+# Per factor, in units of one run's relative error, times sqrt(runs): on the H200
+# validation runs 0.02 left the held-out error as without it (6.0% train), 0.1 raised it
+# to 8%; it only decides the factors of parts the runs cannot tell apart.
+_PRIOR_WEIGHT = 0.02
+_SIGNIFICANCE = 0.05
+
+
+@dataclass(frozen=True)
+class Run:
+    """One measured run: micro-batches run one after another, and their total time."""
+
+    microbatches: tuple[tuple[int, ...], ...]
+    ms: float
+    mode: str = "train"
+    layers: int | None = None
+    """None: the whole model (every layer, the head, the micro-batch overhead). A number:
+    that many identical layers and the head, as `validate` times a stack."""
+    moe: bool = False
+    """For a stack: its layers are the MoE layer."""
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise ValueError(f"mode must be one of {list(MODES)}, got {self.mode!r}")
+        if not (isinstance(self.ms, (int, float)) and math.isfinite(self.ms) and self.ms > 0):
+            raise ValueError(f"ms must be a positive number of milliseconds, got {self.ms!r}")
+        if not self.microbatches or not all(self.microbatches):
+            raise ValueError("a run needs at least one micro-batch, each of one sequence or more")
+
+
+@dataclass
+class Correction:
+    """Factors per pass and part, and how well they predict runs they were not fitted to."""
+
+    scales: dict[str, dict[str, float]]
+    """Per corrected pass: factor per part (`PARTS`). A pass not here is unchanged."""
+    figures: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Per pass with runs: runs, folds, `before` / `held_out` / `in_sample` error metrics
+    (`validate.error_metrics`), `adopted`, and why not where it is not."""
+
+
+def read_runs(path: str | os.PathLike) -> list[Run]:
+    """Whole-model runs from a JSON-lines file (the module docstring's format); ValueError
+    naming the line of anything else."""
+    runs = []
+    with open(path, encoding="utf-8") as f:
+        for number, line in enumerate(f, 1):
+            text = line.strip()
+            if not text or text.startswith("#"):
+                continue
+            try:
+                runs.append(_run_from_line(json.loads(text)))
+            except (ValueError, TypeError) as err:
+                raise ValueError(f"{path} line {number}: {err}; each line must be like "
+                                 '{"mode": "train", "microbatches": [[1200, 350], [4096]], '
+                                 '"ms": 812.5}') from None
+    if not runs:
+        raise ValueError(f"{path} holds no runs")
+    return runs
+
+
+def _run_from_line(doc: Any) -> Run:
+    if not isinstance(doc, dict):
+        raise ValueError(f"not a JSON object: {doc!r:.60}")
+    unknown = sorted(set(doc) - {"mode", "microbatches", "ms"})
+    if unknown:
+        raise ValueError(f"unknown field(s) {unknown}")
+    mbs = doc.get("microbatches")
+    if not isinstance(mbs, list) or not all(isinstance(mb, list) for mb in mbs):
+        raise ValueError("'microbatches' must be a list of lists of sequence lengths")
+    ms = doc.get("ms")
+    if isinstance(ms, bool) or not isinstance(ms, (int, float)):
+        raise ValueError(f"'ms' must be a number, got {ms!r:.40}")
+    return Run(microbatches=tuple(tuple(int(x) for x in as_lengths(mb, "a micro-batch's lengths"))
+                                  for mb in mbs),
+               ms=float(ms), mode=doc.get("mode", "train"))
+
+
+def validation_runs(model: CostModel) -> list[Run]:
+    """The stacks `validate` measured and stored in the model's file, as runs; ValueError
+    when it holds none."""
+    block = model.extra.get("validation")
+    if not block:
+        raise ValueError(f"{model.label} holds no validation: run `costmodel validate` on its "
+                         "GPU first, or give measured runs (--runs)")
+    # revalidate reads the stored micro-batches back (or draws them again from the seed)
+    judged = revalidate(model, block)
+    if judged is None:
+        raise ValueError(f"{model.label}: its validation's micro-batches cannot be read back "
+                         "(see the warning above); validate again")
+    layers, moe = int(block["num_layers"]), bool(block["moe_layers"])
+    return [Run(microbatches=(tuple(p["lengths"]),), ms=float(p["measured_ms"]), mode=mode,
+                layers=layers, moe=moe)
+            for mode, res in judged["modes"].items() for p in res["points"]]
+
+
+def part_times(model: CostModel, runs: Sequence[Run]) -> np.ndarray:
+    """The model's prediction of each run, part by part: shape (runs, len(PARTS)), ms."""
+    out = np.zeros((len(runs), len(PARTS)))
+    whole = [i for i, r in enumerate(runs) if r.layers is None]
+    for i, run in enumerate(runs):
+        if run.layers is not None:
+            for mb in run.microbatches:
+                stack = model.stack_parts(mb, run.mode, num_layers=run.layers, moe=run.moe)
+                out[i] += [stack[p] for p in PARTS]
+    for mode in {runs[i].mode for i in whole}:  # whole-model runs: vectorised, per pass
+        rows = [i for i in whole if runs[i].mode == mode]
+        mbs = [mb for i in rows for mb in runs[i].microbatches]
+        offsets = np.cumsum([0] + [len(mb) for mb in mbs])
+        parts = model.microbatch_parts(np.concatenate(mbs), offsets, mode)
+        starts = np.cumsum([0] + [len(runs[i].microbatches) for i in rows])[:-1]
+        for k, p in enumerate(PARTS):
+            out[rows, k] = np.add.reduceat(parts[p], starts)
+    return out
+
+
+def _fit_scales(parts: np.ndarray, measured: np.ndarray) -> np.ndarray:
+    """Factors minimising the relative error of parts @ factors, pulled weakly towards 1."""
+    n, k = parts.shape
+    pull = _PRIOR_WEIGHT * math.sqrt(n)
+    a = np.vstack([parts / measured[:, None], pull * np.eye(k)])
+    b = np.concatenate([np.ones(n), np.full(k, pull)])
+    lower, upper = zip(*(_BOUNDS[p] for p in PARTS))
+    return lsq_linear(a, b, bounds=(lower, upper)).x
+
+
+def fit_correction(model: CostModel, runs: Iterable[Run], *, folds: int = DEFAULT_FOLDS,
+                   seed: int = 0) -> Correction:
+    """Fit factors per pass to `runs` (see the module docstring); ValueError for a pass
+    the model lacks, or with fewer than `MIN_RUNS` runs."""
+    runs = list(runs)
+    if not runs:
+        raise ValueError("no runs to fit a correction to")
+    if not 2 <= folds <= 100:
+        raise ValueError(f"folds must be in 2..100, got {folds}")
+    correction = Correction(scales={})
+    for mode in [m for m in MODES if any(r.mode == m for r in runs)]:
+        mine = [r for r in runs if r.mode == mode]
+        if mode not in model.modes:
+            raise ValueError(f"{len(mine)} runs are {mode} passes, which {model.label} has no "
+                             f"curves for (it has {model.modes})")
+        if len(mine) < MIN_RUNS:
+            raise ValueError(f"{len(mine)} {mode} run(s): a correction needs at least "
+                             f"{MIN_RUNS} per pass; measure more")
+        parts = part_times(model, mine)
+        measured = np.array([r.ms for r in mine])
+        held_out = np.empty(len(mine))
+        order = np.random.default_rng(seed).permutation(len(mine))
+        for fold in np.array_split(order, min(folds, len(mine))):
+            train = np.setdiff1d(order, fold)
+            held_out[fold] = parts[fold] @ _fit_scales(parts[train], measured[train])
+        scales = _fit_scales(parts, measured)
+        before = error_metrics(parts.sum(axis=1), measured)
+        after = error_metrics(held_out, measured)
+        # Adopted when held-out runs are predicted better by more than chance: a paired
+        # test of each run's error with and without (on runs the model already predicts
+        # up to noise, a bare "lower mean" adopted a third of such fits).
+        error_before = np.abs(parts.sum(axis=1) / measured - 1)
+        error_after = np.abs(held_out / measured - 1)
+        p_value = float(wilcoxon(error_before, error_after, alternative="greater").pvalue)
+        figures: dict[str, Any] = {
+            "runs": len(mine), "folds": min(folds, len(mine)), "before": before,
+            "held_out": after, "in_sample": error_metrics(parts @ scales, measured),
+            "scales": dict(zip(PARTS, map(float, scales))), "p_value": p_value,
+            "adopted": bool(error_after.mean() < error_before.mean() and p_value < _SIGNIFICANCE),
+        }
+        at_bound = [p for p, s in zip(PARTS, scales) if s > 0 and np.isclose(s, _BOUNDS[p]).any()]
+        if at_bound:
+            logger.warning("%s: the %s part(s) hit the bound of the correction (%s): the runs "
+                           "and the model disagree more than a correction should fix; check "
+                           "that the runs are of this model and GPU, or calibrate again",
+                           mode, ", ".join(at_bound), _format_scales(figures["scales"]))
+        if figures["adopted"]:
+            correction.scales[mode] = figures["scales"]
+        else:
+            figures["why_not"] = (f"held-out error {after['mape']:.2%} against the "
+                                  f"uncorrected {before['mape']:.2%} is no better than chance "
+                                  f"(Wilcoxon p = {p_value:.2g}): curves kept")
+        correction.figures[mode] = figures
+    return correction
+
+
+def _format_scales(scales: Mapping[str, float]) -> str:
+    return ", ".join(f"{p} x{s:.3g}" for p, s in scales.items())
+
+
+def _scaled(block: Mapping[str, Any], scales: Mapping[str, float]) -> dict[str, Any]:
+    """One pass's curves (the file's form) with each part scaled."""
+    out = json.loads(json.dumps(block))  # a deep copy of plain JSON
+    for key in ("per_layer_ms", "per_microbatch_ms"):
+        out["overhead"][key] *= scales["overhead"]
+    out["attention"]["ms"] = [y * scales["attention"] for y in out["attention"]["ms"]]
+    for curve in out["linear"].values():
+        curve["ms"] = [y * scales["linear"] for y in curve["ms"]]
+    out["head"]["ms"] = [y * scales["head"] for y in out["head"]["ms"]]
+    return out
+
+
+def apply_correction(model: CostModel, correction: Correction, *, source: str,
+                     command: str | None = None) -> CostModel:
+    """`model` with its curves scaled by `correction`; its provenance records the factors
+    (compounded with any earlier correction's) and figures, and a stored validation is
+    judged again by the corrected curves. ValueError if a corrected curve beats the GPU's
+    peak."""
+    doc = model.to_dict()
+    for mode, scales in correction.scales.items():
+        doc["curves"][mode] = _scaled(doc["curves"][mode], scales)
+    provenance = dict(doc.get("provenance") or {})
+    earlier = (provenance.get("correction") or {}).get("scales") or {}
+    total = {mode: dict(factors) for mode, factors in earlier.items()}
+    for mode, scales in correction.scales.items():
+        base = total.get(mode, dict.fromkeys(PARTS, 1.0))
+        total[mode] = {p: float(base.get(p, 1.0)) * s for p, s in scales.items()}
+    provenance["correction"] = {"from": source, "at": utc_timestamp(), "command": command,
+                                "scales": total, "figures": correction.figures}
+    doc["provenance"] = provenance
+    corrected = CostModel.from_dict(doc, source=f"{model.label}, corrected")
+    _check_peak(corrected)
+    if doc.get("validation") and correction.scales:
+        block = revalidate(corrected, doc["validation"])
+        if block is not None:
+            block["revalidated"] = {
+                "at": utc_timestamp(), "by": "corrected",
+                "note": "measured times from the validation run; predictions of the corrected "
+                        "curves, whose factors may have been fitted to these runs (their "
+                        "held-out error is in provenance.correction)"}
+        corrected.extra["validation"] = block
+    return corrected
+
+
+def _check_peak(model: CostModel) -> None:
+    """The FLOPs check of the corrected curves' knots: a factor that makes a part run
+    faster than the GPU can came from runs of another model or GPU."""
+    try:
+        info = gpus.lookup_gpu(str(model.gpu_key))
+    except ValueError:
+        return  # no peak to check against, as for a calibration on such a GPU
+    records = []
+    for mode in model.modes:
+        c = model.curves[mode]
+        records += [Record("attention", mode, (int(L),), float(ms))
+                    for L, ms in zip(c.attention.lengths, c.attention.ms) if float(L).is_integer()]
+        for kind, curve in c.linear.items():
+            records += [Record("linear", mode, (int(t),), float(ms), moe=kind == "moe")
+                        for t, ms in zip(curve.tokens, curve.ms) if float(t).is_integer()]
+        records += [Record("head", mode, (int(t),), float(ms))
+                    for t, ms in zip(c.head.tokens, c.head.ms) if float(t).is_integer()]
+    try:
+        flops_check(records, model.rank_spec, peak_flops=info.peak_bf16_flops,
+                    gpu_name=info.name, tolerance=DEFAULT_TOLERANCE)
+    except ValueError as err:
+        raise ValueError(f"the corrected curves are impossible ({err}); the runs are not of "
+                         f"{model.label}: measure them on that GPU and model") from None

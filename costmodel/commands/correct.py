@@ -1,0 +1,79 @@
+"""`costmodel correct`: scale a cost model's parts to fit runs measured end to end.
+
+    costmodel correct calibrated.json -o corrected.json             # its validation's runs
+    costmodel correct calibrated.json --runs runs.jsonl -o corrected.json
+
+What is corrected and how it is judged: `costmodel.calibration.correct`. Needs no GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "correct",
+        help="scale a cost model's parts to fit runs of the whole stack (its validation, or "
+        "a training run's per-rank times)",
+        description=(
+            "Fit one factor per part (overhead, attention, linear, head) and pass to runs "
+            "measured end to end, check it by cross-validation, and write the model with its "
+            "curves scaled. Without --runs, the runs are the file's own `costmodel validate` "
+            "micro-batches. Works without a GPU."
+        ),
+    )
+    p.add_argument("model", metavar="PATH_OR_NAME",
+                   help="cost model file, or a shipped profile's name such as h200/qwen3-8b")
+    p.add_argument("--runs", default=None, metavar="FILE",
+                   help='measured runs, JSON lines like {"mode": "train", "microbatches": '
+                   '[[1200, 350], [4096]], "ms": 812.5}: the whole model running those '
+                   "micro-batches one after another (a rank's compute time in a step)")
+    p.add_argument("--folds", type=int, default=5,
+                   help="cross-validation folds that judge the correction (default: 5)")
+    p.add_argument("-o", "--output", required=True, help="where to write the corrected model")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from costmodel.calibration.correct import (
+        apply_correction,
+        fit_correction,
+        read_runs,
+        validation_runs,
+    )
+    from costmodel.model import load_cost_model
+    from costmodel.model_file import check_output_path
+
+    output = check_output_path(args.output, "-o")
+    model = load_cost_model(args.model)
+    if model.is_estimate:
+        raise ValueError(f"{args.model} is a registry estimate, not a calibrated file: "
+                         "calibrate it on the GPU (`costmodel calibrate`), then correct that")
+    runs = read_runs(args.runs) if args.runs else validation_runs(model)
+    source = args.runs or f"{args.model} (its validation)"
+    correction = fit_correction(model, runs, folds=args.folds)
+    print(format_correction(correction, source))
+    corrected = apply_correction(model, correction, source=source,
+                                 command=shlex.join(["costmodel", *args.argv]))
+    corrected.save(output)
+    kept = "" if correction.scales else " (no pass improved: the curves are as they were)"
+    print(f"wrote {output}{kept}")
+    return 0
+
+
+def format_correction(correction, source: str) -> str:
+    """A table of each pass's factors and errors before and after."""
+    lines = [f"correction from {source}:",
+             f"  {'pass':8} {'runs':>5} {'before':>8} {'held-out':>9} {'worst':>7}  factors"]
+    for mode, fig in correction.figures.items():
+        factors = ", ".join(f"{p} x{s:.3g}" for p, s in fig["scales"].items())
+        lines.append(f"  {mode:8} {fig['runs']:5d} {fig['before']['mape']:8.2%} "
+                     f"{fig['held_out']['mape']:9.2%} {fig['held_out']['worst']:7.2%}  {factors}")
+        if not fig["adopted"]:
+            lines.append(f"    not adopted: {fig['why_not']}")
+    lines.append("  (mean absolute error of each run's time; held-out: each run predicted by "
+                 f"factors fitted without it, {next(iter(correction.figures.values()))['folds']}"
+                 "-fold)")
+    return "\n".join(lines)
