@@ -4,6 +4,7 @@
     costmodel correct calibrated.json --runs runs.jsonl -o corrected.json
 
 What is corrected and how it is judged: `costmodel.calibration.correct`. Needs no GPU.
+Exit status 1, and nothing written, when no pass's correction passes its checks.
 """
 
 from __future__ import annotations
@@ -55,25 +56,35 @@ def run(args: argparse.Namespace) -> int:
     source = args.runs or f"{args.model} (its validation)"
     correction = fit_correction(model, runs, folds=args.folds)
     print(format_correction(correction, source))
+    if not correction.scales:
+        print(f"no pass corrected: nothing written to {output}; {args.model} stands as it is")
+        return 1
     corrected = apply_correction(model, correction, source=source,
                                  command=shlex.join(["costmodel", *args.argv]))
     corrected.save(output)
-    kept = "" if correction.scales else " (no pass improved: the curves are as they were)"
-    print(f"wrote {output}{kept}")
+    print(f"wrote {output}")
     return 0
 
 
 def format_correction(correction, source: str) -> str:
     """A table of each pass's factors and errors before and after."""
+    from costmodel.calibration.validate import SPLIT_TOKENS
+
     lines = [f"correction from {source}:",
              f"  {'pass':8} {'runs':>5} {'before':>8} {'held-out':>9} {'worst':>7}  factors"]
     for mode, fig in correction.figures.items():
         factors = ", ".join(f"{p} x{s:.3g}" for p, s in fig["scales"].items())
         lines.append(f"  {mode:8} {fig['runs']:5d} {fig['before']['mape']:8.2%} "
                      f"{fig['held_out']['mape']:9.2%} {fig['held_out']['worst']:7.2%}  {factors}")
+        big = fig["by_size"].get(f">={SPLIT_TOKENS}")
+        if big:
+            lines.append(f"  {'':8} {'>=1k':>5} {big['before']['mape']:8.2%} "
+                         f"{big['held_out']['mape']:9.2%} {big['held_out']['worst']:7.2%}  "
+                         f"({big['held_out']['count']} runs of micro-batches of 1k tokens or more)")
         if not fig["adopted"]:
             lines.append(f"    not adopted: {fig['why_not']}")
-    lines.append("  (mean absolute error of each run's time; held-out: each run predicted by "
-                 f"factors fitted without it, {next(iter(correction.figures.values()))['folds']}"
-                 "-fold)")
+    folds = next(iter(correction.figures.values()))["folds"]
+    lines.append("  (mean absolute error of each run's time; held-out: the runs cut into "
+                 f"{folds} ranges of micro-batch size, each predicted by factors fitted to the "
+                 "others)")
     return "\n".join(lines)

@@ -142,3 +142,6 @@ def store_validation(path: Path, result: dict) -> None:
               f"it to {aside}", file=sys.stderr)
         raise
     print(f"stored the validation in {path}")
+    print(f"next: costmodel correct {path} -o {path.with_name(path.stem + '.corrected.json')}  "
+          "(scales the parts to fit these runs where that predicts held-out ones better; no "
+          "GPU needed)")

@@ -1,0 +1,123 @@
+"""What a per-part correction (`costmodel correct`) does to the shipped H200 profile, judged
+on the H200's stored measurements.
+
+    PYTHONPATH=. python benchmarks/bench_correction.py
+        [--json benchmarks/results/bench_correction_h200.json]
+
+Two sets of runs measured on the H200 in the 2026-11-30 session, both eager-timed:
+- `validation`: the profile's own `costmodel validate` block, 120 random micro-batches per
+  pass, each through 4 layers and the LM head;
+- `bench-schedule`: every simulated rank of `benchmarks/results/bench_schedule_h200.json`
+  (352 ranks: 4 policies at dp 8, 16 and 64, cap 16k), its micro-batches through one layer,
+  no head, training passes.
+
+For each: the profile's error as it is; factors fitted to the runs, judged two ways (random
+5-fold held-out error with a Wilcoxon test, the check `costmodel correct` used first, and
+the check over micro-batch sizes it uses now); and the factors fitted to the validation's
+training runs applied to the bench-schedule ranks (does the correction carry over to other
+runs of the same GPU?). Computed on the CPU from stored times: nothing is timed here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+from scipy.stats import wilcoxon
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from benchmarks.bench_scheduler import write_cases  # noqa: E402
+from costmodel.calibration.correct import Run, fit_correction, part_times, validation_runs  # noqa: E402
+from costmodel.model import PARTS, load_cost_model  # noqa: E402
+
+PROFILE = "h200/qwen3-8b"
+BENCH = ROOT / "benchmarks" / "results" / "bench_schedule_h200.json"
+FOLDS = 5
+
+
+def bench_schedule_runs(path: Path) -> list[Run]:
+    """Each measured rank of a `bench-schedule` result as a run: one layer, no head."""
+    doc = json.loads(path.read_text())
+    return [Run(microbatches=tuple(tuple(mb) for mb in mbs), ms=float(ms), layers=1, head=False)
+            for run in doc["runs"]
+            for mbs, ms in zip(run["microbatch_lengths"], run["measured_rank_ms"])]
+
+
+def error(predicted: np.ndarray, measured: np.ndarray) -> dict[str, float]:
+    rel = predicted / measured - 1
+    return {"mape": float(np.abs(rel).mean()), "bias": float(rel.mean()),
+            "worst": float(np.abs(rel).max())}
+
+
+def random_folds(model, runs: list[Run], mode: str) -> dict[str, float]:
+    """Held-out error over random folds (each run predicted by factors fitted without it)."""
+    parts, measured = part_times(model, runs), np.array([r.ms for r in runs])
+    held = np.empty(len(runs))
+    order = np.random.default_rng(0).permutation(len(runs))
+    for rows in np.array_split(order, FOLDS):
+        train = [runs[i] for i in np.setdiff1d(order, rows)]
+        scales = fit_correction(model, train).figures[mode]["scales"]
+        held[rows] = parts[rows] @ np.array([scales[p] for p in PARTS])
+    before = np.abs(parts.sum(axis=1) / measured - 1)
+    after = np.abs(held / measured - 1)
+    return {**error(held, measured),
+            "wilcoxon_p": float(wilcoxon(before, after, alternative="greater").pvalue)}
+
+
+def judge(model, runs: list[Run], mode: str, name: str) -> dict:
+    fig = fit_correction(model, runs, folds=FOLDS).figures[mode]
+    parts, measured = part_times(model, runs), np.array([r.ms for r in runs])
+    return {"runs": name, "mode": mode, "count": len(runs),
+            "profile": error(parts.sum(axis=1), measured),
+            "factors": fig["scales"], "random_folds": random_folds(model, runs, mode),
+            "size_folds": {**error_of(fig), "wilcoxon_p": fig["p_value"]},
+            "adopted": fig["adopted"], "why_not": fig.get("why_not")}
+
+
+def error_of(fig: dict) -> dict[str, float]:
+    return {"mape": fig["held_out"]["mape"], "worst": fig["held_out"]["worst"]}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--json", metavar="PATH", help="also write the results as JSON")
+    args = p.parse_args(argv)
+    model = load_cost_model(PROFILE)
+    validation = validation_runs(model)
+    ranks = bench_schedule_runs(BENCH)
+    rows = [judge(model, [r for r in validation if r.mode == mode], mode, "validation")
+            for mode in ("train", "forward")]
+    rows.append(judge(model, ranks, "train", "bench-schedule"))
+    factors = rows[0]["factors"]  # the validation's training passes
+    parts, measured = part_times(model, ranks), np.array([r.ms for r in ranks])
+    carried = parts @ np.array([factors[p] for p in PARTS])
+    transfer = {"runs": "bench-schedule", "mode": "train",
+                "factors_from": "validation (train)", "factors": factors,
+                "profile": error(parts.sum(axis=1), measured),
+                "corrected": error(carried, measured)}
+    print(f"{PROFILE}: {model.label}; stored H200 times, folds {FOLDS}")
+    print(f"  {'runs':15} {'pass':8} {'n':>4} {'profile':>8} {'random':>8} {'p':>7} "
+          f"{'by size':>8} {'p':>7}  adopted  factors")
+    for r in rows:
+        f = ", ".join(f"{k} x{v:.3g}" for k, v in r["factors"].items())
+        print(f"  {r['runs']:15} {r['mode']:8} {r['count']:4d} {r['profile']['mape']:8.2%} "
+              f"{r['random_folds']['mape']:8.2%} {r['random_folds']['wilcoxon_p']:7.2g} "
+              f"{r['size_folds']['mape']:8.2%} {r['size_folds']['wilcoxon_p']:7.2g}  "
+              f"{'yes' if r['adopted'] else 'no':7}  {f}")
+    print(f"  validation's training factors on the bench-schedule ranks: error "
+          f"{transfer['profile']['mape']:.2%} (bias {transfer['profile']['bias']:+.2%}) -> "
+          f"{transfer['corrected']['mape']:.2%} (bias {transfer['corrected']['bias']:+.2%})")
+    if args.json:
+        write_cases(args.json, rows, transfer=transfer, cost_model=PROFILE, label=model.label,
+                    note="stored H200 times (2026-11-30 session), computed on the CPU: nothing "
+                         "timed here", folds=FOLDS)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
