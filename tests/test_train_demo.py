@@ -14,6 +14,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from costmodel.calibration.correct import read_runs  # noqa: E402
 from costmodel.cli import main  # noqa: E402
 from costmodel.estimate import estimate_cost_model  # noqa: E402
 from costmodel.spec import ModelSpec  # noqa: E402
@@ -88,11 +89,16 @@ def test_torchrun_two_ranks_balanced_by_the_cost_model(tmp_path, tiny_cost_model
         "    return result\n"
         "trainer.train = keep\n"
         "sys.exit(train_varlen.main(sys.argv[1:]))",
-        *flags, "--log-json", str(log),
+        *flags, "--log-json", str(log), "--record-runs", str(tmp_path / "runs.jsonl"),
     )
     assert done.returncode == 0, done.stdout + done.stderr
     records = [json.loads(line) for line in log.read_text().splitlines()]
     assert [r["step"] for r in records] == list(range(5))
+    # every rank's step as a run `costmodel correct --runs` reads: its time, its tokens
+    runs = read_runs(tmp_path / "runs.jsonl")
+    assert [r.ms for r in runs] == pytest.approx([ms for r in records for ms in r["compute_ms"]])
+    for step, r in enumerate(records):
+        assert sum(sum(map(sum, run.microbatches)) for run in runs[2 * step: 2 * step + 2]) == r["tokens"]
     assert not list(log.parent.glob(".costmodel-*.tmp"))  # written beside it, then renamed
     for r in records:
         assert r["schedules_agree"] and r["cost"].startswith("cost-model")
@@ -406,11 +412,12 @@ def test_ranks_that_disagree_all_stop_before_training_with_the_reason(tmp_path, 
     assert "step 1/" not in done.stdout
 
 
-def test_log_json_that_cannot_be_written_stops_before_any_process_starts(tmp_path, capsys):
+@pytest.mark.parametrize("flag", ["--log-json", "--record-runs"])
+def test_log_json_that_cannot_be_written_stops_before_any_process_starts(tmp_path, capsys, flag):
     """Regression: rank 0 failed to open it after the process group started."""
     (tmp_path / "a_file").write_text("")
-    err = _error(["--log-json", str(tmp_path / "a_file" / "steps.jsonl")], capsys)
-    assert "--log-json" in err and "is a file, not a folder" in err
+    err = _error([flag, str(tmp_path / "a_file" / "steps.jsonl")], capsys)
+    assert flag in err and "is a file, not a folder" in err
 
 
 @pytest.mark.parametrize(

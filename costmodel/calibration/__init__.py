@@ -8,6 +8,7 @@
     device.py     device fingerprint, `--gpu` check, missing torch/CUDA errors
     pipeline.py   calibrate(): sweep -> fit -> check -> CostModel
     validate.py   predicted vs measured on random packed micro-batches
+    correct.py    factors per part fitted to runs measured end to end (`costmodel correct`)
     report.py     table and plot
 
 Importing this package (and every module but workloads.py) needs numpy/scipy only;

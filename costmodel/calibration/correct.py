@@ -56,7 +56,7 @@ from costmodel.model_file import utc_timestamp
 
 __all__ = [
     "Correction", "Run", "apply_correction", "fit_correction", "part_times", "read_runs",
-    "validation_runs",
+    "run_line", "validation_runs",
 ]
 
 logger = logging.getLogger(__name__)
@@ -112,6 +112,14 @@ class Correction:
     (`validate.error_metrics`), the same `by_size` (all runs, and those whose micro-batches
     hold >= 1k tokens on average), the fitted `scales`, the test's `p_value`, `adopted`,
     and why not where it is not."""
+
+
+def run_line(microbatches: Sequence[Sequence[int]], ms: float, mode: str = "train") -> str:
+    """One measured run as a line of a runs file (what `read_runs` reads back)."""
+    run = Run(microbatches=tuple(tuple(int(x) for x in mb) for mb in microbatches),
+              ms=float(ms), mode=mode)  # checked here, not when the file is read
+    return json.dumps({"mode": run.mode, "microbatches": [list(mb) for mb in run.microbatches],
+                       "ms": run.ms})
 
 
 def read_runs(path: str | os.PathLike) -> list[Run]:

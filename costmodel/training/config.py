@@ -67,6 +67,9 @@ def add_trainer_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentP
     )
     g.add_argument("--log-json", default=None, metavar="PATH",
                    help="write per-step records (JSON lines) here when the run ends")
+    g.add_argument("--record-runs", default=None, metavar="PATH",
+                   help="write every rank's micro-batches and compute time of every step here "
+                   "when the run ends, as the runs file `costmodel correct --runs` reads")
     m = parser.add_argument_group("tiny GPT shape")
     for flag, default, what in (
         ("--layers", 2, "transformer layers"), ("--hidden", 64, "hidden size"),
@@ -159,6 +162,8 @@ def _check_run_flags(args: argparse.Namespace, dp_size: int) -> None:
         # here (a folder that takes no files, /proc, included), not rank 0 alone while the
         # others wait in a collective.
         check_output_path(args.log_json, "--log-json")
+    if getattr(args, "record_runs", None) is not None:  # (a script's own parser may lack it)
+        check_output_path(args.record_runs, "--record-runs")
 
 
 def prepare(args: argparse.Namespace, dp_size: int, *, dtype: str = "fp32") -> Plan:
