@@ -15,6 +15,7 @@ from costmodel.calibration.correct import (
     fit_correction,
     part_times,
     read_runs,
+    run_line,
     validation_runs,
 )
 from costmodel.cli import main
@@ -190,15 +191,16 @@ def test_cli(tmp_path, capsys, model):
     assert main(["correct", PROFILE, "-o", str(refused)]) == 1
     assert "nothing written" in capsys.readouterr().out and not refused.exists()
 
-    runs = tmp_path / "runs.jsonl"
-    runs.write_text("".join(json.dumps({"microbatches": [list(mb) for mb in r.microbatches],
-                                        "ms": r.ms}) + "\n" for r in _runs(model, TRUTH)))
+    runs = _runs(model, TRUTH)  # in two files, as two ranks would write them
+    files = [tmp_path / "runs.rank0.jsonl", tmp_path / "runs.rank1.jsonl"]
+    for path, part in zip(files, (runs[::2], runs[1::2])):
+        path.write_text("".join(run_line(r.microbatches, r.ms) + "\n" for r in part))
     out = tmp_path / "corrected.json"
-    assert main(["correct", PROFILE, "--runs", str(runs), "-o", str(out)]) == 0
+    assert main(["correct", PROFILE, "--runs", *map(str, files), "-o", str(out)]) == 0
     text = capsys.readouterr().out
-    assert "held-out" in text and f"wrote {out}" in text
+    assert "held-out" in text and f"wrote {out}" in text and " 80 " in text
     corrected = load_cost_model(str(out))
-    assert corrected.provenance["correction"]["from"] == str(runs)
+    assert corrected.provenance["correction"]["from"] == ", ".join(map(str, files))
     # the stored validation is judged again by the corrected curves, and says so
     assert corrected.extra["validation"]["revalidated"]["by"] == "corrected"
     assert main(["report", str(out)]) == 0

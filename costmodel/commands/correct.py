@@ -27,10 +27,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("model", metavar="PATH_OR_NAME",
                    help="cost model file, or a shipped profile's name such as h200/qwen3-8b")
-    p.add_argument("--runs", default=None, metavar="FILE",
+    p.add_argument("--runs", default=None, nargs="+", metavar="FILE",
                    help='measured runs, JSON lines like {"mode": "train", "microbatches": '
                    '[[1200, 350], [4096]], "ms": 812.5}: the whole model running those '
-                   "micro-batches one after another (a rank's compute time in a step)")
+                   "micro-batches one after another (a rank's compute time in a step); "
+                   "several files (one per rank) together")
     p.add_argument("--folds", type=int, default=5,
                    help="cross-validation folds that judge the correction (default: 5)")
     p.add_argument("-o", "--output", required=True, help="where to write the corrected model")
@@ -52,8 +53,8 @@ def run(args: argparse.Namespace) -> int:
     if model.is_estimate:
         raise ValueError(f"{args.model} is a registry estimate, not a calibrated file: "
                          "calibrate it on the GPU (`costmodel calibrate`), then correct that")
-    runs = read_runs(args.runs) if args.runs else validation_runs(model)
-    source = args.runs or f"{args.model} (its validation)"
+    runs = [r for path in args.runs for r in read_runs(path)] if args.runs else validation_runs(model)
+    source = ", ".join(args.runs) if args.runs else f"{args.model} (its validation)"
     correction = fit_correction(model, runs, folds=args.folds)
     print(format_correction(correction, source))
     if not correction.scales:
