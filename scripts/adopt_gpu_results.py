@@ -462,8 +462,10 @@ def adopt(out: Path, dry_run: bool = False, unvalidated: set[str] | bool = False
         if key == "h200" and "qwen3-8b" in names:  # what the README and a benchmark judge by
             print("now stale, to rerun on this machine: benchmarks/results/"
                   "bench_scheduler_h200_profile.json (bench_scheduler.py --cost-model "
-                  "h200/qwen3-8b --json ...), the README's main-job output and the tests that "
-                  "pin the shipped profile's numbers (grep tests/ for its validation errors)")
+                  "h200/qwen3-8b --json ...), bench_correction_h200.json (bench_correction.py: "
+                  "does the new profile need a correction?), the README's main-job output and "
+                  "the tests that pin the shipped profile's numbers (grep tests/ for its "
+                  "validation errors)")
         for src, dst in copies:
             print(f"{'would copy' if dry_run else 'copy'} {src.name} -> {dst.relative_to(ROOT)}")
             if not dry_run:
