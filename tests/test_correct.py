@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import warnings
 
 import numpy as np
 import pytest
@@ -11,6 +12,7 @@ import pytest
 from costmodel.calibration.correct import (
     MIN_RUNS,
     Run,
+    _judge,
     apply_correction,
     fit_correction,
     part_times,
@@ -145,6 +147,56 @@ def test_bad_fits_are_refused(model):
             Run(**bad)
 
 
+def test_runs_predicted_exactly(model):
+    """Errors the correction leaves as they were leave the Wilcoxon test nothing to rank
+    (scipy: NaN and a warning; NaN is no JSON for the file). A size range the model
+    predicted exactly (error 0) and the correction predicts worse must not divide by
+    that 0 when the refusal names the worst range."""
+    parts = np.zeros((12, len(PARTS)))
+    parts[:, 1] = np.linspace(1, 2, 12)  # one part, predicted exactly: the factors are 1
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        fig = _judge(parts, parts.sum(axis=1), np.arange(12.0), 3)
+    assert fig["p_value"] == 1.0 and not fig["adopted"]
+
+    rng = np.random.default_rng(3)
+    shapes = _batches(rng, 30)  # one micro-batch per run: its size is the run's
+    parts = part_times(model, [Run(microbatches=mbs, ms=1.0) for mbs in shapes])
+    smallest = np.argsort([sum(mbs[0]) for mbs in shapes], kind="stable")[:6]  # 1st of 5 ranges
+    measured = parts @ np.array([1.0, 3.0, 1.0, 1.0])
+    measured[smallest] = parts[smallest].sum(axis=1)
+    runs = [Run(microbatches=mbs, ms=float(ms)) for mbs, ms in zip(shapes, measured)]
+    fig = fit_correction(model, runs).figures["train"]
+    assert not fig["adopted"] and "tokens worse (" in fig["why_not"]
+    assert json.dumps(fig, allow_nan=False)
+
+
+def test_malformed_earlier_correction(tmp_path, model):
+    """A hand-edited provenance.correction cannot be compounded: a ValueError that says
+    what to do, not an AttributeError from deep in apply_correction; `report` skips it."""
+    correction = fit_correction(model, _runs(model, TRUTH))
+    for bad in ("yes", [1, 2], {"scales": "x"}, {"scales": {"train": [1]}},
+                {"scales": {"train": {"linear": "a"}}}):
+        doc = model.to_dict()
+        doc["provenance"] = {**doc["provenance"], "correction": bad}
+        edited = type(model).from_dict(doc)
+        with pytest.raises(ValueError, match="provenance.correction is malformed"):
+            apply_correction(edited, correction, source="test")
+        path = tmp_path / "edited.json"
+        edited.save(path)
+        assert main(["report", str(path)]) == 0
+        assert main(["correct", str(path), "--runs", str(_runs_file(tmp_path, model)),
+                     "-o", str(tmp_path / "out.json")]) == 2
+        assert not (tmp_path / "out.json").exists()
+
+
+def _runs_file(tmp_path, model):
+    path = tmp_path / "runs.jsonl"
+    path.write_text("".join(json.dumps({"microbatches": [list(mb) for mb in r.microbatches],
+                                        "ms": r.ms}) + "\n" for r in _runs(model, TRUTH)))
+    return path
+
+
 def test_runs_file(tmp_path, model):
     runs = _runs(model, TRUTH, count=12)
     path = tmp_path / "runs.jsonl"
@@ -162,10 +214,28 @@ def test_runs_file(tmp_path, model):
         ("[1, 2]", "line 1: not a JSON object"),
         ("{broken", "line 1: "),
         ("# nothing\n", "holds no runs"),
+        ('{"microbatches": [[5]], "ms": 1' + "0" * 400 + "}", "line 1: ms must be a positive"),
+        ('{"microbatches": [[5]], "ms": 1.0}\n' + "[" * 100_000 + "]" * 100_000,
+         "line 2: JSON nested too deeply"),
     ):
         path.write_text(text + "\n")
         with pytest.raises(ValueError, match=match):
             read_runs(path)
+
+
+def test_runs_file_of_bytes(tmp_path):
+    """Bytes that are no UTF-8 (a binary file given by mistake) are named by their line, not
+    only by a decoder's offset into the file: a text-mode read decodes ahead, and raised it
+    while reading line 1. A byte-order mark (PowerShell's `Out-File`) is no error."""
+    path = tmp_path / "runs.jsonl"
+    line = b'{"microbatches": [[5]], "ms": 1.0}\n'
+    path.write_bytes(line * 300 + b"\xff\xfe\n")
+    with pytest.raises(ValueError, match=r"line 301: not UTF-8 text \(byte 0xff at column 1\)"):
+        read_runs(path)
+    path.write_bytes(b"\xef\xbb\xbf" + line)
+    assert read_runs(path) == [Run(microbatches=((5,),), ms=1.0)]
+    with pytest.raises(ValueError, match="is a directory"):
+        read_runs(tmp_path)
 
 
 def test_validation_runs_of_the_shipped_profile(model):

@@ -33,6 +33,7 @@ rank's compute time in a step); `mode` is "train" (forward+backward, the default
 
 from __future__ import annotations
 
+import codecs
 import json
 import logging
 import math
@@ -95,8 +96,13 @@ class Run:
     def __post_init__(self) -> None:
         if self.mode not in MODES:
             raise ValueError(f"mode must be one of {list(MODES)}, got {self.mode!r}")
-        if not (isinstance(self.ms, (int, float)) and math.isfinite(self.ms) and self.ms > 0):
-            raise ValueError(f"ms must be a positive number of milliseconds, got {self.ms!r}")
+        try:  # an int past float's range (10**400 in a JSON line) overflows: not a time
+            ms = float(self.ms) if isinstance(self.ms, (int, float)) else math.nan
+        except OverflowError:
+            ms = math.inf
+        if isinstance(self.ms, bool) or not (math.isfinite(ms) and ms > 0):
+            raise ValueError(f"ms must be a positive number of milliseconds, got {self.ms!r:.40}")
+        object.__setattr__(self, "ms", ms)  # frozen; a float, as the field says
         if not self.microbatches or not all(self.microbatches):
             raise ValueError("a run needs at least one micro-batch, each of one sequence or more")
 
@@ -125,15 +131,28 @@ def run_line(microbatches: Sequence[Sequence[int]], ms: float, mode: str = "trai
 def read_runs(path: str | os.PathLike) -> list[Run]:
     """Whole-model runs from a JSON-lines file (the module docstring's format); ValueError
     naming the line of anything else."""
+    if os.path.isdir(path):
+        raise ValueError(f"{path} is a directory; give the runs file (JSON lines) in it")
     runs = []
-    with open(path, encoding="utf-8") as f:
-        for number, line in enumerate(f, 1):
-            text = line.strip()
+    # Bytes, decoded line by line: a text-mode read decodes 8 KiB ahead, so a byte that is
+    # not UTF-8 raised while an earlier line was read, and named no line.
+    with open(path, "rb") as f:
+        for number, raw in enumerate(f, 1):
+            try:
+                text = raw.removeprefix(codecs.BOM_UTF8 if number == 1 else b"").decode("utf-8")
+            except UnicodeDecodeError as err:
+                raise ValueError(f"{path} line {number}: not UTF-8 text (byte "
+                                 f"{err.object[err.start]:#04x} at column {err.start + 1}); "
+                                 "the runs file is JSON lines") from None
+            text = text.strip()
             if not text or text.startswith("#"):
                 continue
             try:
                 runs.append(_run_from_line(json.loads(text)))
-            except (ValueError, TypeError) as err:
+            except RecursionError:
+                raise ValueError(f"{path} line {number}: JSON nested too deeply to be a "
+                                 "run") from None
+            except (ValueError, TypeError, OverflowError) as err:
                 raise ValueError(f"{path} line {number}: {err}; each line must be like "
                                  '{"mode": "train", "microbatches": [[1200, 350], [4096]], '
                                  '"ms": 812.5}') from None
@@ -156,7 +175,7 @@ def _run_from_line(doc: Any) -> Run:
         raise ValueError(f"'ms' must be a number, got {ms!r:.40}")
     return Run(microbatches=tuple(tuple(int(x) for x in as_lengths(mb, "a micro-batch's lengths"))
                                   for mb in mbs),
-               ms=float(ms), mode=doc.get("mode", "train"))
+               ms=ms, mode=doc.get("mode", "train"))
 
 
 def validation_runs(model: CostModel) -> list[Run]:
@@ -256,7 +275,10 @@ def _judge(parts: np.ndarray, measured: np.ndarray, sizes: np.ndarray, folds: in
     scales = _fit_scales(parts, measured)
     error_before = np.abs(parts.sum(axis=1) / measured - 1)
     error_after = np.abs(held_out / measured - 1)
-    p_value = float(wilcoxon(error_before, error_after, alternative="greater").pvalue)
+    # Identical errors (runs the model predicts exactly, say) leave the test nothing to rank:
+    # scipy answers NaN with a warning, and NaN is no JSON for the file.
+    p_value = (float(wilcoxon(error_before, error_after, alternative="greater").pvalue)
+               if np.any(error_before != error_after) else 1.0)
     by_range: list[dict[str, Any]] = [
         {"tokens": [float(sizes[rows].min()), float(sizes[rows].max())], "runs": len(rows),
          "before": float(error_before[rows].mean()), "held_out": float(error_after[rows].mean())}
@@ -281,7 +303,8 @@ def _judge(parts: np.ndarray, measured: np.ndarray, sizes: np.ndarray, folds: in
                    f"{error_before.mean():.2%} is no better than chance (Wilcoxon p = "
                    f"{p_value:.2g})")
     if worse:
-        r = max(worse, key=lambda r: r["held_out"] / r["before"])
+        # (a range predicted exactly before, error 0, is the worst)
+        r = max(worse, key=lambda r: r["held_out"] / r["before"] if r["before"] else math.inf)
         why.append(f"fitted to the other sizes, it predicts micro-batches of "
                    f"{r['tokens'][0]:.0f}-{r['tokens'][1]:.0f} tokens worse ({r['held_out']:.2%} "
                    f"against {r['before']:.2%} uncorrected)")
@@ -329,8 +352,7 @@ def apply_correction(model: CostModel, correction: Correction, *, source: str,
     for mode, scales in correction.scales.items():
         doc["curves"][mode] = _scaled(doc["curves"][mode], scales)
     provenance = dict(doc.get("provenance") or {})
-    earlier = (provenance.get("correction") or {}).get("scales") or {}
-    total = {mode: dict(factors) for mode, factors in earlier.items()}
+    total = _earlier_scales(provenance.get("correction"), model.label)
     for mode, scales in correction.scales.items():
         base = total.get(mode, dict.fromkeys(PARTS, 1.0))
         total[mode] = {p: float(base.get(p, 1.0)) * s for p, s in scales.items()}
@@ -349,6 +371,27 @@ def apply_correction(model: CostModel, correction: Correction, *, source: str,
                         "held-out error is in provenance.correction)"}
         corrected.extra["validation"] = block
     return corrected
+
+
+def _earlier_scales(block: Any, label: str) -> dict[str, dict[str, float]]:
+    """The factors of the corrections `block` (provenance.correction) records, to compound
+    with a new one's; ValueError if they are not factors per pass and part."""
+    if not block:
+        return {}
+    try:
+        scales = block.get("scales") or {}
+        if not isinstance(scales, Mapping):
+            raise TypeError
+        total = {str(mode): {str(p): float(f) for p, f in factors.items()}
+                 for mode, factors in scales.items()}
+        if not all(math.isfinite(f) and f >= 0 for factors in total.values()
+                   for f in factors.values()):
+            raise TypeError
+    except (AttributeError, TypeError, ValueError):
+        raise ValueError(f"{label}: its provenance.correction is malformed (scales must be "
+                         "factors per pass and part, as `costmodel correct` writes them): "
+                         "restore the file, or correct the uncorrected one") from None
+    return total
 
 
 def _check_peak(model: CostModel) -> None:
