@@ -12,7 +12,10 @@ not one micro-batch.
 A correction fits one factor per part (`costmodel.model.PARTS`: overhead, attention,
 linear, head) and per pass to runs measured end to end — `validate`'s random micro-batches
 stored in the file, or a training run's per-rank times — and scales the curves by them:
-the file format, the scheduler and every caller stay as they are.
+the file format, the scheduler and every caller stay as they are. One factor per part
+scales every curve of that part: "overhead" both the per-layer and the per-micro-batch
+fixed cost, "linear" the dense and the MoE layer's curve alike (runs of a stack tell only
+its own layer's).
 
 The fit: least squares of the relative error (what MAPE measures) over the runs, each
 factor bounded (`_BOUNDS`), with a weak pull towards 1 (`_PRIOR_WEIGHT`) so that a part the
