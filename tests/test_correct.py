@@ -325,3 +325,29 @@ def test_correction_benchmark(tmp_path, load_benchmark):
     assert validation_train["random_folds"]["wilcoxon_p"] < 0.05 and not validation_train["adopted"]
     assert doc["transfer"]["corrected"]["mape"] > 10 * doc["transfer"]["profile"]["mape"]
     assert all(abs(f - 1) < 0.05 for f in ranks["factors"].values())
+
+
+def test_run_recorder(tmp_path):
+    """A training loop's steps as runs: timed between two synchronisations, appended one
+    line a step, a failed step not recorded, bad lengths refused before the work."""
+    from costmodel.integrations.runs import RunRecorder
+
+    syncs = []
+    recorder = RunRecorder(tmp_path / "new" / "runs.rank0.jsonl",
+                           synchronize=lambda: syncs.append(1))
+    with recorder.step([[300, 20], [4000]]):
+        sum(range(10000))
+    with pytest.raises(RuntimeError), recorder.step([[5]]):
+        raise RuntimeError("out of memory")
+    with pytest.raises(ValueError), recorder.step([[5, 0]]):
+        pytest.fail("ran a step of bad lengths")
+    with recorder.step([[7]], mode="forward"):
+        pass
+    runs = read_runs(recorder.path)
+    assert [(r.microbatches, r.mode) for r in runs] == [(((300, 20), (4000,)), "train"),
+                                                        (((7,),), "forward")]
+    assert all(r.ms > 0 for r in runs) and recorder.steps == 2 and len(syncs) == 5
+    with pytest.raises(ValueError, match="directory"):
+        RunRecorder(tmp_path)
+    with pytest.raises(ValueError, match="mode"):
+        RunRecorder(tmp_path / "x.jsonl", mode="eval")

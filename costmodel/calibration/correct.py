@@ -125,8 +125,8 @@ class Correction:
 
 def run_line(microbatches: Sequence[Sequence[int]], ms: float, mode: str = "train") -> str:
     """One measured run as a line of a runs file (what `read_runs` reads back)."""
-    run = Run(microbatches=tuple(tuple(int(x) for x in mb) for mb in microbatches),
-              ms=float(ms), mode=mode)  # checked here, not when the file is read
+    run = Run(microbatches=_microbatches(microbatches), ms=ms, mode=mode)  # checked here, not
+    # when the file is read
     return json.dumps({"mode": run.mode, "microbatches": [list(mb) for mb in run.microbatches],
                        "ms": run.ms})
 
@@ -176,9 +176,13 @@ def _run_from_line(doc: Any) -> Run:
     ms = doc.get("ms")
     if isinstance(ms, bool) or not isinstance(ms, (int, float)):
         raise ValueError(f"'ms' must be a number, got {ms!r:.40}")
-    return Run(microbatches=tuple(tuple(int(x) for x in as_lengths(mb, "a micro-batch's lengths"))
-                                  for mb in mbs),
-               ms=ms, mode=doc.get("mode", "train"))
+    return Run(microbatches=_microbatches(mbs), ms=ms, mode=doc.get("mode", "train"))
+
+
+def _microbatches(mbs: Sequence[Sequence[int]]) -> tuple[tuple[int, ...], ...]:
+    """Micro-batches' sequence lengths as tuples of ints; ValueError for a length that is
+    not a whole number in 1..MAX_LENGTH."""
+    return tuple(tuple(int(x) for x in as_lengths(mb, "a micro-batch's lengths")) for mb in mbs)
 
 
 def validation_runs(model: CostModel) -> list[Run]:

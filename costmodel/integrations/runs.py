@@ -1,0 +1,70 @@
+"""Record a training run's steps as the runs `costmodel correct --runs` fits a model to.
+
+Each rank, around the forward and backward passes of its micro-batches in a step:
+
+    from costmodel.integrations.runs import RunRecorder
+
+    recorder = RunRecorder(f"runs.rank{rank}.jsonl")
+    for step in ...:
+        with recorder.step([mb_lengths for mb_lengths in my_microbatches]):
+            for mb in my_microbatches:
+                forward_backward(mb)
+        all_reduce_gradients()  # outside: the runs are compute time, as the model predicts
+
+then `costmodel correct calibrated.json --runs runs.rank*.jsonl -o corrected.json`.
+
+The clock is the host's, after the device has finished its queued work on both sides
+(`torch.cuda.synchronize` when torch has CUDA initialised, nothing otherwise): two
+synchronisations a step, where the step's all-reduce waits anyway. A step that raises is
+not recorded. Lines are appended and flushed one step at a time, so a run stopped between
+steps leaves whole lines behind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import time
+from collections.abc import Callable, Iterator, Sequence
+
+from costmodel.calibration.correct import run_line
+from costmodel.curves import MODES
+from costmodel.model_file import check_output_path
+
+__all__ = ["RunRecorder"]
+
+
+def _device_synchronize() -> None:
+    torch = sys.modules.get("torch")  # never imported here: a CPU-only job has no need
+    if torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.synchronize()
+
+
+class RunRecorder:
+    """Appends this rank's timed steps to a runs file (JSON lines)."""
+
+    def __init__(self, path: str | os.PathLike, *, mode: str = "train",
+                 synchronize: Callable[[], None] | None = None) -> None:
+        if mode not in MODES:
+            raise ValueError(f"mode must be one of {list(MODES)}, got {mode!r}")
+        self.path = check_output_path(path, "runs file")  # before the first step, not at it
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.mode = mode
+        self.synchronize = synchronize or _device_synchronize
+        self.steps = 0
+
+    @contextlib.contextmanager
+    def step(self, microbatches: Sequence[Sequence[int]], *, mode: str | None = None) -> Iterator[None]:
+        """Time the block as one run of `microbatches` (their sequence lengths, in the order
+        they run) and append it when the block ends without an exception."""
+        run_line(microbatches, 1.0, mode or self.mode)  # bad lengths: refused before the work
+        self.synchronize()
+        start = time.perf_counter()
+        yield
+        self.synchronize()
+        ms = (time.perf_counter() - start) * 1e3
+        line = run_line(microbatches, max(ms, 1e-6), mode or self.mode)  # a coarse clock's 0
+        with self.path.open("a", encoding="utf-8") as f:
+            f.write(line + "\n")
+        self.steps += 1
