@@ -755,3 +755,15 @@ def test_plan_head_probe_and_repeat_floors():
     assert make_plan(SPEC, quick=True, max_len=1024, max_tokens=1024).probe.tokens == 1024
     tight = make_plan(ModelSpec.from_preset("qwen3-32b"), quick=True, max_len=32768, gpu="h200")
     assert any("thinned" in n for n in tight.notes) and tight.settings.repeats == 3
+
+
+def test_validation_shows_where_the_error_sits_by_size():
+    """The shipped H200 validation, by micro-batch size: the launch-bound small micro-batches
+    carry the error, the token cap's full ones are within a few percent."""
+    from costmodel.model import load_cost_model
+
+    text = format_validation(load_cost_model("h200/qwen3-8b").extra["validation"])
+    line = next(x for x in text.splitlines() if x.startswith("  train: cost model error by"))
+    assert "< 1k 40.3% (31)" in line and ">= 8k 1.4% (24)" in line
+    assert "error by" not in format_validation({"modes": {"train": {"summary": {}, "points": [
+        {"tokens": 5}]}}})  # points without figures: no line, no error

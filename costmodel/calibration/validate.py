@@ -317,4 +317,32 @@ def format_validation(block: dict[str, Any]) -> str:
                     f"  {mode:8} {split:7} {name:11} {m['mape']:7.2%} {m['worst']:7.2%} "
                     f"{rho:>9} {scale:>10}"
                 )
+    lines += _error_by_size(block)
     return "\n".join(lines)
+
+
+# Where a cost model's error sits: the fixed and launch costs of small micro-batches, or
+# the curves a token cap's full micro-batches run on.
+_SIZE_EDGES = (1024, 2048, 4096, 8192)
+
+
+def _error_by_size(block: dict[str, Any]) -> list[str]:
+    """The cost model's mean error per micro-batch size range, one line a mode (from the
+    stored points; nothing for a block whose points lack the figures)."""
+    lines = []
+    for mode, res in block.get("modes", {}).items():
+        try:
+            tokens = np.array([float(p["tokens"]) for p in res["points"]])
+            error = np.array([abs(float(p["predicted_ms"]) / float(p["measured_ms"]) - 1)
+                              for p in res["points"]])
+        except (KeyError, TypeError, ValueError, ZeroDivisionError):
+            continue
+        bins = np.digitize(tokens, _SIZE_EDGES)
+        names = [f"< {_SIZE_EDGES[0] // 1024}k"] + [
+            f"{lo // 1024}k-{hi // 1024}k" for lo, hi in zip(_SIZE_EDGES, _SIZE_EDGES[1:])
+        ] + [f">= {_SIZE_EDGES[-1] // 1024}k"]
+        cells = [f"{name} {error[bins == i].mean():.1%} ({int((bins == i).sum())})"
+                 for i, name in enumerate(names) if (bins == i).any()]
+        if cells:
+            lines.append(f"  {mode}: cost model error by micro-batch tokens: " + " | ".join(cells))
+    return lines
