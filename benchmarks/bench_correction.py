@@ -11,7 +11,8 @@ Two sets of runs measured on the H200 in the 2026-11-30 session, both eager-time
   (352 ranks: 4 policies at dp 8, 16 and 64, cap 16k), its micro-batches through one layer,
   no head, training passes.
 
-For each: the profile's error as it is; factors fitted to the runs, judged two ways (random
+For each: the profile's error as it is, next to tokens' and FLOPs' (each times its best
+single scale for those runs); factors fitted to the runs, judged two ways (random
 5-fold held-out error with a Wilcoxon test, the check `costmodel correct` used first, and
 the check over micro-batch sizes it uses now); and the factors fitted to the validation's
 training runs applied to the bench-schedule ranks (does the correction carry over to other
@@ -76,7 +77,9 @@ def judge(model, runs: list[Run], mode: str, name: str) -> dict:
             "profile": error(parts.sum(axis=1), measured),
             "factors": fig["scales"], "random_folds": random_folds(model, runs, mode),
             "size_folds": {**error_of(fig), "wilcoxon_p": fig["p_value"]},
-            "adopted": fig["adopted"], "why_not": fig.get("why_not")}
+            "adopted": fig["adopted"], "why_not": fig.get("why_not"),
+            "tokens_best_scaled": fig["baselines"]["all"]["tokens"]["mape"],
+            "flops_best_scaled": fig["baselines"]["all"]["flops"]["mape"]}
 
 
 def error_of(fig: dict) -> dict[str, float]:
@@ -101,11 +104,12 @@ def main(argv: list[str] | None = None) -> int:
                 "profile": error(parts.sum(axis=1), measured),
                 "corrected": error(carried, measured)}
     print(f"{PROFILE}: {model.label}; stored H200 times, folds {FOLDS}")
-    print(f"  {'runs':15} {'pass':8} {'n':>4} {'profile':>8} {'random':>8} {'p':>7} "
-          f"{'by size':>8} {'p':>7}  adopted  factors")
+    print(f"  {'runs':15} {'pass':8} {'n':>4} {'profile':>8} {'tokens':>7} {'flops':>7} "
+          f"{'random':>8} {'p':>7} {'by size':>8} {'p':>7}  adopted  factors")
     for r in rows:
         f = ", ".join(f"{k} x{v:.3g}" for k, v in r["factors"].items())
         print(f"  {r['runs']:15} {r['mode']:8} {r['count']:4d} {r['profile']['mape']:8.2%} "
+              f"{r['tokens_best_scaled']:7.2%} {r['flops_best_scaled']:7.2%} "
               f"{r['random_folds']['mape']:8.2%} {r['random_folds']['wilcoxon_p']:7.2g} "
               f"{r['size_folds']['mape']:8.2%} {r['size_folds']['wilcoxon_p']:7.2g}  "
               f"{'yes' if r['adopted'] else 'no':7}  {f}")

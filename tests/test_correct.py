@@ -250,6 +250,12 @@ def test_validation_runs_of_the_shipped_profile(model):
     train = correction.figures["train"]
     assert "8192-16384 tokens worse" in train["why_not"]
     assert train["scales"]["linear"] < 0.7  # what the refused fit would have done
+    # the yardsticks, as validate computed them for the same micro-batches
+    stored = model.extra["validation"]["modes"]["train"]["summary"]
+    for split in ("all", ">=1024"):
+        for name in ("tokens", "flops"):
+            assert train["baselines"][split][name]["mape"] == pytest.approx(
+                stored[split][name]["mape"], rel=1e-9)
     estimate = load_cost_model("h100/qwen3-8b")
     with pytest.raises(ValueError, match="no validation"):
         validation_runs(estimate)

@@ -49,10 +49,10 @@ import numpy as np
 from scipy.optimize import lsq_linear
 from scipy.stats import wilcoxon
 
-from costmodel import gpus
+from costmodel import flops, gpus
 from costmodel.calibration.check import DEFAULT_TOLERANCE, flops_check
 from costmodel.calibration.fit import Record
-from costmodel.calibration.validate import error_metrics, revalidate, summarize
+from costmodel.calibration.validate import error_metrics, revalidate, stack_flops, summarize
 from costmodel.curves import MODES
 from costmodel.flops import as_lengths
 from costmodel.model import PARTS, CostModel
@@ -119,7 +119,8 @@ class Correction:
     figures: dict[str, dict[str, Any]] = field(default_factory=dict)
     """Per pass with runs: runs, folds, `before` / `held_out` / `in_sample` error metrics
     (`validate.error_metrics`), the same `by_size` (all runs, and those whose micro-batches
-    hold >= 1k tokens on average), the fitted `scales`, the test's `p_value`, `adopted`,
+    hold >= 1k tokens on average), `baselines` (tokens and FLOPs, each best-scaled, in
+    `validate`'s form), the fitted `scales`, the test's `p_value`, `adopted`,
     and why not where it is not."""
 
 
@@ -252,8 +253,15 @@ def fit_correction(model: CostModel, runs: Iterable[Run], *,
         if len(mine) < MIN_RUNS:
             raise ValueError(f"{len(mine)} {mode} run(s): a correction needs at least "
                              f"{MIN_RUNS} per pass; measure more")
-        figures = _judge(part_times(model, mine), np.array([r.ms for r in mine]),
-                         _mean_microbatch_tokens(mine), min(folds, len(mine)))
+        measured = np.array([r.ms for r in mine])
+        figures = _judge(part_times(model, mine), measured, _mean_microbatch_tokens(mine),
+                         min(folds, len(mine)))
+        # The yardsticks `validate` sets beside a cost model: tokens and analytic FLOPs,
+        # each times its best single scale for these runs.
+        figures["baselines"] = summarize(
+            measured, {"tokens": np.array([sum(map(sum, r.microbatches)) for r in mine], float),
+                       "flops": np.array([_run_flops(model, r) for r in mine])},
+            _mean_microbatch_tokens(mine))
         if figures["adopted"]:
             correction.scales[mode] = figures["scales"]
         correction.figures[mode] = figures
@@ -327,6 +335,16 @@ def _judge(parts: np.ndarray, measured: np.ndarray, sizes: np.ndarray, folds: in
                        "are of this model and GPU, or calibrate again", ", ".join(at_bound),
                        _format_scales(figures["scales"]))
     return figures
+
+
+def _run_flops(model: CostModel, run: Run) -> float:
+    """Forward matmul FLOPs of what the run ran: the whole model, or its stack."""
+    spec = model.rank_spec
+    if run.layers is None:
+        return float(sum(flops.sequence_fwd_flops(mb, spec).sum() for mb in run.microbatches))
+    head = 0 if run.head else flops.lm_head_flops_per_token(spec)
+    return sum(stack_flops(mb, spec, num_layers=run.layers, moe=run.moe) - head * sum(mb)
+               for mb in run.microbatches)
 
 
 def _mean_microbatch_tokens(runs: Sequence[Run]) -> np.ndarray:

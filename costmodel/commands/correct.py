@@ -68,24 +68,28 @@ def run(args: argparse.Namespace) -> int:
 
 
 def format_correction(correction, source: str) -> str:
-    """A table of each pass's factors and errors before and after."""
+    """A table of each pass's errors: the model as it is, corrected (held out), and the
+    token and FLOPs yardsticks; then the factors, and why a pass kept its curves."""
     from costmodel.calibration.validate import SPLIT_TOKENS
 
     lines = [f"correction from {source}:",
-             f"  {'pass':8} {'runs':>5} {'before':>8} {'held-out':>9} {'worst':>7}  factors"]
+             f"  {'pass':8} {'runs':>12} {'model':>7} {'held-out':>9} {'worst':>7} "
+             f"{'tokens':>7} {'flops':>7}"]
     for mode, fig in correction.figures.items():
-        factors = ", ".join(f"{p} x{s:.3g}" for p, s in fig["scales"].items())
-        lines.append(f"  {mode:8} {fig['runs']:5d} {fig['before']['mape']:8.2%} "
-                     f"{fig['held_out']['mape']:9.2%} {fig['held_out']['worst']:7.2%}  {factors}")
-        big = fig["by_size"].get(f">={SPLIT_TOKENS}")
-        if big:
-            lines.append(f"  {'':8} {'>=1k':>5} {big['before']['mape']:8.2%} "
-                         f"{big['held_out']['mape']:9.2%} {big['held_out']['worst']:7.2%}  "
-                         f"({big['held_out']['count']} runs of micro-batches of 1k tokens or more)")
-        if not fig["adopted"]:
-            lines.append(f"    not adopted: {fig['why_not']}")
+        for split, label in (("all", "all"), (f">={SPLIT_TOKENS}", ">= 1k mb")):
+            row, base = fig["by_size"].get(split), fig["baselines"].get(split)
+            if row is None:
+                continue
+            lines.append(
+                f"  {mode if split == 'all' else '':8} {row['before']['count']:4d} {label:>7} "
+                f"{row['before']['mape']:7.2%} {row['held_out']['mape']:9.2%} "
+                f"{row['held_out']['worst']:7.2%} {base['tokens']['mape']:7.2%} "
+                f"{base['flops']['mape']:7.2%}")
+        lines.append("    factors: " + ", ".join(f"{p} x{s:.3g}" for p, s in fig["scales"].items())
+                     + ("" if fig["adopted"] else f"; not adopted: {fig['why_not']}"))
     folds = next(iter(correction.figures.values()))["folds"]
     lines.append("  (mean absolute error of each run's time; held-out: the runs cut into "
                  f"{folds} ranges of micro-batch size, each predicted by factors fitted to the "
-                 "others)")
+                 "others; tokens, flops: each times its best single scale; >= 1k mb: runs whose "
+                 "micro-batches hold 1k tokens or more on average)")
     return "\n".join(lines)
