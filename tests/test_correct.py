@@ -357,3 +357,48 @@ def test_run_recorder(tmp_path):
         RunRecorder(tmp_path)
     with pytest.raises(ValueError, match="mode"):
         RunRecorder(tmp_path / "x.jsonl", mode="eval")
+
+
+def test_run_recorder_keeps_the_lengths_it_was_given(tmp_path):
+    """Regression: the lengths were read again after the block, so a loop that emptied its
+    list (or a generator, read once) failed the step after it ran."""
+    from costmodel.integrations.runs import RunRecorder
+
+    recorder = RunRecorder(tmp_path / "runs.jsonl", synchronize=lambda: None)
+    queue = [[300, 20], [4000]]
+    with recorder.step(queue):
+        while queue:
+            queue.pop(0)
+    with recorder.step(list(mb) for mb in [[7], [8, 9]]):
+        pass
+    assert [r.microbatches for r in read_runs(recorder.path)] == [((300, 20), (4000,)),
+                                                                  ((7,), (8, 9))]
+
+
+def test_run_recorder_steps_do_not_nest(tmp_path):
+    """A step inside a step would write two lines, the outer one's time holding the
+    inner's: refused, and neither written; the recorder works again after."""
+    from costmodel.integrations.runs import RunRecorder
+
+    recorder = RunRecorder(tmp_path / "runs.jsonl", synchronize=lambda: None)
+    with pytest.raises(RuntimeError, match="do not nest"), recorder.step([[5]]), \
+            recorder.step([[6]]):
+        pytest.fail("ran a nested step")
+    assert not recorder.path.exists() and recorder.steps == 0
+    with recorder.step([[5]]):
+        pass
+    assert recorder.steps == 1
+
+
+def test_recording_runs_imports_no_scipy_or_torch():
+    """A training process that records runs imports the runs file alone: scipy's optimize and
+    stats (the fit's) cost ~1 s to import, torch is the training script's to import."""
+    import subprocess
+    import sys
+
+    code = ("import sys, costmodel.integrations.runs, costmodel.training.trainer\n"
+            "print(sorted(m for m in ('scipy.optimize', 'scipy.stats', 'torch') "
+            "if m in sys.modules))\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"

@@ -6,7 +6,7 @@ Each rank, around the forward and backward passes of its micro-batches in a step
 
     recorder = RunRecorder(f"runs.rank{rank}.jsonl")
     for step in ...:
-        with recorder.step([mb_lengths for mb_lengths in my_microbatches]):
+        with recorder.step(my_microbatch_lengths):  # e.g. [[1200, 350], [4096]]
             for mb in my_microbatches:
                 forward_backward(mb)
         all_reduce_gradients()  # outside: the runs are compute time, as the model predicts
@@ -17,7 +17,7 @@ The clock is the host's, after the device has finished its queued work on both s
 (`torch.cuda.synchronize` when torch has CUDA initialised, nothing otherwise): two
 synchronisations a step, where the step's all-reduce waits anyway. A step that raises is
 not recorded. Lines are appended and flushed one step at a time, so a run stopped between
-steps leaves whole lines behind.
+steps leaves whole lines behind. Steps do not nest: each line is one step's compute time.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
 
-from costmodel.calibration.correct import run_line
+from costmodel.calibration.runs_file import as_microbatches, run_line
 from costmodel.curves import MODES
 from costmodel.model_file import check_output_path
 
@@ -53,18 +53,32 @@ class RunRecorder:
         self.mode = mode
         self.synchronize = synchronize or _device_synchronize
         self.steps = 0
+        self._in_step = False
 
     @contextlib.contextmanager
-    def step(self, microbatches: Sequence[Sequence[int]], *, mode: str | None = None) -> Iterator[None]:
+    def step(self, microbatches: Sequence[Sequence[int]], *,
+             mode: str | None = None) -> Iterator[None]:
         """Time the block as one run of `microbatches` (their sequence lengths, in the order
         they run) and append it when the block ends without an exception."""
-        run_line(microbatches, 1.0, mode or self.mode)  # bad lengths: refused before the work
-        self.synchronize()
-        start = time.perf_counter()
-        yield
-        self.synchronize()
-        ms = (time.perf_counter() - start) * 1e3
-        line = run_line(microbatches, max(ms, 1e-6), mode or self.mode)  # a coarse clock's 0
+        if self._in_step:  # the outer step's time would hold the inner one's: two lines, one time
+            raise RuntimeError("RunRecorder.step inside another step of the same recorder: "
+                               "steps do not nest; time each step once")
+        mode = mode or self.mode
+        # Copied and checked before the work: the block may consume or empty the caller's
+        # lists (a loop that pops its micro-batches), and a bad length must not fail the
+        # step after it ran.
+        lengths = as_microbatches(microbatches)
+        run_line(lengths, 1.0, mode)
+        self._in_step = True
+        try:
+            self.synchronize()
+            start = time.perf_counter()
+            yield
+            self.synchronize()
+            ms = (time.perf_counter() - start) * 1e3
+        finally:
+            self._in_step = False
+        line = run_line(lengths, max(ms, 1e-6), mode)  # a coarse clock's 0
         with self.path.open("a", encoding="utf-8") as f:
             f.write(line + "\n")
         self.steps += 1

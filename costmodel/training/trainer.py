@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from costmodel.calibration.correct import run_line
+from costmodel.calibration.runs_file import run_line
 from costmodel.flops import sequence_fwd_flops
 from costmodel.model_file import atomic_output
 from costmodel.training.config import Plan, prepare
