@@ -9,6 +9,7 @@
     pipeline.py   calibrate(): sweep -> fit -> check -> CostModel
     validate.py   predicted vs measured on random packed micro-batches
     correct.py    factors per part fitted to runs measured end to end (`costmodel correct`)
+    runs_file.py  the runs file those runs come in (no scipy: training processes write it)
     report.py     table and plot
 
 Importing this package (and every module but workloads.py) needs numpy/scipy only;
