@@ -18,6 +18,11 @@ The clock is the host's, after the device has finished its queued work on both s
 synchronisations a step, where the step's all-reduce waits anyway. A step that raises is
 not recorded. Lines are appended and flushed one step at a time, so a run stopped between
 steps leaves whole lines behind. Steps do not nest: each line is one step's compute time.
+Where gradients are reduced during the backward (DDP's buckets, FSDP, Megatron's overlapped
+grad reduce), the last micro-batch's backward waits for them: time the step with those
+hooks off (DDP's `no_sync` for every micro-batch) or the runs include communication,
+which the model does not price. Appending suits a resumed run; start a new file for
+another model, GPU or stack.
 """
 
 from __future__ import annotations
