@@ -64,8 +64,8 @@ DEFAULT_FOLDS = 5
 _BOUNDS = {"overhead": (0.0, 20.0), "attention": (0.05, 20.0), "linear": (0.05, 20.0),
            "head": (0.05, 20.0)}
 # Per factor, in units of one run's relative error, times sqrt(runs): on the H200
-# validation runs 0.02 left the held-out error as without it (6.0% train), 0.1 raised it
-# to 8%; it only decides the factors of parts the runs cannot tell apart.
+# validation runs (random 5-fold, train) 0.02 left the held-out error as without it, 6.0%,
+# and 0.1 raised it to 8%; it only decides the factors of parts the runs cannot tell apart.
 _PRIOR_WEIGHT = 0.02
 _SIGNIFICANCE = 0.05
 # A size range held out may come out this much worse (relative, and at least half a
