@@ -11,12 +11,13 @@ Two sets of runs measured on the H200 in the 2026-11-30 session, both eager-time
   (352 ranks: 4 policies at dp 8, 16 and 64, cap 16k), its micro-batches through one layer,
   no head, training passes.
 
-For each: the profile's error as it is, next to tokens' and FLOPs' (each times its best
-single scale for those runs); factors fitted to the runs, judged two ways (random
+For each, and for the shipped profile and the registry estimate: the model's error as it
+is, next to tokens' and FLOPs' (each times its best single scale for those runs); factors fitted to the runs, judged two ways (random
 5-fold held-out error with a Wilcoxon test, the check `costmodel correct` used first, and
-the check over micro-batch sizes it uses now); and the factors fitted to the validation's
-training runs applied to the bench-schedule ranks (does the correction carry over to other
-runs of the same GPU?). Computed on the CPU from stored times: nothing is timed here.
+the check over micro-batch sizes it uses now); and factors fitted to one set applied to
+the other (does a correction carry over to other runs of the same GPU?): the profile's
+from the validation's training runs on the ranks, the estimate's from the ranks on the
+validation's training runs. Computed on the CPU from stored times: nothing is timed here.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks.bench_scheduler import write_cases  # noqa: E402
 from costmodel.calibration.correct import Run, fit_correction, part_times, validation_runs  # noqa: E402
+from costmodel.estimate import estimate_cost_model  # noqa: E402
 from costmodel.model import PARTS, load_cost_model  # noqa: E402
 
 PROFILE = "h200/qwen3-8b"
@@ -73,13 +75,30 @@ def random_folds(model, runs: list[Run], mode: str) -> dict[str, float]:
 def judge(model, runs: list[Run], mode: str, name: str) -> dict:
     fig = fit_correction(model, runs, folds=FOLDS).figures[mode]
     parts, measured = part_times(model, runs), np.array([r.ms for r in runs])
-    return {"runs": name, "mode": mode, "count": len(runs),
-            "profile": error(parts.sum(axis=1), measured),
+    return {"model": "estimate" if model.is_estimate else "profile", "label": model.label,
+            "runs": name, "mode": mode, "count": len(runs),
+            "as_is": error(parts.sum(axis=1), measured),
             "factors": fig["scales"], "random_folds": random_folds(model, runs, mode),
             "size_folds": {**error_of(fig), "wilcoxon_p": fig["p_value"]},
             "adopted": fig["adopted"], "why_not": fig.get("why_not"),
             "tokens_best_scaled": fig["baselines"]["all"]["tokens"]["mape"],
             "flops_best_scaled": fig["baselines"]["all"]["flops"]["mape"]}
+
+
+def carried(model, factors: dict, runs: list[Run], what: str) -> dict:
+    """Factors fitted to one set of runs, judged on another (never used in the fit)."""
+    parts, measured = part_times(model, runs), np.array([r.ms for r in runs])
+    big = np.array([sum(map(sum, r.microbatches)) / len(r.microbatches) >= 1024 for r in runs])
+    scaled = parts @ np.array([factors[p] for p in PARTS])
+    return {"what": what, "runs": runs_name(runs), "factors": factors,
+            "as_is": error(parts.sum(axis=1), measured), "corrected": error(scaled, measured),
+            "as_is_1k": error(parts.sum(axis=1)[big], measured[big])["mape"],
+            "corrected_1k": error(scaled[big], measured[big])["mape"]}
+
+
+def runs_name(runs: list[Run]) -> str:
+    return ("bench-schedule ranks" if runs[0].layers == 1
+            else f"validation ({runs[0].mode})")
 
 
 def error_of(fig: dict) -> dict[str, float]:
@@ -93,29 +112,37 @@ def main(argv: list[str] | None = None) -> int:
     model = load_cost_model(PROFILE)
     validation = validation_runs(model)
     ranks = bench_schedule_runs(BENCH)
-    rows = [judge(model, [r for r in validation if r.mode == mode], mode, "validation")
-            for mode in ("train", "forward")]
-    rows.append(judge(model, ranks, "train", "bench-schedule"))
-    factors = rows[0]["factors"]  # the validation's training passes
-    parts, measured = part_times(model, ranks), np.array([r.ms for r in ranks])
-    carried = parts @ np.array([factors[p] for p in PARTS])
-    transfer = {"runs": "bench-schedule", "mode": "train",
-                "factors_from": "validation (train)", "factors": factors,
-                "profile": error(parts.sum(axis=1), measured),
-                "corrected": error(carried, measured)}
+    rows = []
+    for judged in (model, estimate_cost_model("qwen3-8b", "h200")):  # rows 0-2, 3-5
+        rows += [judge(judged, [r for r in validation if r.mode == mode], mode, "validation")
+                 for mode in ("train", "forward")]
+        rows.append(judge(judged, ranks, "train", "bench-schedule"))
+    estimate = estimate_cost_model("qwen3-8b", "h200")
+    train_validation = [r for r in validation if r.mode == "train"]
+    transfer = [
+        # what random folds would have adopted, carried to the other set of runs
+        carried(model, rows[0]["factors"], ranks,
+                "the profile, factors fitted to the validation (train)"),
+        # what the size check adopted, carried to the other set of runs
+        carried(estimate, rows[5]["factors"], train_validation,
+                "the estimate, factors fitted to the bench-schedule ranks"),
+    ]
     print(f"{PROFILE}: {model.label}; stored H200 times, folds {FOLDS}")
-    print(f"  {'runs':15} {'pass':8} {'n':>4} {'profile':>8} {'tokens':>7} {'flops':>7} "
-          f"{'random':>8} {'p':>7} {'by size':>8} {'p':>7}  adopted  factors")
+    print(f"  {'model':9} {'runs':15} {'pass':8} {'n':>4} {'as is':>8} {'tokens':>7} "
+          f"{'flops':>7} {'random':>8} {'p':>7} {'by size':>8} {'p':>7}  adopted  factors")
     for r in rows:
         f = ", ".join(f"{k} x{v:.3g}" for k, v in r["factors"].items())
-        print(f"  {r['runs']:15} {r['mode']:8} {r['count']:4d} {r['profile']['mape']:8.2%} "
+        print(f"  {r['model']:9} {r['runs']:15} {r['mode']:8} {r['count']:4d} "
+              f"{r['as_is']['mape']:8.2%} "
               f"{r['tokens_best_scaled']:7.2%} {r['flops_best_scaled']:7.2%} "
               f"{r['random_folds']['mape']:8.2%} {r['random_folds']['wilcoxon_p']:7.2g} "
               f"{r['size_folds']['mape']:8.2%} {r['size_folds']['wilcoxon_p']:7.2g}  "
               f"{'yes' if r['adopted'] else 'no':7}  {f}")
-    print(f"  validation's training factors on the bench-schedule ranks: error "
-          f"{transfer['profile']['mape']:.2%} (bias {transfer['profile']['bias']:+.2%}) -> "
-          f"{transfer['corrected']['mape']:.2%} (bias {transfer['corrected']['bias']:+.2%})")
+    for t in transfer:
+        print(f"  {t['what']}, on the {t['runs']}: error {t['as_is']['mape']:.2%} (bias "
+              f"{t['as_is']['bias']:+.2%}) -> {t['corrected']['mape']:.2%} (bias "
+              f"{t['corrected']['bias']:+.2%}); micro-batches of >= 1k tokens "
+              f"{t['as_is_1k']:.2%} -> {t['corrected_1k']:.2%}")
     if args.json:
         write_cases(args.json, rows, transfer=transfer, cost_model=PROFILE, label=model.label,
                     note="stored H200 times (2026-11-30 session), computed on the CPU: nothing "

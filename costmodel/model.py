@@ -158,6 +158,9 @@ class CostModel:
     def label(self) -> str:
         # A synthetic-timer or CPU dry-run file is no measurement, whatever GPU it names.
         kind = "ESTIMATE" if self.is_estimate else str(self.provenance.get("kind") or "measured")
+        correction = self.provenance.get("correction")
+        if isinstance(correction, Mapping) and correction.get("scales"):
+            kind += ", corrected"  # by runs of the whole stack (`costmodel correct`)
         return f"{self.spec.name}{self.parallel_label} on {self.gpu} ({kind})"
 
     @property

@@ -285,7 +285,7 @@ def test_cli(tmp_path, capsys, model):
     # errors: one line, and no output written
     bad = tmp_path / "bad.json"
     for argv, match in (
-        (["correct", "h100/qwen3-8b", "-o", str(bad)], "estimate"),
+        (["correct", "h100/qwen3-8b", "-o", str(bad)], "holds no validation"),
         (["correct", PROFILE, "--runs", str(tmp_path / "none.jsonl"), "-o", str(bad)], "none.jsonl"),
         (["correct", PROFILE, "--folds", "1", "-o", str(bad)], "folds"),
     ):
@@ -327,10 +327,14 @@ def test_correction_benchmark(tmp_path, load_benchmark):
     out = tmp_path / "correction.json"
     assert bench.main(["--json", str(out)]) == 0
     doc = json.loads(out.read_text())
-    validation_train, _, ranks = doc["cases"]
+    validation_train, _, ranks, _, _, estimate_ranks = doc["cases"]
     assert validation_train["random_folds"]["wilcoxon_p"] < 0.05 and not validation_train["adopted"]
-    assert doc["transfer"]["corrected"]["mape"] > 10 * doc["transfer"]["profile"]["mape"]
-    assert all(abs(f - 1) < 0.05 for f in ranks["factors"].values())
+    random_folds_pick, estimate_from_ranks = doc["transfer"]
+    assert random_folds_pick["corrected"]["mape"] > 10 * random_folds_pick["as_is"]["mape"]
+    # the ranks' factors carry over to the validation's micro-batches of >= 1k tokens
+    assert estimate_from_ranks["corrected_1k"] < 0.8 * estimate_from_ranks["as_is_1k"]
+    assert all(abs(f - 1) < 0.05 for f in ranks["factors"].values()) and not ranks["adopted"]
+    assert estimate_ranks["model"] == "estimate" and estimate_ranks["adopted"]
 
 
 def test_run_recorder(tmp_path):
@@ -402,3 +406,21 @@ def test_recording_runs_imports_no_scipy_or_torch():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"
+
+
+def test_an_estimate_corrected_by_measured_runs(tmp_path, load_benchmark):
+    """The registry estimate, corrected by the 352 ranks bench-schedule measured on the H200
+    (stored times): held-out error well below the estimate's, factors near 1, and the label
+    says what it is."""
+    from costmodel.estimate import estimate_cost_model
+
+    bench = load_benchmark("bench_correction")
+    estimate = estimate_cost_model("qwen3-8b", "h200")
+    correction = fit_correction(estimate, bench.bench_schedule_runs(bench.BENCH))
+    fig = correction.figures["train"]
+    assert fig["adopted"] and fig["held_out"]["mape"] < 0.5 * fig["before"]["mape"]
+    assert all(0.9 < s < 1.2 for s in correction.scales["train"].values())
+    corrected = apply_correction(estimate, correction, source="bench-schedule ranks")
+    assert corrected.is_estimate and corrected.label.endswith("(ESTIMATE, corrected)")
+    again = load_cost_model(str(corrected.save(tmp_path / "estimate.json")))
+    assert again.label == corrected.label

@@ -26,7 +26,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         ),
     )
     p.add_argument("model", metavar="PATH_OR_NAME",
-                   help="cost model file, or a shipped profile's name such as h200/qwen3-8b")
+                   help="cost model file, or a name such as h200/qwen3-8b (the shipped profile, "
+                   "else the registry estimate: runs of a training job correct it too)")
     p.add_argument("--runs", default=None, nargs="+", metavar="FILE",
                    help='measured runs, JSON lines like {"mode": "train", "microbatches": '
                    '[[1200, 350], [4096]], "ms": 812.5}: the whole model running those '
@@ -50,9 +51,6 @@ def run(args: argparse.Namespace) -> int:
 
     output = check_output_path(args.output, "-o")
     model = load_cost_model(args.model)
-    if model.is_estimate:
-        raise ValueError(f"{args.model} is a registry estimate, not a calibrated file: "
-                         "calibrate it on the GPU (`costmodel calibrate`), then correct that")
     runs = [r for path in args.runs for r in read_runs(path)] if args.runs else validation_runs(model)
     source = ", ".join(args.runs) if args.runs else f"{args.model} (its validation)"
     correction = fit_correction(model, runs, folds=args.folds)
