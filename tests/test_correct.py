@@ -424,3 +424,18 @@ def test_an_estimate_corrected_by_measured_runs(tmp_path, load_benchmark):
     assert corrected.is_estimate and corrected.label.endswith("(ESTIMATE, corrected)")
     again = load_cost_model(str(corrected.save(tmp_path / "estimate.json")))
     assert again.label == corrected.label
+
+
+def test_flops_yardstick_of_whole_model_runs(model):
+    """The FLOPs yardstick sums each run's sequences' FLOPs (one vectorised call over every
+    run): the same as summing run by run."""
+    from costmodel.calibration.validate import best_scale
+    from costmodel.flops import sequence_fwd_flops
+
+    runs = _runs(model, TRUTH, count=30)
+    fig = fit_correction(model, runs).figures["train"]
+    work = np.array([sum(sequence_fwd_flops(mb, model.rank_spec).sum() for mb in r.microbatches)
+                     for r in runs])
+    measured = np.array([r.ms for r in runs])
+    want = np.mean(np.abs(best_scale(work, measured) * work / measured - 1))
+    assert fig["baselines"]["all"]["flops"]["mape"] == pytest.approx(want, rel=1e-9)

@@ -161,7 +161,7 @@ def fit_correction(model: CostModel, runs: Iterable[Run], *,
         # each times its best single scale for these runs.
         figures["baselines"] = summarize(
             measured, {"tokens": np.array([sum(map(sum, r.microbatches)) for r in mine], float),
-                       "flops": np.array([_run_flops(model, r) for r in mine])},
+                       "flops": _runs_flops(model, mine)},
             _mean_microbatch_tokens(mine))
         if figures["adopted"]:
             correction.scales[mode] = figures["scales"]
@@ -238,14 +238,23 @@ def _judge(parts: np.ndarray, measured: np.ndarray, sizes: np.ndarray, folds: in
     return figures
 
 
-def _run_flops(model: CostModel, run: Run) -> float:
-    """Forward matmul FLOPs of what the run ran: the whole model, or its stack."""
+def _runs_flops(model: CostModel, runs: Sequence[Run]) -> np.ndarray:
+    """Forward matmul FLOPs of what each run ran: the whole model, or its stack."""
     spec = model.rank_spec
-    if run.layers is None:
-        return float(sum(flops.sequence_fwd_flops(mb, spec).sum() for mb in run.microbatches))
-    head = 0 if run.head else flops.lm_head_flops_per_token(spec)
-    return sum(stack_flops(mb, spec, num_layers=run.layers, moe=run.moe) - head * sum(mb)
-               for mb in run.microbatches)
+    out = np.zeros(len(runs))
+    whole = [i for i, r in enumerate(runs) if r.layers is None]
+    if whole:  # one call over every sequence of every whole-model run (a training log's
+        # 100k micro-batches one call each took seconds)
+        lengths = [L for i in whole for mb in runs[i].microbatches for L in mb]
+        per_run = [sum(map(len, runs[i].microbatches)) for i in whole]
+        starts = np.cumsum([0] + per_run)[:-1]
+        out[whole] = np.add.reduceat(flops.sequence_fwd_flops(lengths, spec), starts)
+    head = flops.lm_head_flops_per_token(spec)
+    for i, run in enumerate(runs):
+        if run.layers is not None:
+            out[i] = sum(stack_flops(mb, spec, num_layers=run.layers, moe=run.moe)
+                         - (0 if run.head else head * sum(mb)) for mb in run.microbatches)
+    return out
 
 
 def _mean_microbatch_tokens(runs: Sequence[Run]) -> np.ndarray:
