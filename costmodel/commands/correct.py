@@ -34,7 +34,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    "micro-batches one after another (a rank's compute time in a step); "
                    "several files (one per rank) together")
     p.add_argument("--folds", type=int, default=5,
-                   help="cross-validation folds that judge the correction (default: 5)")
+                   help="micro-batch size ranges the runs are cut into, each predicted by "
+                   "factors fitted to the others, to judge the correction (default: 5)")
     p.add_argument("-o", "--output", required=True, help="where to write the corrected model")
     p.set_defaults(func=run)
 
