@@ -29,7 +29,7 @@ import functools
 import logging
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -312,22 +312,16 @@ class CostModel:
         layer's projections and MLP) and head (ms). An empty micro-batch's parts are 0."""
         L, off = checked_csr(lengths, offsets)
         c = self._mode(mode)
-        sizes = np.diff(off)
-        nonempty = sizes > 0
-        attention = np.zeros(sizes.size)
-        if nonempty.any():
-            attention[nonempty] = np.add.reduceat(self._attn_lookup(mode, L), off[:-1][nonempty])
-        tok_cum = np.concatenate(([0], np.cumsum(L)))
-        tokens = (tok_cum[off[1:]] - tok_cum[off[:-1]]).astype(np.float64)
-        head = np.where(nonempty, c.head(tokens), 0.0)
-        linear = np.zeros(sizes.size)
+        attention, tokens = csr_sums(lambda seq: self._attn_lookup(mode, seq), L, off)
+        nonempty = tokens > 0
+        linear = np.zeros(tokens.size)
         for weight, curve in self._tables_for(mode).linear_terms[:-1]:  # the last is the head
             linear += weight * curve(tokens)
         return {
             "overhead": np.where(nonempty, self.fixed_cost(mode), 0.0),
             "attention": attention,
             "linear": np.where(nonempty, linear, 0.0),
-            "head": head,
+            "head": np.where(nonempty, c.head(tokens), 0.0),
         }
 
     def for_context_parallel(self, size: int) -> CostModel | ContextParallelCost:
@@ -475,19 +469,27 @@ def separable_microbatch_costs(
     (`fixed_cost`, `sequence_costs`, `token_costs`, each taking `mode`): fixed + Σ sequence
     costs + token cost of the micro-batch's total; an empty micro-batch costs 0. Inputs
     already checked (int64 lengths >= 1, valid offsets)."""
+    attn_sum, tokens = csr_sums(lambda seq: parts.sequence_costs(seq, mode), lengths, offsets)
+    cost = parts.fixed_cost(mode) + attn_sum + parts.token_costs(tokens, mode)
+    return np.where(tokens > 0, cost, 0.0)
+
+
+def csr_sums(
+    sequence_costs: Callable[[np.ndarray], np.ndarray], lengths: np.ndarray, offsets: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """Per CSR micro-batch (inputs already checked): the sum of its sequences'
+    `sequence_costs` (0 when empty) and its token count (float64)."""
     # Each micro-batch summed on its own (a difference of running sums over all of them
     # would carry the rounding of every micro-batch before it: 2e-5 relative after a 2^31
     # token sample). reduceat sums up to the next start: empty micro-batches are skipped.
     sizes = np.diff(offsets)
     nonempty = sizes > 0
-    attn_sum = np.zeros(sizes.size)
+    seq_sum = np.zeros(sizes.size)
     if nonempty.any():
-        seq = parts.sequence_costs(lengths[: offsets[-1]], mode)
-        attn_sum[nonempty] = np.add.reduceat(seq, offsets[:-1][nonempty])
+        seq = sequence_costs(lengths[: offsets[-1]])
+        seq_sum[nonempty] = np.add.reduceat(seq, offsets[:-1][nonempty])
     tok_cum = np.concatenate(([0], np.cumsum(lengths)))  # int64: exact
-    tokens = (tok_cum[offsets[1:]] - tok_cum[offsets[:-1]]).astype(np.float64)
-    cost = parts.fixed_cost(mode) + attn_sum + parts.token_costs(tokens, mode)
-    return np.where(tokens > 0, cost, 0.0)
+    return seq_sum, (tok_cum[offsets[1:]] - tok_cum[offsets[:-1]]).astype(np.float64)
 
 
 def _not_a_name(text: str, why: str) -> UnknownCostModel:
