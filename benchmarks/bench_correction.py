@@ -89,10 +89,10 @@ def carried(model, factors: dict, runs: list[Run], what: str) -> dict:
     """Factors fitted to one set of runs, judged on another (never used in the fit)."""
     parts, measured = part_times(model, runs), np.array([r.ms for r in runs])
     big = np.array([sum(map(sum, r.microbatches)) / len(r.microbatches) >= 1024 for r in runs])
-    scaled = parts @ np.array([factors[p] for p in PARTS])
+    scaled, as_is = parts @ np.array([factors[p] for p in PARTS]), parts.sum(axis=1)
     return {"what": what, "runs": runs_name(runs), "factors": factors,
-            "as_is": error(parts.sum(axis=1), measured), "corrected": error(scaled, measured),
-            "as_is_1k": error(parts.sum(axis=1)[big], measured[big])["mape"],
+            "as_is": error(as_is, measured), "corrected": error(scaled, measured),
+            "as_is_1k": error(as_is[big], measured[big])["mape"],
             "corrected_1k": error(scaled[big], measured[big])["mape"]}
 
 

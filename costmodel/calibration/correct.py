@@ -51,8 +51,8 @@ from costmodel.model import PARTS, CostModel
 from costmodel.model_file import utc_timestamp
 
 __all__ = [  # Run, read_runs, run_line: the runs file's (`runs_file`), here for the callers
-    "Correction", "Run", "apply_correction", "fit_correction", "part_times", "read_runs",
-    "run_line", "validation_runs",
+    "Correction", "Run", "apply_correction", "fit_correction", "format_factors", "part_times",
+    "read_runs", "run_line", "validation_runs",
 ]
 
 logger = logging.getLogger(__name__)
@@ -155,14 +155,13 @@ def fit_correction(model: CostModel, runs: Iterable[Run], *,
             raise ValueError(f"{len(mine)} {mode} run(s): a correction needs at least "
                              f"{MIN_RUNS} per pass; measure more")
         measured = np.array([r.ms for r in mine])
-        figures = _judge(part_times(model, mine), measured, _mean_microbatch_tokens(mine),
-                         min(folds, len(mine)))
+        tokens = np.array([sum(map(sum, r.microbatches)) for r in mine], dtype=np.float64)
+        sizes = tokens / [len(r.microbatches) for r in mine]  # a run's mean micro-batch
+        figures = _judge(part_times(model, mine), measured, sizes, min(folds, len(mine)))
         # The yardsticks `validate` sets beside a cost model: tokens and analytic FLOPs,
         # each times its best single scale for these runs.
         figures["baselines"] = summarize(
-            measured, {"tokens": np.array([sum(map(sum, r.microbatches)) for r in mine], float),
-                       "flops": _runs_flops(model, mine)},
-            _mean_microbatch_tokens(mine))
+            measured, {"tokens": tokens, "flops": _runs_flops(model, mine)}, sizes)
         if figures["adopted"]:
             correction.scales[mode] = figures["scales"]
         correction.figures[mode] = figures
@@ -189,7 +188,8 @@ def _judge(parts: np.ndarray, measured: np.ndarray, sizes: np.ndarray, folds: in
         others = np.setdiff1d(order, rows)
         held_out[rows] = parts[rows] @ _fit_scales(parts[others], measured[others])
     scales = _fit_scales(parts, measured)
-    error_before = np.abs(parts.sum(axis=1) / measured - 1)
+    predicted = parts.sum(axis=1)  # the model as it is
+    error_before = np.abs(predicted / measured - 1)
     error_after = np.abs(held_out / measured - 1)
     # Identical errors (runs the model predicts exactly, say) leave the test nothing to rank:
     # scipy answers NaN with a warning, and NaN is no JSON for the file.
@@ -202,13 +202,13 @@ def _judge(parts: np.ndarray, measured: np.ndarray, sizes: np.ndarray, folds: in
     ]
     figures: dict[str, Any] = {
         "runs": len(measured), "folds": folds,
-        "before": error_metrics(parts.sum(axis=1), measured),
+        "before": error_metrics(predicted, measured),
         "held_out": error_metrics(held_out, measured),
         "in_sample": error_metrics(parts @ scales, measured),
         "scales": dict(zip(PARTS, map(float, scales))), "p_value": p_value,
         "ranges": by_range,
         # all runs, and those of micro-batches of 1k tokens or more, as validate splits
-        "by_size": summarize(measured, {"before": parts.sum(axis=1), "held_out": held_out},
+        "by_size": summarize(measured, {"before": predicted, "held_out": held_out},
                              sizes, rescale=()),
     }
     worse = [r for r in by_range
@@ -234,7 +234,7 @@ def _judge(parts: np.ndarray, measured: np.ndarray, sizes: np.ndarray, folds: in
         logger.warning("the %s part(s) hit the bound of the correction (%s): the runs and the "
                        "model disagree more than a correction should fix; check that the runs "
                        "are of this model and GPU, or calibrate again", ", ".join(at_bound),
-                       _format_scales(figures["scales"]))
+                       format_factors(figures["scales"]))
     return figures
 
 
@@ -257,12 +257,9 @@ def _runs_flops(model: CostModel, runs: Sequence[Run]) -> np.ndarray:
     return out
 
 
-def _mean_microbatch_tokens(runs: Sequence[Run]) -> np.ndarray:
-    return np.array([sum(map(sum, r.microbatches)) / len(r.microbatches) for r in runs])
-
-
-def _format_scales(scales: Mapping[str, float]) -> str:
-    return ", ".join(f"{p} x{s:.3g}" for p, s in scales.items())
+def format_factors(scales: Mapping[str, Any]) -> str:
+    """Factors per part as `correct`, `report` and the warnings show them."""
+    return ", ".join(f"{p} x{float(s):.3g}" for p, s in scales.items())
 
 
 def _scaled(block: Mapping[str, Any], scales: Mapping[str, float]) -> dict[str, Any]:

@@ -167,14 +167,15 @@ def _correction_lines(provenance: Any) -> list[str]:
     if not corr.get("scales"):
         return [f"  correction tried from {corr.get('from')} at {corr.get('at')}: no pass "
                 "predicted held-out runs better than chance; the curves are as fitted"]
+    from costmodel.calibration.correct import format_factors  # scipy's fit: only when needed
+
     out = [f"  corrected: from {corr.get('from')} at {corr.get('at')}; the curves below are "
            "the fitted ones times these factors (all corrections so far):"]
     for mode, scales in (corr.get("scales") or {}).items():
         fig = (corr.get("figures") or {}).get(mode) or {}
         errors = (f" (runs' error {fig['before']['mape']:.2%} -> {fig['held_out']['mape']:.2%} "
                   "held out)" if fig.get("adopted") else "")
-        out.append(f"    {mode}: " + ", ".join(f"{p} x{float(s):.3g}" for p, s in scales.items())
-                   + errors)
+        out.append(f"    {mode}: {format_factors(scales)}{errors}")
     return out
 
 

@@ -69,6 +69,7 @@ def run(args: argparse.Namespace) -> int:
 def format_correction(correction, source: str) -> str:
     """A table of each pass's errors: the model as it is, corrected (held out), and the
     token and FLOPs yardsticks; then the factors, and why a pass kept its curves."""
+    from costmodel.calibration.correct import format_factors
     from costmodel.calibration.validate import SPLIT_TOKENS
 
     lines = [f"correction from {source}:",
@@ -84,7 +85,7 @@ def format_correction(correction, source: str) -> str:
                 f"{row['before']['mape']:7.2%} {row['held_out']['mape']:9.2%} "
                 f"{row['held_out']['worst']:7.2%} {base['tokens']['mape']:7.2%} "
                 f"{base['flops']['mape']:7.2%}")
-        lines.append("    factors: " + ", ".join(f"{p} x{s:.3g}" for p, s in fig["scales"].items())
+        lines.append("    factors: " + format_factors(fig["scales"])
                      + ("" if fig["adopted"] else f"; not adopted: {fig['why_not']}"))
     folds = next(iter(correction.figures.values()))["folds"]
     lines.append("  (mean absolute error of each run's time; held-out: the runs cut into "
