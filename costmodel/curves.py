@@ -32,11 +32,18 @@ from numpy.typing import ArrayLike
 
 from costmodel import portable
 
-__all__ = ["MODES", "AttentionCurve", "ModeCurves", "TokenCurve"]
+__all__ = ["MODES", "AttentionCurve", "ModeCurves", "TokenCurve", "checked_mode"]
 
 MODES = ("train", "forward")
 # The times a knot may take: past them a file is broken, not measured (see _knots).
 _MIN_MS, _MAX_MS = 1e-9, 1e9
+
+
+def checked_mode(mode: str) -> str:
+    """`mode` if it is a pass (`MODES`); else a ValueError listing them."""
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {list(MODES)}, got {mode!r}")
+    return mode
 
 
 def _knots(x: ArrayLike, y: ArrayLike, xname: str, what: str) -> tuple[np.ndarray, np.ndarray]:

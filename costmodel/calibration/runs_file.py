@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from costmodel.curves import MODES
+from costmodel.curves import checked_mode
 from costmodel.flops import as_lengths
 
 __all__ = ["Run", "as_microbatches", "read_runs", "run_line"]
@@ -46,8 +46,7 @@ class Run:
     """For a stack: it ends with the LM head (`bench-schedule` times layers alone)."""
 
     def __post_init__(self) -> None:
-        if self.mode not in MODES:
-            raise ValueError(f"mode must be one of {list(MODES)}, got {self.mode!r}")
+        checked_mode(self.mode)
         try:  # an int past float's range (10**400 in a JSON line) overflows: not a time
             ms = float(self.ms) if isinstance(self.ms, (int, float)) else math.nan
         except OverflowError:

@@ -34,7 +34,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 
 from costmodel.calibration.runs_file import as_microbatches, run_line
-from costmodel.curves import MODES
+from costmodel.curves import checked_mode
 from costmodel.model_file import check_output_path
 
 __all__ = ["RunRecorder"]
@@ -51,11 +51,9 @@ class RunRecorder:
 
     def __init__(self, path: str | os.PathLike, *, mode: str = "train",
                  synchronize: Callable[[], None] | None = None) -> None:
-        if mode not in MODES:
-            raise ValueError(f"mode must be one of {list(MODES)}, got {mode!r}")
+        self.mode = checked_mode(mode)
         self.path = check_output_path(path, "runs file")  # before the first step, not at it
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.mode = mode
         self.synchronize = synchronize or _device_synchronize
         self.steps = 0
         self._in_step = False

@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import ArrayLike
 
-from costmodel.curves import MODES
+from costmodel.curves import checked_mode
 
 logger = logging.getLogger(__name__)
 
@@ -378,8 +378,7 @@ def as_cost(cost: Any = "tokens", spec: Any = None, mode: str = "train") -> Cost
     shipped name such as "h200/qwen3-8b") with `costmodel.model.cached_cost_model`: once
     per file version, not on every call (training steps name it every time).
     """
-    if mode not in MODES:
-        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+    checked_mode(mode)
     if isinstance(cost, Cost):
         return cost
     if isinstance(cost, os.PathLike):  # a cost model file given as a Path

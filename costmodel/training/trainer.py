@@ -314,6 +314,7 @@ def _train_loop(args, plan: Plan, *, device, dtype, attention: str) -> TrainResu
     _warm_up(model, plan, args, device, rank)
     cuda = device.type == "cuda"
     result = TrainResult(rank=rank, world_size=world, model=model)
+    record_runs = rank == 0 and getattr(args, "record_runs", None)
     runs: list[str] = []  # every rank's step as a measured run (--record-runs)
     with contextlib.ExitStack() as stack:
         log_file = None
@@ -391,8 +392,9 @@ def _train_loop(args, plan: Plan, *, device, dtype, attention: str) -> TrainResu
                 digest=digest,
             )
             result.records.append(record)
-            runs += [run_line([[int(lengths[i]) for i in mb] for mb in mbs], ms)
-                     for mbs, ms in zip(schedule.microbatches, times)]
+            if record_runs:  # rank 0 writes them all at the end
+                runs += [run_line([[int(lengths[i]) for i in mb] for mb in mbs], ms)
+                         for mbs, ms in zip(schedule.microbatches, times)]
             if rank == 0:
                 logger.info(
                     "step %d/%d loss %.4f tokens %d mb/rank %d | compute ms %s | max/mean "
@@ -405,8 +407,8 @@ def _train_loop(args, plan: Plan, *, device, dtype, attention: str) -> TrainResu
                 )
                 if log_file is not None:
                     log_file.write(json.dumps(record.to_dict()) + "\n")
-    if rank == 0 and getattr(args, "record_runs", None):
-        with atomic_output(args.record_runs) as tmp:
+    if record_runs:
+        with atomic_output(record_runs) as tmp:
             tmp.write_text("".join(line + "\n" for line in runs))
     if rank == 0 and result.records:
         logger.info(
