@@ -345,3 +345,16 @@ def test_schedule_and_simulate_check_the_json_path_before_scheduling(tmp_path, c
     for command in ("schedule", "simulate"):
         assert main([command, "--n", "64", "--dp", "2", "--json", str(tmp_path)]) == 2
         assert "is a directory" in capsys.readouterr().err
+
+
+def test_report_png_without_matplotlib_fails_before_the_report(tmp_path, capsys, monkeypatch):
+    """`pip install -e .` has no matplotlib: --png said so only after printing the whole
+    report, then exited 2."""
+    for name in [m for m in sys.modules if m == "matplotlib" or m.startswith("matplotlib.")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib: ImportError
+    out = tmp_path / "plot.png"
+    assert main(["report", "h200/qwen3-8b", "--png", str(out)]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and not out.exists()
+    assert captured.err.count("\n") == 1 and "pip install 'costmodel[plot]'" in captured.err

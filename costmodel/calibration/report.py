@@ -23,7 +23,7 @@ from costmodel.gpus import GpuInfo, find_gpu_by_device_name, lookup_gpu
 from costmodel.model import CostModel
 from costmodel.model_file import atomic_output
 
-__all__ = ["format_report", "plot_format", "plot_report"]
+__all__ = ["format_report", "plot_format", "plot_report", "pyplot"]
 
 PLOT_FORMATS = ("png", "pdf", "svg")
 
@@ -255,8 +255,9 @@ def _get(doc: Any, *keys: str) -> Any:
     return doc
 
 
-def plot_report(model: CostModel, path: str) -> str:
-    """Write a 2x2 figure to `path`, in the format its suffix names (`plot_format`)."""
+def pyplot() -> Any:
+    """matplotlib.pyplot on the Agg backend; RuntimeError saying how to install it where it
+    is missing (`costmodel report --png` asks before it prints, not after)."""
     try:
         import matplotlib
 
@@ -264,6 +265,12 @@ def plot_report(model: CostModel, path: str) -> str:
         import matplotlib.pyplot as plt
     except ImportError:
         raise RuntimeError("plotting needs matplotlib: pip install 'costmodel[plot]'") from None
+    return plt
+
+
+def plot_report(model: CostModel, path: str) -> str:
+    """Write a 2x2 figure to `path`, in the format its suffix names (`plot_format`)."""
+    plt = pyplot()
     spec = model.rank_spec  # what the curves time: FLOPs and efficiency are one GPU's
     info = _gpu_info(model)
     peak = info.peak_bf16_flops if info else None

@@ -27,7 +27,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from costmodel.calibration.report import format_report, plot_format, plot_report
+    from costmodel.calibration.report import format_report, plot_format, plot_report, pyplot
     from costmodel.model import load_cost_model
     from costmodel.model_file import check_output_path
     from costmodel.spec import ModelSpec
@@ -35,6 +35,7 @@ def run(args: argparse.Namespace) -> int:
     if args.png is not None:  # before loading and printing, not after
         check_output_path(args.png, "--png")
         plot_format(args.png)
+        pyplot()  # matplotlib missing: say so now, not after the whole report
     spec = ModelSpec.from_any(args.spec) if args.spec else None
     model = load_cost_model(args.model, spec=spec, allow_other_shape=args.allow_other_shape)
     print(format_report(model))
