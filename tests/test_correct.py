@@ -286,7 +286,8 @@ def test_cli(tmp_path, capsys, model):
     bad = tmp_path / "bad.json"
     for argv, match in (
         (["correct", "h100/qwen3-8b", "-o", str(bad)], "holds no validation"),
-        (["correct", PROFILE, "--runs", str(tmp_path / "none.jsonl"), "-o", str(bad)], "none.jsonl"),
+        (["correct", PROFILE, "--runs", str(tmp_path / "none.jsonl"), "-o", str(bad)],
+         f"runs file not found: {tmp_path / 'none.jsonl'}"),  # was "[Errno 2] No such file ..."
         (["correct", PROFILE, "--folds", "1", "-o", str(bad)], "folds"),
     ):
         assert main(argv) == 2

@@ -71,6 +71,10 @@ def read_runs(path: str | os.PathLike) -> list[Run]:
     naming the line of anything else."""
     if os.path.isdir(path):
         raise ValueError(f"{path} is a directory; give the runs file (JSON lines) in it")
+    if not os.path.exists(path):  # not "[Errno 2] No such file or directory: 'runs.jsonl'"
+        glob = any(c in str(path) for c in "*?[")
+        raise FileNotFoundError(f"runs file not found: {path}" + (
+            " (a shell pattern that matched no file)" if glob else ""))
     runs = []
     # Bytes, decoded line by line: a text-mode read decodes 8 KiB ahead, so a byte that is
     # not UTF-8 raised while an earlier line was read, and named no line.
