@@ -309,6 +309,35 @@ def test_schedule_n_over_the_limit_names_the_flag(capsys, monkeypatch):
     assert "--n 65 samples is more than this command schedules (at most 64" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("flags, says", [
+    # each said build_schedule's name (dp_size, max_tokens_per_microbatch, align), which
+    # is no flag of these commands
+    (["--dp", "0"], "--dp must be an integer >= 1, got 0"),
+    (["--max-tokens", "0"], "--max-tokens must be an integer >= 1, got 0"),
+    (["--cap", "-5"], "--max-tokens must be an integer >= 1, got -5"),
+    (["--max-tokens", "3000000000"], "--max-tokens 3,000,000,000 is more than any sample"),
+    (["--align", "0"], "--align must be an integer >= 1, got 0"),
+    (["--n", "0"], "--n must be an integer >= 1, got 0"),
+    (["--n", "10", "--dp", "4", "--align", "3"],
+     "10 samples cannot fill --dp 4 ranks of --align 3 micro-batch(es) each (none may be "
+     "empty): raise --n to 12 or more, or lower --dp or --align"),
+])
+@pytest.mark.parametrize("command", ["schedule", "simulate"])
+def test_batch_flag_errors_name_the_flag(command, flags, says, capsys):
+    assert main([command, "--n", "64", *flags]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and says in err, err
+    assert "dp_size" not in err and "max_tokens_per_microbatch" not in err
+
+
+def test_too_few_lengths_in_a_file_name_the_file_s_remedy(tmp_path, capsys):
+    path = tmp_path / "lengths.txt"
+    path.write_text("100\n200\n")
+    assert main(["schedule", "--lengths", str(path), "--dp", "4"]) == 2
+    assert "2 samples cannot fill --dp 4 ranks" in (err := capsys.readouterr().err)
+    assert "add lengths to the file" in err
+
+
 def test_simulate_cost_model_row_is_the_schedule_command_s_in_the_mode_asked(tmp_path, capsys):
     """The 'cost-model' policy is `schedule --cost MODEL` with the same flags (--mode,
     --align): the same makespan under the same judge; every policy honours --align; the

@@ -17,6 +17,7 @@ import numpy as np
 
 from costmodel.checks import positive_int
 from costmodel.curves import MODES
+from costmodel.flops import MAX_LENGTH
 from costmodel.model_file import is_unknown_name
 from costmodel.scheduler.lengths import DISTRIBUTIONS, MAX_GENERATED, generate_lengths, read_lengths
 
@@ -65,18 +66,34 @@ def add_batch_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def batch_lengths(args: argparse.Namespace) -> tuple[np.ndarray, str]:
-    """The lengths the flags describe, and a short description of where they came from."""
+    """The lengths the flags describe, and a short description of where they came from;
+    ValueError naming the flag (--dp, not build_schedule's dp_size) for a batch that
+    cannot be scheduled."""
+    dp = positive_int(args.dp, "--dp")
+    align = positive_int(args.align, "--align")
+    cap = positive_int(args.max_tokens, "--max-tokens")
+    if cap > MAX_LENGTH:
+        raise ValueError(f"--max-tokens {cap:,} is more than any sample can be long (at most "
+                         f"{MAX_LENGTH:,} tokens, 2^31 - 1)")
     if args.lengths and args.lengths not in DISTRIBUTIONS:
         lengths = read_lengths(args.lengths)
-        return lengths, f"{lengths.size} lengths from {args.lengths}"
-    dist = args.lengths or args.dist  # "--lengths rl", as bench-schedule takes it
-    if args.n > MAX_GENERATED:
-        raise ValueError(f"--n {args.n} samples is more than this command schedules (at most "
-                         f"{MAX_GENERATED:,}; a step of an RL run has thousands to tens of thousands)")
-    return (
-        generate_lengths(args.n, dist, seed=args.seed),
-        f"{args.n} samples, distribution {dist!r}, seed {args.seed}",
-    )
+        source = f"{lengths.size} lengths from {args.lengths}"
+        more = "add lengths to the file"
+    else:
+        dist = args.lengths or args.dist  # "--lengths rl", as bench-schedule takes it
+        n = positive_int(args.n, "--n")
+        if n > MAX_GENERATED:
+            raise ValueError(f"--n {n} samples is more than this command schedules (at most "
+                             f"{MAX_GENERATED:,}; a step of an RL run has thousands to tens of "
+                             "thousands)")
+        lengths = generate_lengths(n, dist, seed=args.seed)
+        source = f"{n} samples, distribution {dist!r}, seed {args.seed}"
+        more = f"raise --n to {dp * align} or more"
+    if lengths.size < dp * align:
+        raise ValueError(f"{lengths.size} samples cannot fill --dp {dp} ranks of --align {align} "
+                         f"micro-batch(es) each (none may be empty): {more}, or lower --dp or "
+                         "--align")
+    return lengths, source
 
 
 def add_allow_other_shape(p: argparse.ArgumentParser) -> None:
