@@ -57,7 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
         module.register(subparsers)
     for sub in subparsers.choices.values():  # `costmodel schedule -v` as well as `costmodel -v schedule`
         sub.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS,
-                         help="log progress details; with an error, its traceback")
+                         help="log progress details; with an error (other than bad input), its traceback")
     # No abbreviations: `schedule --cost-model X` would be read as the switch
     # --cost-model-allow-other-shape, and X as a stray argument.
     parser.allow_abbrev = False
