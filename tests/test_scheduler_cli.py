@@ -389,3 +389,17 @@ def test_context_parallel_prices_one_gpu_of_each_split_micro_batch(tmp_path, cap
         assert costs == pytest.approx([one_gpu.microbatch_cost(lengths[mb]) for mb in mbs])
     assert main(["schedule", *flags, "--context-parallel", "0"]) == 2
     assert "--context-parallel must be an integer >= 1, got 0" in capsys.readouterr().err
+
+
+def test_n_and_seed_with_a_lengths_file_are_said_to_do_nothing(tmp_path, capsys):
+    """They draw from --dist; a file is scheduled whole, and was silently so."""
+    path = tmp_path / "lengths.txt"
+    path.write_text("\n".join(["100", "200", "300", "400"]))
+    assert main(["schedule", "--lengths", str(path), "--dp", "2", "--n", "2", "--seed", "3"]) == 0
+    captured = capsys.readouterr()
+    assert "note: --n and --seed only apply to --dist; scheduling all 4 lengths" in captured.err
+    assert "4 lengths from" in captured.out
+    assert main(["schedule", "--lengths", str(path), "--dp", "2"]) == 0
+    assert "note:" not in capsys.readouterr().err
+    assert main(["schedule", "--dp", "2", "--max-tokens", "65536"]) == 0  # --n defaults to 4096
+    assert "4096 samples, distribution 'rl', seed 0" in capsys.readouterr().out

@@ -10,6 +10,7 @@ a file from `costmodel calibrate` or a shipped name such as ``h200/qwen3-8b``.
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 from typing import Any
 
@@ -20,6 +21,8 @@ from costmodel.curves import MODES
 from costmodel.flops import MAX_LENGTH
 from costmodel.model_file import is_unknown_name
 from costmodel.scheduler.lengths import DISTRIBUTIONS, MAX_GENERATED, generate_lengths, read_lengths
+
+_DRAW_N = 4096  # samples drawn from --dist without --n
 
 
 def add_batch_arguments(p: argparse.ArgumentParser) -> None:
@@ -41,8 +44,9 @@ def add_batch_arguments(p: argparse.ArgumentParser) -> None:
         help="built-in length distribution (rl: prompt 200-1500 + lognormal response, "
         "median 1500; bimodal: 90%% short, 10%% very long) (default: %(default)s)",
     )
-    p.add_argument("--n", type=int, default=4096, help="samples to draw with --dist (default: %(default)s)")
-    p.add_argument("--seed", type=int, default=0, help="seed for --dist (default: %(default)s)")
+    # None when not given: with a lengths file, a given --n or --seed is said to do nothing
+    p.add_argument("--n", type=int, default=None, help=f"samples to draw with --dist (default: {_DRAW_N})")
+    p.add_argument("--seed", type=int, default=None, help="seed for --dist (default: 0)")
     p.add_argument("--dp", type=int, default=8, help="data-parallel ranks (default: %(default)s)")
     p.add_argument("--max-tokens", "--cap", dest="max_tokens", type=int, default=16384,
                    help="token cap of one micro-batch (bench-schedule's --cap) "
@@ -79,15 +83,20 @@ def batch_lengths(args: argparse.Namespace) -> tuple[np.ndarray, str]:
         lengths = read_lengths(args.lengths)
         source = f"{lengths.size} lengths from {args.lengths}"
         more = "add lengths to the file"
+        unused = [flag for flag, value in (("--n", args.n), ("--seed", args.seed)) if value is not None]
+        if unused:  # they draw from --dist: a file is scheduled whole
+            print(f"note: {' and '.join(unused)} only apply to --dist; scheduling all "
+                  f"{lengths.size:,} lengths of {args.lengths}", file=sys.stderr)
     else:
         dist = args.lengths or args.dist  # "--lengths rl", as bench-schedule takes it
-        n = positive_int(args.n, "--n")
+        seed = 0 if args.seed is None else args.seed
+        n = positive_int(_DRAW_N if args.n is None else args.n, "--n")
         if n > MAX_GENERATED:
             raise ValueError(f"--n {n} samples is more than this command schedules (at most "
                              f"{MAX_GENERATED:,}; a step of an RL run has thousands to tens of "
                              "thousands)")
-        lengths = generate_lengths(n, dist, seed=args.seed)
-        source = f"{n} samples, distribution {dist!r}, seed {args.seed}"
+        lengths = generate_lengths(n, dist, seed=seed)
+        source = f"{n} samples, distribution {dist!r}, seed {seed}"
         more = f"raise --n to {dp * align} or more"
     if lengths.size < dp * align:
         raise ValueError(f"{lengths.size} samples cannot fill --dp {dp} ranks of --align {align} "
