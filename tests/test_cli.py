@@ -109,7 +109,15 @@ def test_output_paths_that_cannot_be_written_are_refused_first(target, says, cap
     # on a machine without one, hidden behind "needs a CUDA GPU".
     (["calibrate", "--gpu", "h999", "--model", "qwen3-8b", "-o", "x.json"], "unknown GPU 'h999'"),
     (["calibrate", "--gpu", "h200", "--model", "qwen3-8b", "-o", "x.json", "--max-len", "0"],
-     "max_len must be an integer number of tokens in 64"),
+     "--max-len must be an integer number of tokens in 64"),  # said make_plan's max_len
+    (["calibrate", "--model", "qwen3-8b", "-o", "x.json", "--max-len", "4096", "--max-tokens", "1024"],
+     "--max-tokens (1024) must be >= --max-len (4096)"),
+    (["calibrate", "--model", "qwen3-8b", "-o", "x.json", "--tensor-parallel", "0"],
+     "argument --tensor-parallel: expected an integer >= 1, got '0'"),  # said tensor_parallel
+    (["calibrate", "--model", "qwen3-30b-a3b", "-o", "x.json", "--expert-tensor-parallel", "0"],
+     "argument --expert-tensor-parallel: expected an integer >= 1"),
+    (["calibrate", "--model", "qwen3-8b", "-o", "x.json", "--budget-s", "0"],
+     "argument --budget-s: expected a finite number of seconds > 0"),  # said "the time budget"
     (["calibrate", "--gpu", "h200", "--model", "qwen3-8b", "-o", "x.json", "--attention", "bogus"],
      "'bogus' is not an attention backend"),
     (["validate", "costmodel/profiles/h200/qwen3-8b.json", "--caps", "10", "--no-save"],

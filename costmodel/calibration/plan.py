@@ -37,8 +37,8 @@ from costmodel.curves import MODES, ModeCurves
 from costmodel.spec import ModelSpec
 
 __all__ = [
-    "PlanSettings", "SweepPlan", "SweepPoint", "coarse_first", "estimate_point_ms", "make_plan",
-    "point_ms",
+    "PlanSettings", "SweepPlan", "SweepPoint", "check_sweep_sizes", "coarse_first",
+    "estimate_point_ms", "make_plan", "point_ms",
 ]
 
 logger = logging.getLogger(__name__)
@@ -308,6 +308,21 @@ def plan_seconds(points: list[SweepPoint], model, s: PlanSettings, timing: str =
 _MAX_SWEEP_TOKENS = 1 << 20
 
 
+def check_sweep_sizes(max_len: Any, max_tokens: Any, *,
+                      names: tuple[str, str] = ("max_len", "max_tokens")) -> None:
+    """ValueError, naming them as ``names`` says (the CLI's flags, or make_plan's
+    arguments), unless the longest sequence and the largest micro-batch are whole numbers of
+    tokens in 64.._MAX_SWEEP_TOKENS, the micro-batch (None: the default) at least as large."""
+    for name, value in zip(names, (max_len, max_tokens)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, np.integer))
+                                  or not 64 <= value <= _MAX_SWEEP_TOKENS):
+            # 2^31 planned for minutes and estimated a month: refuse, do not warn.
+            raise ValueError(f"{name} must be an integer number of tokens in 64.."
+                             f"{_MAX_SWEEP_TOKENS:,}, got {value!r}")
+    if max_tokens is not None and max_tokens < max_len:
+        raise ValueError(f"{names[1]} ({max_tokens}) must be >= {names[0]} ({max_len})")
+
+
 def make_plan(
     spec: ModelSpec,
     *,
@@ -329,15 +344,8 @@ def make_plan(
     if isinstance(modes, str) or not modes or any(m not in MODES for m in modes):
         raise ValueError(f"modes must be a non-empty subset of train, forward; got {modes!r}")
     modes = tuple(dict.fromkeys(modes))  # ("train", "train") measured everything twice
-    for name, value in (("max_len", max_len), ("max_tokens", max_tokens)):
-        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, np.integer))
-                                  or not 64 <= value <= _MAX_SWEEP_TOKENS):
-            # 2^31 planned for minutes and estimated a month: refuse, do not warn.
-            raise ValueError(f"{name} must be an integer number of tokens in 64.."
-                             f"{_MAX_SWEEP_TOKENS:,}, got {value!r}")
+    check_sweep_sizes(max_len, max_tokens)
     max_tokens = int(max_tokens or max(max_len, 16384))
-    if max_tokens < max_len:
-        raise ValueError(f"max_tokens ({max_tokens}) must be >= max_len ({max_len})")
     s = settings or (QUICK_SETTINGS if quick else DEFAULT_SETTINGS)
     budget = float(budget_s if budget_s is not None else (24.0 if quick else 75.0))
     if not budget > 0:

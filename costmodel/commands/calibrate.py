@@ -10,7 +10,7 @@ import shlex
 import sys
 from pathlib import Path
 
-from costmodel.commands.common import add_settle_argument, seconds
+from costmodel.commands.common import add_settle_argument, count, positive_seconds
 from costmodel.curves import MODES
 from costmodel.interrupts import signals_interrupt
 from costmodel.kernels import check_attention
@@ -60,13 +60,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="longest sequence length measured (default 32768)")
     p.add_argument("--max-tokens", type=int, default=None,
                    help="largest micro-batch measured (default max(max-len, 16384))")
-    p.add_argument("--tensor-parallel", type=int, default=_SWEEP_DEFAULTS["tensor_parallel"],
+    p.add_argument("--tensor-parallel", type=count, default=_SWEEP_DEFAULTS["tensor_parallel"],
                    metavar="TP",
                    help="time one rank's shard of the model under TP-way tensor parallelism, as "
                    "Megatron splits it (heads, MLP and expert widths, vocabulary divided by TP): "
                    "the curves a run with --tensor-model-parallel-size TP needs. The ranks' "
                    "communication is not timed (default 1: the whole layer)")
-    p.add_argument("--expert-tensor-parallel", type=int,
+    p.add_argument("--expert-tensor-parallel", type=count,
                    default=_SWEEP_DEFAULTS["expert_tensor_parallel"], metavar="ETP",
                    help="a MoE model's routed experts split ETP ways (Megatron's "
                    "--expert-tensor-parallel-size; 1 keeps them whole, as runs with expert "
@@ -78,7 +78,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    "with this process's launch overhead. A workload that cannot be captured "
                    "(--attention sdpa reads lengths on the host) is timed eagerly, with a "
                    "warning, and the file says so")
-    p.add_argument("--budget-s", type=seconds, default=None,
+    p.add_argument("--budget-s", type=positive_seconds, default=None,
                    help="time budget of the sweep in seconds (default 75, --quick 24)")
     add_settle_argument(p, default="10, --quick 3")
     p.add_argument("-o", "--output", required=True,
@@ -93,7 +93,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from costmodel.calibration.device import device_fingerprint, require_cuda, resolve_gpu
     from costmodel.calibration.pipeline import calibrate
-    from costmodel.calibration.plan import make_plan
+    from costmodel.calibration.plan import check_sweep_sizes, make_plan
     from costmodel.calibration.progress import ProgressLine
     from costmodel.gpus import lookup_gpu
     from costmodel.model_file import check_output_path, write_json_atomic
@@ -112,6 +112,7 @@ def run(args: argparse.Namespace) -> int:
         return _refit(args.refit, output, command)
     if not args.model:
         raise ValueError("--model is required (a preset name or a HF config.json path), unless --refit")
+    check_sweep_sizes(args.max_len, args.max_tokens, names=("--max-len", "--max-tokens"))
     modes = parse_modes(args.modes)
     spec = ModelSpec.from_any(args.model)
     if spec.dtype != args.dtype:

@@ -36,3 +36,23 @@ def seconds(text: str) -> float:
         raise argparse.ArgumentTypeError(f"expected a finite number of seconds >= 0, got {text!r}")
     return value
 
+
+def positive_seconds(text: str) -> float:
+    """argparse type: `seconds`, and more than 0 (a budget of nothing measures nothing)."""
+    value = seconds(text)
+    if value == 0:
+        raise argparse.ArgumentTypeError(f"expected a finite number of seconds > 0, got {text!r}")
+    return value
+
+
+def count(text: str) -> int:
+    """argparse type: an integer >= 1 (a parallel size, a number of things); the error names
+    the flag, where the library's own check would name its argument."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}")
+    return value
+
