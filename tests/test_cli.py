@@ -129,6 +129,9 @@ def test_output_paths_that_cannot_be_written_are_refused_first(target, says, cap
      "--repeats must be at least 1"),
     (["bench-schedule", "--attention", "bogus"], "'bogus' is not an attention backend"),
     (["bench-schedule", "--warmup", "-5"], "--warmup and --seed must be >= 0"),
+    (["bench-schedule", "--policies", " , "], "--policies ' , ': empty; give a comma-separated "
+     "subset of tokens, flops, baseline, calibrated"),  # said "unknown []"
+    (["bench-schedule", "--policies", "tokens,best"], "--policies 'tokens,best': unknown best;"),
     (["bench-schedule", "--cap", "10"], "--cap 10 is below the longest sample"),
     (["train-demo", "--attention", "bogus"], "'bogus' is not an attention backend"),
     (["calibrate", "--gpu", "h200", "--model", "qwen3-8b", "-o", "x.json", "--settle-s", "inf"],

@@ -133,7 +133,9 @@ def run(args: argparse.Namespace, *, measure=None) -> int:
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
     bad = [p for p in policies if p not in bench.POLICIES]
     if bad or not policies:
-        raise ValueError(f"--policies: unknown {bad or policies}; allowed: {', '.join(bench.POLICIES)}")
+        what = f"unknown {', '.join(bad)}" if bad else "empty"
+        raise ValueError(f"--policies {args.policies!r}: {what}; give a comma-separated subset "
+                         f"of {', '.join(bench.POLICIES)}")
     dp_sizes = comma_ints(args.dp, "--dp")
     if args.cap < 1:
         raise ValueError(f"--cap must be a positive number of tokens, got {args.cap}")
