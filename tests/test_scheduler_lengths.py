@@ -117,7 +117,7 @@ def test_json_booleans_and_empty_files_are_refused_naming_the_file(tmp_path):
     """JSON `true` is a Python int: it would be a 1-token sample. An empty list or array
     said "0 samples cannot fill dp ..." later, without naming the file."""
     (tmp_path / "flags.json").write_text("[100, true, 200]")
-    with pytest.raises(ValueError, match=r"flags\.json: entry 1 is True; every length must be"):
+    with pytest.raises(ValueError, match=r"flags\.json: the entry at index 1 is True; every length must be"):
         read_lengths(tmp_path / "flags.json")
     (tmp_path / "empty.json").write_text('{"lengths": []}')
     np.save(tmp_path / "empty.npy", np.array([], dtype=np.int64))
@@ -157,7 +157,7 @@ def test_lengths_from_a_pipe(tmp_path):
 
 def test_npy_lengths_are_one_dimensional_and_positive(tmp_path):
     np.save(tmp_path / "zero.npy", np.array([5, 0, 7]))
-    with pytest.raises(ValueError, match="entry 1 is 0"):
+    with pytest.raises(ValueError, match="the entry at index 1 is 0"):
         read_lengths(tmp_path / "zero.npy")
     np.save(tmp_path / "matrix.npy", np.ones((2, 3), dtype=np.int64))
     with pytest.raises(ValueError, match="1-D integer array"):
@@ -196,5 +196,5 @@ def test_files_of_the_wrong_shape_or_encoding_are_named(tmp_path):
         with pytest.raises(ValueError, match=rf"{name.replace('.', '[.]')}: not "):
             read_lengths(tmp_path / name)
     np.save(tmp_path / "big.npy", np.array([5, 2**40], dtype=np.int64))
-    with pytest.raises(ValueError, match=r"big\.npy: entry 1 is 1099511627776"):
+    with pytest.raises(ValueError, match=r"big\.npy: the entry at index 1 is 1099511627776"):
         read_lengths(tmp_path / "big.npy")

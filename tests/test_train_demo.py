@@ -424,7 +424,7 @@ def test_log_json_that_cannot_be_written_stops_before_any_process_starts(tmp_pat
     ("name", "content", "needle"),
     [
         ("big.txt", b"100\n99999999999999999999999\n", "too large"),  # was an OverflowError
-        ("big.json", b"[100, 99999999999999999999999]", "entry 1"),  # was an OverflowError
+        ("big.json", b"[100, 99999999999999999999999]", "entry at index 1"),  # was an OverflowError
         ("bad.npy", b"not an array", "not a .npy array"),  # said nothing of the file
         ("junk.txt", b"100\n12.5\n", "line 2"),
     ],

@@ -166,8 +166,8 @@ def _read_json(p: Path) -> np.ndarray:
         raise ValueError(f'{p}: expected a JSON list of lengths or {{"lengths": [...]}}')
     for i, item in enumerate(data):
         if isinstance(item, bool) or not isinstance(item, int) or not 1 <= item <= MAX_LENGTH:
-            raise ValueError(f"{p}: entry {i} is {item!r}; every length must be a positive "
-                             f"integer up to {MAX_LENGTH}")
+            raise ValueError(f"{p}: the entry at index {i} is {item!r}; every length must be a "
+                             f"positive integer up to {MAX_LENGTH}")
     return _checked(np.asarray(data, dtype=np.int64), p)
 
 
@@ -176,5 +176,6 @@ def _checked(values: np.ndarray, p: Path) -> np.ndarray:
         raise ValueError(f"{p}: no lengths found; write one positive integer per line")
     if (values < 1).any() or (values > MAX_LENGTH).any():
         bad = int(np.argmax((values < 1) | (values > MAX_LENGTH)))
-        raise ValueError(f"{p}: entry {bad} is {values[bad]}; lengths must be in 1..{MAX_LENGTH}")
+        raise ValueError(f"{p}: the entry at index {bad} is {values[bad]}; lengths must be in "
+                         f"1..{MAX_LENGTH}")
     return values
