@@ -127,6 +127,8 @@ def test_output_paths_that_cannot_be_written_are_refused_first(target, says, cap
     (["bench-schedule", "--dp", "8,0"], "--dp must be comma-separated positive integers"),
     (["validate", "costmodel/profiles/h200/qwen3-8b.json", "--repeats", "0", "--no-save"],
      "--repeats must be at least 1"),
+    (["validate", "costmodel/profiles/h200/qwen3-8b.json", "--seed", "-1", "--no-save"],
+     "--seed must be >= 0, got -1"),  # numpy refused it on the GPU, after the clocks settled
     (["bench-schedule", "--attention", "bogus"], "'bogus' is not an attention backend"),
     (["bench-schedule", "--warmup", "-5"], "--warmup and --seed must be >= 0"),
     (["bench-schedule", "--policies", " , "], "--policies ' , ': empty; give a comma-separated "

@@ -288,7 +288,10 @@ def test_cli(tmp_path, capsys, model):
         (["correct", "h100/qwen3-8b", "-o", str(bad)], "holds no validation"),
         (["correct", PROFILE, "--runs", str(tmp_path / "none.jsonl"), "-o", str(bad)],
          f"runs file not found: {tmp_path / 'none.jsonl'}"),  # was "[Errno 2] No such file ..."
-        (["correct", PROFILE, "--folds", "1", "-o", str(bad)], "folds"),
+        (["correct", PROFILE, "--folds", "1", "-o", str(bad)], "--folds must be in 2..100, got 1"),
+        # before the runs are read: a missing file is not what --folds 0 is told
+        (["correct", PROFILE, "--runs", str(tmp_path / "none.jsonl"), "--folds", "0", "-o",
+          str(bad)], "--folds must be in 2..100, got 0"),
     ):
         assert main(argv) == 2
         assert match in capsys.readouterr().err

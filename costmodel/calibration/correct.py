@@ -51,14 +51,20 @@ from costmodel.model import PARTS, CostModel
 from costmodel.model_file import utc_timestamp
 
 __all__ = [  # Run, read_runs, run_line: the runs file's (`runs_file`), here for the callers
-    "Correction", "Run", "apply_correction", "fit_correction", "format_factors", "part_times",
-    "read_runs", "run_line", "validation_runs",
+    "Correction", "Run", "apply_correction", "check_folds", "fit_correction", "format_factors",
+    "part_times", "read_runs", "run_line", "validation_runs",
 ]
 
 logger = logging.getLogger(__name__)
 
 MIN_RUNS = 10  # per pass: four factors from fewer runs fit their noise
 DEFAULT_FOLDS = 5
+
+
+def check_folds(folds: int, name: str = "folds") -> None:
+    """ValueError, naming `name` (the CLI's --folds), unless 2 <= folds <= 100."""
+    if not 2 <= folds <= 100:
+        raise ValueError(f"{name} must be in 2..100, got {folds}")
 # Overheads may vanish (their launches overlap in the stack); a curve scaled to nothing
 # would price its part at 0. Past 20x the runs are not of this model and GPU.
 _BOUNDS = {"overhead": (0.0, 20.0), "attention": (0.05, 20.0), "linear": (0.05, 20.0),
@@ -143,8 +149,7 @@ def fit_correction(model: CostModel, runs: Iterable[Run], *,
     runs = list(runs)
     if not runs:
         raise ValueError("no runs to fit a correction to")
-    if not 2 <= folds <= 100:
-        raise ValueError(f"folds must be in 2..100, got {folds}")
+    check_folds(folds)
     correction = Correction(scales={})
     for mode in [m for m in MODES if any(r.mode == m for r in runs)]:
         mine = [r for r in runs if r.mode == mode]

@@ -43,6 +43,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from costmodel.calibration.correct import (
         apply_correction,
+        check_folds,
         fit_correction,
         read_runs,
         validation_runs,
@@ -51,6 +52,7 @@ def run(args: argparse.Namespace) -> int:
     from costmodel.model_file import check_output_path
 
     output = check_output_path(args.output, "-o")
+    check_folds(args.folds, "--folds")  # before the model and the runs are read
     model = load_cost_model(args.model)
     runs = [r for path in args.runs for r in read_runs(path)] if args.runs else validation_runs(model)
     source = ", ".join(args.runs) if args.runs else f"{args.model} (its validation)"

@@ -73,6 +73,8 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--count must be at least 4 micro-batches per mode, got {args.count}")
     if args.layers < 1:
         raise ValueError(f"--layers must be at least 1, got {args.layers}")
+    if args.seed < 0:  # numpy's generator refuses it, after CUDA started and the clocks settled
+        raise ValueError(f"--seed must be >= 0, got {args.seed}")
     if args.time_limit_s is not None and not args.time_limit_s > 0:
         raise ValueError(f"--time-limit-s must be > 0 seconds, got {args.time_limit_s}")
     # Everything that can be checked without the GPU, before CUDA starts and the clocks settle.
