@@ -698,12 +698,11 @@ def test_tuning_gate_pack_shares_the_timed_packs_compile(load_benchmark):
     assert all(L % 16 for L in bench.GATE_LENGTHS) and 1 in bench.GATE_LENGTHS
 
 
-def test_tuning_runs_every_backward_candidate_and_checks_it(load_benchmark, monkeypatch,
-                                                            tmp_path):
-    """`--tune-first` end to end at a tiny length (no GPU: the interpreter, a fake timer):
-    every backward candidate computes the first choices' results, so none is refused as
-    wrong, and the fastest of the fake times wins. A crash here would cost a GPU session
-    its tuning step."""
+@pytest.fixture
+def tune_first(load_benchmark, monkeypatch, tmp_path):
+    """bench_attention set up to run `--tune-first` at a tiny length on CPU (the
+    interpreter, a fake timer whose later calls are "faster"): (module, argv, json path,
+    the list each timing appends to)."""
     import triton.testing
 
     bench = load_benchmark("bench_attention")
@@ -720,7 +719,7 @@ def test_tuning_runs_every_backward_candidate_and_checks_it(load_benchmark, monk
     monkeypatch.setattr(bench, "_packed", packed)
     monkeypatch.setattr(bench, "_TUNE_DEVICE", "cpu")
     monkeypatch.setattr(bench, "GATE_LENGTHS", [1, 37, 16, 45])
-    timed = []
+    timed: list[int] = []
 
     def fake_do_bench(fn, warmup, rep, return_mode):
         fn()
@@ -728,10 +727,19 @@ def test_tuning_runs_every_backward_candidate_and_checks_it(load_benchmark, monk
         return 10.0 - 0.01 * len(timed)  # later candidates "faster"
 
     monkeypatch.setattr(triton.testing, "do_bench", fake_do_bench)
-    # The --tune-first command as the GPU session runs it: tuning, then the table and JSON.
     out = tmp_path / "bench_attention.json"
+    # The --tune-first command as the GPU session runs it: tuning, then the table and JSON.
     argv = ["--quick", "--tune-first", "--lengths", "150", "--num-heads", "4", "--num-kv-heads",
             "1", "--backends", "triton", "sdpa", "--json", str(out)]
+    return bench, argv, out, timed
+
+
+@pytest.mark.slow
+def test_tuning_runs_every_backward_candidate_and_checks_it(tune_first):
+    """`--tune-first` end to end: every backward candidate computes the first choices'
+    results, so none is refused as wrong, and the fastest of the fake times wins. A crash
+    here would cost a GPU session its tuning step."""
+    bench, argv, out, _ = tune_first
     assert bench.main(argv) == 0
     doc = json.loads(out.read_text())
     rows = doc["tune_rows"]
@@ -744,15 +752,31 @@ def test_tuning_runs_every_backward_candidate_and_checks_it(load_benchmark, monk
     assert {(r["backend"], r["mode"]) for r in doc["rows"]} == {
         (b, m) for b in ("triton", "sdpa") for m in ("fwd", "fwd+bwd")}
 
-    # The session's step timeout (SIGINT) during the table keeps the tuning in the JSON.
+
+@pytest.mark.slow
+def test_tuning_cut_short_keeps_what_it_timed_and_refuses_a_wrong_candidate(tune_first,
+                                                                           monkeypatch):
+    """A step timeout (SIGINT) during the table keeps the tuning in the JSON, one during
+    the tuning keeps the candidates timed so far; a candidate that leaves a row unwritten
+    is refused, whatever its time. (Two candidates per kernel: this is about the cuts; the
+    test above runs them all. Apart from it, so that the two run in parallel.)"""
+    import triton.testing
+
+    bench, argv, out, timed = tune_first
+    argv[argv.index("--num-heads") + 1] = "2"  # half the interpreter's work; GQA group 2
+    few = {kernel: {d: cands[:2] for d, cands in by_dim.items()}
+           for kernel, by_dim in bench.TUNE_CANDIDATES.items()}
+    monkeypatch.setattr(bench, "TUNE_CANDIDATES", few)
+    fake_do_bench = triton.testing.do_bench
+
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
 
     monkeypatch.setattr(bench, "run", interrupted)
     assert bench.main(argv) == 0
     cut = json.loads(out.read_text())
-    assert cut["interrupted"] and cut["tuned_configs"] == doc["tuned_configs"] and not cut["rows"]
-    assert len(cut["tune_rows"]) == len(rows)
+    assert cut["interrupted"] and cut["tuned_configs"] and not cut["rows"]
+    assert len(cut["tune_rows"]) == 2 + 2 + 1  # dkdv, dq and the pair
 
     # ... and during the tuning itself: the candidates timed so far, no table.
     monkeypatch.setattr(bench, "run", lambda *a, **k: pytest.fail("no table after a cut"))
