@@ -521,6 +521,26 @@ def test_run_order_breaks_ties_by_position():
     assert run_order(np.array([1, 3, 3, 2]), "longest-first") == [1, 2, 3, 0]
 
 
+@pytest.mark.filterwarnings("ignore")
+def test_run_order_follows_the_reported_costs_beside_a_giant_sample(caplog):
+    """Found by fuzzing: the order sorted the quantised costs, whose unit (the batch's summed
+    cost / 2^44) is milliseconds beside one sample of 2^31 - 1 tokens; a calibrated model's
+    micro-batch sums several rounded parts, and "costliest first" put micro-batches 1e-3
+    apart out of order on 3 of 4 ranks."""
+    from costmodel import load_cost_model
+
+    model = load_cost_model("h200/qwen3-8b")
+    lengths = np.append(np.random.default_rng(0).integers(1, 4097, 3000), 2**31 - 1)
+    with caplog.at_level(logging.ERROR):  # the warning about the sample over the cap
+        for order in ("longest-first", "pipeline"):
+            s = build_schedule(lengths, dp_size=4, max_tokens_per_microbatch=4096, cost=model,
+                               order=order, mode="forward")
+            for costs in map(np.array, s.microbatch_costs):
+                top = int(np.argmax(costs)) if order == "pipeline" else 0
+                assert (np.diff(costs[: top + 1]) >= 0).all(), (order, costs)
+                assert (np.diff(costs[top:]) <= 0).all(), (order, costs)
+
+
 def test_quantise_rounds_to_the_nearest_unit():
     """Mutant: truncation (astype) instead of np.rint: 0.6 units became 0."""
     from costmodel.scheduler.costs import quantise

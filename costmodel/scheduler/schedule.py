@@ -512,7 +512,10 @@ def _finish(
         bin_costs += cost.fixed_cost()
     else:
         bin_costs = cost.evaluate(st.lengths[flat], offsets)
-    per_rank = [[r * m + k for k in run_order(st.bin_q[r * m : (r + 1) * m], order)]
+    # By the costs the schedule reports, not the quantised ones: a quantum is the batch's
+    # summed cost / 2^44, milliseconds beside one sample of 2^31 tokens, and a separable
+    # cost's micro-batch sums several rounded parts: costs 1e-3 apart came out of order.
+    per_rank = [[r * m + k for k in run_order(bin_costs[r * m : (r + 1) * m], order)]
                 for r in range(dp)]
     return Schedule.from_microbatches(
         per_rank, as_lists(flat, offsets), bin_costs.tolist(), st.fill.tolist(), lower_bound=lb,
