@@ -34,7 +34,8 @@ from costmodel.scheduler.pack import (
 )
 from costmodel.scheduler.sorting import members_of
 
-__all__ = ["Grouped", "bin_costs_of", "next_m", "pack_and_assign", "place_grouped", "start_m"]
+__all__ = ["Grouped", "bin_costs_of", "level_layout", "next_m", "pack_and_assign", "place_grouped",
+           "start_m"]
 
 
 def start_m(
@@ -263,6 +264,18 @@ def pack_and_assign(
     apart = heavy_apart(lens, (bins, bin_q), dp, (m, m if exact else m_max, align), cap,
                         bin_costs)
     return [_by_rank(*layout) for layout in apart] + layouts, extra
+
+
+def level_layout(lens: np.ndarray, by_length: np.ndarray, bin_costs, dp: int, m: int,
+                 cap: int) -> tuple[np.ndarray, int, np.ndarray] | None:
+    """The level packing by tokens at ``m`` micro-batches per rank, assigned to ranks by
+    cost, as `pack_and_assign` builds its usual start (bin_of, m, bin costs); None where
+    levelling cannot pack that many. ``bin_costs``: `bin_costs_of`'s."""
+    bins = pack_tokens(lens, dp * m, cap, by_length)[0]
+    if bins is None:
+        return None
+    bin_q = bin_costs(bins, dp * m)
+    return _by_rank(bins, assign_bins(bin_q, dp, m), bin_q, m)
 
 
 def _best_fit_count(packed: BestFit, dp: int, m_floor: int, align: int) -> int:
