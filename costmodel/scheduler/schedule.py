@@ -18,7 +18,10 @@ How (each step justified by ``benchmarks/bench_scheduler.py``):
    where levelling missed them: best fit's own count, or a count that ties in total; the
    search below runs from each start and keeps the best), then (`refine`) move and swap
    single samples (or batches of small ones) between paired ranks, judged by the true cost
-   of the micro-batches they change. With groups (`groups`): balance whole groups over
+   of the micro-batches they change; where that ends over 0.5% above the ranks' mean (away
+   from the bound), the same at up to two more micro-batches per rank, kept where shorter
+   (more samples over the cap than ranks can leave the fewest no room to balance). With
+   groups (`groups`): balance whole groups over
    ranks (marginal costs, within a token budget per rank), pack each rank, then
    (`group_search`) move and swap whole groups between paired ranks on true costs, each
    piece of a group into a micro-batch with room; where two ranks hold few groups,
@@ -27,7 +30,7 @@ How (each step justified by ``benchmarks/bench_scheduler.py``):
    with few samples cannot fill ``m`` micro-batches), so failures move it either way.
    Feasibility with groups is bin packing under a sample-count constraint (NP-hard): on
    tiny, tight inputs the search may report failure where a placement exists.
-3. Run order inside each rank (`order`).
+3. Run order inside each rank (`order`), by the micro-batch costs the schedule reports.
 
 Costs are quantised to integers (a power-of-two scale, so the rounding is exact
 arithmetic) before any sum or comparison: no result depends on floating-point summation
