@@ -60,11 +60,6 @@ logger = logging.getLogger(__name__)
 MIN_RUNS = 10  # per pass: four factors from fewer runs fit their noise
 DEFAULT_FOLDS = 5
 
-
-def check_folds(folds: int, name: str = "folds") -> None:
-    """ValueError, naming `name` (the CLI's --folds), unless 2 <= folds <= 100."""
-    if not 2 <= folds <= 100:
-        raise ValueError(f"{name} must be in 2..100, got {folds}")
 # Overheads may vanish (their launches overlap in the stack); a curve scaled to nothing
 # would price its part at 0. Past 20x the runs are not of this model and GPU.
 _BOUNDS = {"overhead": (0.0, 20.0), "attention": (0.05, 20.0), "linear": (0.05, 20.0),
@@ -77,6 +72,12 @@ _SIGNIFICANCE = 0.05
 # A size range held out may come out this much worse (relative, and at least half a
 # percentage point) before the correction is refused: noise, not a trade.
 _RANGE_SLACK = 0.1
+
+
+def check_folds(folds: int, name: str = "folds") -> None:
+    """ValueError, naming `name` (the CLI's --folds), unless 2 <= folds <= 100."""
+    if not 2 <= folds <= 100:
+        raise ValueError(f"{name} must be in 2..100, got {folds}")
 
 
 @dataclass

@@ -435,8 +435,8 @@ def build_schedule(
             if int(usual[0].load.max()) <= int(state.load.max()):
                 state, greedy_imbalance, steps = usual[0], usual[1], usual[2] + usual_steps
         if not exact:  # a count the caller asked for is kept
-            more = _with_more_room(state, lens, by_length, bin_costs_of(lens, q, cost_obj, scale),
-                                   (q, cost_obj, scale), (align, m_max), lb * scale)
+            more = _with_more_room(state, lens, by_length, (q, cost_obj, scale), (align, m_max),
+                                   lb * scale)
             if more is not None:
                 state, greedy_imbalance, more_steps = more
                 steps += more_steps
@@ -457,7 +457,7 @@ def build_schedule(
     )
 
 
-def _with_more_room(st: BinState, lens: np.ndarray, by_length: np.ndarray, bin_costs,
+def _with_more_room(st: BinState, lens: np.ndarray, by_length: np.ndarray,
                     costs: tuple[np.ndarray, Cost, float], counts: tuple[int, int],
                     bound: float) -> tuple[BinState, float, int] | None:
     """Where ``st`` ended more than _ROOM_IMBALANCE over its ranks' mean and above the bound
@@ -472,7 +472,8 @@ def _with_more_room(st: BinState, lens: np.ndarray, by_length: np.ndarray, bin_c
         if _imbalance(st.load) <= 1 + _ROOM_IMBALANCE or top <= bound * (1 + _AT_THE_BOUND):
             break
         m += align
-        layout = level_layout(lens, by_length, bin_costs, st.dp, m, st.cap) if m <= m_max else None
+        layout = (level_layout(lens, by_length, bin_costs_of(lens, q, cost, scale), st.dp, m,
+                               st.cap) if m <= m_max else None)
         if layout is None:
             break
         st = BinState(lens, q, layout[0], st.dp, m, st.cap, cost, scale, layout[2])
