@@ -34,7 +34,13 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.bench_scheduler import write_cases  # noqa: E402
-from costmodel.calibration.correct import Run, fit_correction, part_times, validation_runs  # noqa: E402
+from costmodel.calibration.correct import (  # noqa: E402
+    Run,
+    fit_correction,
+    format_factors,
+    part_times,
+    validation_runs,
+)
 from costmodel.estimate import estimate_cost_model  # noqa: E402
 from costmodel.model import PARTS, load_cost_model  # noqa: E402
 
@@ -57,9 +63,10 @@ def error(predicted: np.ndarray, measured: np.ndarray) -> dict[str, float]:
             "worst": float(np.abs(rel).max())}
 
 
-def random_folds(model, runs: list[Run], mode: str) -> dict[str, float]:
-    """Held-out error over random folds (each run predicted by factors fitted without it)."""
-    parts, measured = part_times(model, runs), np.array([r.ms for r in runs])
+def random_folds(model, runs: list[Run], mode: str, parts: np.ndarray,
+                 measured: np.ndarray) -> dict[str, float]:
+    """Held-out error over random folds (each run predicted by factors fitted without it);
+    ``parts``, ``measured``: the runs' `part_times` and times."""
     held = np.empty(len(runs))
     order = np.random.default_rng(0).permutation(len(runs))
     for rows in np.array_split(order, FOLDS):
@@ -78,7 +85,7 @@ def judge(model, runs: list[Run], mode: str, name: str) -> dict:
     return {"model": "estimate" if model.is_estimate else "profile", "label": model.label,
             "runs": name, "mode": mode, "count": len(runs),
             "as_is": error(parts.sum(axis=1), measured),
-            "factors": fig["scales"], "random_folds": random_folds(model, runs, mode),
+            "factors": fig["scales"], "random_folds": random_folds(model, runs, mode, parts, measured),
             "size_folds": {**error_of(fig), "wilcoxon_p": fig["p_value"]},
             "adopted": fig["adopted"], "why_not": fig.get("why_not"),
             "tokens_best_scaled": fig["baselines"]["all"]["tokens"]["mape"],
@@ -112,12 +119,12 @@ def main(argv: list[str] | None = None) -> int:
     model = load_cost_model(PROFILE)
     validation = validation_runs(model)
     ranks = bench_schedule_runs(BENCH)
+    estimate = estimate_cost_model("qwen3-8b", "h200")
     rows = []
-    for judged in (model, estimate_cost_model("qwen3-8b", "h200")):  # rows 0-2, 3-5
+    for judged in (model, estimate):  # rows 0-2, 3-5
         rows += [judge(judged, [r for r in validation if r.mode == mode], mode, "validation")
                  for mode in ("train", "forward")]
         rows.append(judge(judged, ranks, "train", "bench-schedule"))
-    estimate = estimate_cost_model("qwen3-8b", "h200")
     train_validation = [r for r in validation if r.mode == "train"]
     transfer = [
         # what random folds would have adopted, carried to the other set of runs
@@ -131,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"  {'model':9} {'runs':15} {'pass':8} {'n':>4} {'as is':>8} {'tokens':>7} "
           f"{'flops':>7} {'random':>8} {'p':>7} {'by size':>8} {'p':>7}  adopted  factors")
     for r in rows:
-        f = ", ".join(f"{k} x{v:.3g}" for k, v in r["factors"].items())
+        f = format_factors(r["factors"])
         print(f"  {r['model']:9} {r['runs']:15} {r['mode']:8} {r['count']:4d} "
               f"{r['as_is']['mape']:8.2%} "
               f"{r['tokens_best_scaled']:7.2%} {r['flops_best_scaled']:7.2%} "
