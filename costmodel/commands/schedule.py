@@ -68,7 +68,6 @@ def add_batch_arguments(p: argparse.ArgumentParser) -> None:
     )
 
 
-
 def batch_lengths(args: argparse.Namespace) -> tuple[np.ndarray, str]:
     """The lengths the flags describe, and a short description of where they came from;
     ValueError naming the flag (--dp, not build_schedule's dp_size) for a batch that
