@@ -42,7 +42,7 @@ QUICK_LENGTHS = [1024, 4096, 16384]
 # FUSE_DQ 1 = dq by atomics inside the dk/dv kernel (no dq kernel); MASK_BLOCK (default 16)
 # is the step across the diagonal block (MASK_BLOCK_M of dk/dv, MASK_BLOCK_N of dq);
 # SPLIT_GROUP 1 = a dk/dv program per query head (no loop over the GQA group). See
-# triton_attention._CONFIGS.
+# triton_attention_configs.CONFIGS.
 TUNE_CANDIDATES: dict[str, dict[int, list[tuple[int, ...]]]] = {
     "fwd": {
         64: [(128, 64, 4, 3), (128, 128, 8, 3), (128, 64, 8, 3), (64, 64, 4, 3), (128, 32, 4, 3)],
@@ -568,7 +568,7 @@ def _fastest(rows: list[dict], kernel: str, L: int, keep=lambda cand: True) -> t
 
 
 def aot_report(head_dims: list[int]) -> list[dict]:
-    """Compile each config of `_CONFIGS` and `TUNE_CANDIDATES` for sm_90a, without a GPU.
+    """Compile each config of `CONFIGS` and `TUNE_CANDIDATES` for sm_90a, without a GPU.
 
     Reports shared memory, the stack frame (≈ register spill bytes per thread, from
     cuobjdump) and the instruction widths of the tensor-core dots of bf16 kernels: "wgmma_n",
@@ -584,18 +584,20 @@ def aot_report(head_dims: list[int]) -> list[dict]:
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    from costmodel.kernels import triton_attention as ta
+    from costmodel.kernels.triton_attention_bwd import attn_bwd_dkdv, attn_bwd_dq
+    from costmodel.kernels.triton_attention_configs import CONFIGS
+    from costmodel.kernels.triton_attention_fwd import attn_fwd
 
-    if type(ta._attn_fwd).__name__ == "InterpretedFunction":
+    if type(attn_fwd).__name__ == "InterpretedFunction":
         raise RuntimeError("--aot compiles real kernels: unset TRITON_INTERPRET")
-    kernels = {"fwd": ta._attn_fwd, "dkdv": ta._attn_bwd_dkdv, "dq": ta._attn_bwd_dq}
+    kernels = {"fwd": attn_fwd, "dkdv": attn_bwd_dkdv, "dq": attn_bwd_dq}
     ptr_types = {n: "*bf16" for n in ("Q", "K", "V", "Out", "DO", "DK", "DV", "DQ")}
     ptr_types.update(LSE="*fp32", Delta="*fp32", cu_seqlens="*i32")
     cuobjdump = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
     rows = []
     for d in head_dims:
         for name, kernel in kernels.items():
-            configs = [dict(c) for c in ta._CONFIGS[name][d]]
+            configs = [dict(c) for c in CONFIGS[name][d]]
             configs += [_config(name, c) for c in TUNE_CANDIDATES[name][d]]
             seen = set()
             for cfg in configs:
@@ -635,7 +637,7 @@ def aot_report(head_dims: list[int]) -> list[dict]:
                     "kernel": name,
                     "config": cfg,
                     "shared_bytes": compiled.metadata.shared,
-                    "default": cfg in ta._CONFIGS[name][d][:1],
+                    "default": cfg in CONFIGS[name][d][:1],
                     **_dot_shapes(compiled.asm["ttgir"]),
                 }
                 if cuobjdump.exists():
@@ -715,7 +717,7 @@ def main(argv: list[str] | None = None) -> int:
                     f"smem={r['shared_bytes']} regs={r.get('reg')} stack={r.get('stack')} "
                     f"wgmma_n={r['wgmma_n']}{' +mma_v2' if r['mma_v2'] else ''}"
                 )
-            print("* = first choice in triton_attention._CONFIGS")
+            print("* = first choice in triton_attention_configs.CONFIGS")
             return 0
         if args.tune:
             result = tune(args, argv)

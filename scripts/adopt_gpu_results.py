@@ -26,7 +26,7 @@ files still ship, under the key of the GPU they name (or ``--gpu``).
 Then it prints what the README and the issues need: every number against its target with
 a verdict, the tuned backward configs next to the current first choices, the GPU tests'
 outcome, the session's failed or skipped steps, and which shipped files are now stale. It
-changes no code: adopting tuned configs in `triton_attention._CONFIGS`, and the README and
+changes no code: adopting tuned configs in `triton_attention_configs.CONFIGS`, and the README and
 the tests that pin the shipped profile, stay a person's edit. ``--dry-run`` copies nothing.
 """
 
@@ -280,12 +280,12 @@ def _attention_summary(doc: dict) -> list[str]:
             lines.append(f"  tuned {kernel}: {cfg} {same}")
         if any(cfg != first[k][0] for k, cfg in tuned.items()) and times:
             lines.append("  (the Triton rows above ran with the tuned configs: they describe "
-                         "the code once _CONFIGS puts them first)")
+                         "the code once CONFIGS puts them first)")
         if tuned.get("dkdv", {}).get("FUSE_DQ"):
-            lines.append("  (a FUSE_DQ dk/dv winner goes first in _CONFIGS['dkdv'] as it is: "
+            lines.append("  (a FUSE_DQ dk/dv winner goes first in CONFIGS['dkdv'] as it is: "
                          "it then decides for its fallbacks, and the dq configs go unused)")
         if tuned.get("dkdv", {}).get("SPLIT_GROUP"):
-            lines.append("  (a SPLIT_GROUP dk/dv winner goes first in _CONFIGS['dkdv'] as it "
+            lines.append("  (a SPLIT_GROUP dk/dv winner goes first in CONFIGS['dkdv'] as it "
                          "is: it then decides the grid and dk/dv buffers for its fallbacks)")
         gate = doc.get("gate_row_err_first_choice")
         if gate is not None:

@@ -42,7 +42,7 @@
 # (copies the measured profiles and result files after checking them, and prints the
 # numbers against the issues' targets; the MoE profile is a --quick, unvalidated one and
 # ships only when named), then make bench_attention.json's "tuned_configs"
-# the first choices of costmodel/kernels/triton_attention._CONFIGS (d=128) when they beat
+# the first choices of costmodel/kernels/triton_attention_configs.CONFIGS (d=128) when they beat
 # the current ones.
 # Run it as: PYTHON=python3 LIMIT_S=460 OUT=$OUT bash scripts/gpu_session.sh
 # (the device's timeout_s about 20 s above LIMIT_S).

@@ -57,7 +57,7 @@ def test_ships_the_profile_and_results_and_summarises_them(adopt_script, tmp_pat
     assert "L=  8192: fwd 1.44x, fwd+bwd 0.70x" in text
     assert "fwd+bwd for L >= 4096: at least 0.68x (target 0.8x: MISSED)" in text
     assert "tuned dkdv: {'BLOCK_M': 64" in text and "first choice now" in text
-    assert "a FUSE_DQ dk/dv winner goes first in _CONFIGS['dkdv'] as it is" in text
+    assert "a FUSE_DQ dk/dv winner goes first in CONFIGS['dkdv'] as it is" in text
     assert "varlen gate: row error 1.2e-02 against float64" in text
     assert "dp  64 calibrated makespan    139.02 ms" in text
     assert ("dp 64: 15.3% below tokens (met; balance alone reaches 18.6%), no worse than flops "

@@ -25,6 +25,7 @@ if not CUDA and os.environ.get("TRITON_INTERPRET") != "1":
 pytest.importorskip("triton")
 from costmodel.kernels import attention as attn  # noqa: E402
 from costmodel.kernels import triton_attention as ta  # noqa: E402
+from costmodel.kernels import triton_attention_configs as tac  # noqa: E402
 
 DEVICE = "cuda" if CUDA else "cpu"
 needs_cuda = pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU (runs on the H200)")
@@ -121,25 +122,25 @@ def test_triton_matches_reference_fp32(poisoned, head_dim, num_heads, num_kv_hea
 @pytest.mark.parametrize("switch", ["FUSE_DQ", "SPLIT_GROUP"])
 def test_a_tuned_first_choice_with_a_backward_switch_can_be_adopted(poisoned, monkeypatch, switch):
     """The GPU session's tuning may pick a FUSE_DQ or SPLIT_GROUP dk/dv config, to go first
-    in _CONFIGS as it is (a FUSE_DQ one was passed to the kernel twice, a TypeError, and
+    in CONFIGS as it is (a FUSE_DQ one was passed to the kernel twice, a TypeError, and
     never got its fp32 dq buffer): the first choice's switch decides the buffers and grid,
     for its fallbacks too. Fused: no dq kernel runs; split: a dk/dv program per query head."""
     first = [dict(SMALL_BLOCKS["dkdv"], **{switch: 1}), dict(SMALL_BLOCKS["dkdv"])]
-    monkeypatch.setitem(ta._CONFIGS["dkdv"], 64, first)
-    monkeypatch.setattr(ta, "_chosen", {})
+    monkeypatch.setitem(tac.CONFIGS["dkdv"], 64, first)
+    monkeypatch.setattr(tac, "_chosen", {})
     q, k, v, do = _inputs(LENGTHS, 8, 2, 64, torch.float32, seed=7)
     cu = _cu(LENGTHS)
     dq_launches, dkdv_grids = [], []
-    kernel = ta._attn_bwd_dkdv
+    kernel = ta.attn_bwd_dkdv
 
     class Recording:
         def __getitem__(self, grid):
             dkdv_grids.append(grid)
             return kernel[grid]
 
-    monkeypatch.setattr(ta, "_attn_bwd_dkdv", Recording())
+    monkeypatch.setattr(ta, "attn_bwd_dkdv", Recording())
     if switch == "FUSE_DQ":
-        monkeypatch.setattr(ta, "_attn_bwd_dq", _Refuse(dq_launches))
+        monkeypatch.setattr(ta, "attn_bwd_dq", _Refuse(dq_launches))
     got = _run_triton(q, k, v, do, cu, max(LENGTHS))
     _check(got, _reference(q, k, v, do, cu), 1e-2 if CUDA else 1e-5)
     assert not dq_launches
@@ -157,9 +158,9 @@ def test_a_dkdv_fallback_runs_and_reports_the_first_choices_switches(poisoned, m
 
     base = dict(BLOCK_M=16, BLOCK_N=64, MASK_BLOCK_M=16, num_warps=4, num_stages=1)
     configs = [dict(base, **first), dict(base, BLOCK_N=32, **fallback)]
-    monkeypatch.setitem(ta._CONFIGS["dkdv"], 64, configs)
-    monkeypatch.setattr(ta, "_chosen", {})
-    kernel, grids = ta._attn_bwd_dkdv, []
+    monkeypatch.setitem(tac.CONFIGS["dkdv"], 64, configs)
+    monkeypatch.setattr(tac, "_chosen", {})
+    kernel, grids = ta.attn_bwd_dkdv, []
 
     class TooBigFirst:  # the first choice "does not fit"
         def __getitem__(self, grid):
@@ -170,7 +171,7 @@ def test_a_dkdv_fallback_runs_and_reports_the_first_choices_switches(poisoned, m
                 return kernel[grid](*args, **kwargs)
             return launch
 
-    monkeypatch.setattr(ta, "_attn_bwd_dkdv", TooBigFirst())
+    monkeypatch.setattr(ta, "attn_bwd_dkdv", TooBigFirst())
     q, k, v, do = _inputs(LENGTHS, 8, 2, 64, torch.float32, seed=23)
     cu = _cu(LENGTHS)
     got = _run_triton(q, k, v, do, cu, max(LENGTHS))
@@ -289,7 +290,7 @@ def test_kernel_configs_are_consistent():
     for head_dim in attn.TRITON_HEAD_DIMS:
         for kernel, configs in ta.kernel_configs(head_dim).items():
             for cfg in configs:
-                ta._check_config(kernel, cfg)
+                tac.check_config(kernel, cfg)
     with pytest.raises(ValueError, match="head_dim 96"):
         ta.kernel_configs(96)
 
@@ -556,7 +557,7 @@ def test_tune_candidates_are_valid_configs(load_benchmark):
     for kernel, by_dim in bench.TUNE_CANDIDATES.items():
         for cands in by_dim.values():
             for cand in cands:
-                ta._check_config(kernel, bench._config(kernel, cand))
+                tac.check_config(kernel, bench._config(kernel, cand))
     assert bench._config("dkdv", (64, 128, 8, 1, 0, 32))["MASK_BLOCK_M"] == 32
     assert bench._config("dq", (64, 64, 4, 2))["MASK_BLOCK_N"] == 16
 
@@ -831,11 +832,11 @@ def test_launch_limits_cover_head_strides_and_the_outputs():
 
 def test_every_shipped_config_is_valid_and_names_its_warps_and_stages():
     """Launching takes num_warps and num_stages from each shipped config (an override may
-    leave them to the defaults, 4 and 2): every entry of _CONFIGS states both."""
-    for kernel, by_dim in ta._CONFIGS.items():
+    leave them to the defaults, 4 and 2): every entry of CONFIGS states both."""
+    for kernel, by_dim in tac.CONFIGS.items():
         for head_dim, configs in by_dim.items():
             for cfg in configs:
-                ta._check_config(kernel, cfg)
+                tac.check_config(kernel, cfg)
                 assert {"num_warps", "num_stages"} <= set(cfg), (kernel, head_dim, cfg)
 
 
@@ -1077,12 +1078,12 @@ def test_kernel_configs_are_copies(monkeypatch):
     """kernel_configs hands out copies: editing them leaves the shipped configs alone."""
     import copy
 
-    monkeypatch.setattr(ta, "_CONFIGS", copy.deepcopy(ta._CONFIGS))
-    shipped = copy.deepcopy(ta._CONFIGS)
+    monkeypatch.setattr(tac, "CONFIGS", copy.deepcopy(tac.CONFIGS))
+    shipped = copy.deepcopy(tac.CONFIGS)
     got = ta.kernel_configs(64)
     got["fwd"][0]["BLOCK_M"] = 16
     got["dq"].clear()
-    assert shipped == ta._CONFIGS
+    assert shipped == tac.CONFIGS
 
 
 def test_num_stages_must_be_an_int():
@@ -1153,8 +1154,8 @@ def test_no_config_that_fits_is_a_runtime_error(monkeypatch):
                 raise OutOfResources(300_000, 232_448, "shared memory")
             return launch
 
-    monkeypatch.setattr(ta, "_attn_fwd", NeverFits())
-    monkeypatch.setattr(ta, "_chosen", {})
+    monkeypatch.setattr(ta, "attn_fwd", NeverFits())
+    monkeypatch.setattr(tac, "_chosen", {})
     q, k, v, _ = _inputs([9], 2, 1, 64, torch.float32, seed=19)
     with pytest.raises(RuntimeError, match="fwd kernel: no config fits this GPU for head_dim=64"):
         ta.flash_attn_varlen(q, k, v, _cu([9]), 9)
