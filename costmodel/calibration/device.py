@@ -19,6 +19,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import costmodel
+from costmodel.calibration.software import flash_attn_version
 from costmodel.checks import import_torch
 from costmodel.gpus import GpuInfo, find_gpu_by_device_name, gpu_keys, lookup_gpu
 
@@ -109,6 +110,7 @@ def device_fingerprint(index: int | None = None) -> dict[str, Any]:
         "cuda": torch.version.cuda,
         "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
         "triton": triton_version,
+        "flash_attn": flash_attn_version(),  # timed only by --attention flash-attn
         "driver": None,
         "costmodel": costmodel.__version__,  # whose kernels and sweep were timed
     }

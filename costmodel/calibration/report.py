@@ -75,7 +75,7 @@ def format_report(model: CostModel) -> str:
         out.append(
             "  device: " + ", ".join(f"{k}={dev[k]}" for k in ("name", "sm_count", "compute_capability",
                                                               "l2_cache_bytes", "driver", "torch", "cuda", "triton",
-                                                              "costmodel")
+                                                              "flash_attn", "costmodel")
                                      if dev.get(k) is not None)
         )
     if model.extra.get("kernels"):  # an object (checked on load)

@@ -363,18 +363,30 @@ def _check_gpu(model, label: str) -> None:
             label,
             model_gpu or "unknown GPU",
         )
-    device = current_gpu_name()
-    if device is None:
+    if current_gpu_name() is None:
         logger.info("no CUDA GPU visible: not checking --cost-model %s's GPU (%s)", label, model_gpu)
         return
+    why = gpu_mismatch(model)
+    if why:
+        logger.warning("--cost-model %s %s", label, why)
+
+
+def gpu_mismatch(model: Any) -> str | None:
+    """Why ``model``'s times may not be this process's (as the rest of a sentence that starts
+    with its name): measured on another GPU than the one in use, or under other torch, CUDA
+    or kernel versions (`software.drift_note`); None when they match or no GPU is visible.
+    Shared by `validate_args` and the slime drop-in."""
+    from costmodel.calibration.software import drift_note
+
+    device = current_gpu_name()
+    if device is None:
+        return None
+    model_gpu = str(getattr(model, "gpu", "") or "")
     if model_gpu and not _same_gpu(model_gpu, device):
-        logger.warning(
-            "--cost-model %s was measured on %s but this process runs on %s: its times may "
-            "not match this GPU; calibrate on this GPU with `costmodel calibrate --gpu auto`",
-            label,
-            model_gpu,
-            device,
-        )
+        return (f"was measured on {model_gpu} but this process runs on {device}: its times "
+                "may not match this GPU; calibrate on this GPU with `costmodel calibrate "
+                "--gpu auto`")
+    return drift_note(model)
 
 
 def scheduler_from_args(

@@ -96,11 +96,18 @@ def _resolve_cost(args: Any) -> tuple[Any, Any, bool]:
             spec = None
         allow = _on(args, "cost_model_allow_other_shape")
         model = cached_cost_model(cost_model, spec=spec, allow_other_shape=allow)
-        from costmodel.integrations.args import run_tensor_parallel, tensor_parallel_mismatch
+        from costmodel.integrations.args import (
+            gpu_mismatch,
+            run_tensor_parallel,
+            tensor_parallel_mismatch,
+        )
 
         why = tensor_parallel_mismatch(model, *run_tensor_parallel(args, as_flags=False))
         if why:
             _warn_once(f"cost_model {cost_model}: {why}")
+        why = gpu_mismatch(model)
+        if why:
+            _warn_once(f"cost_model {cost_model} {why}")
         return model, spec, balance
     if balance:
         no_shape = all(getattr(args, key, None) is None for key in _SHAPE_FIELDS)

@@ -1,0 +1,101 @@
+"""Whether this process runs the software a cost model was timed under.
+
+A cost model is a measurement of kernels, and a kernel's speed belongs to the software that
+built it as much as to the GPU: torch ships its own attention and GEMM dispatch, the CUDA
+toolkit its cuBLAS, triton its code generation, flash-attn its kernels. A minor release of
+any of them can retune a kernel (a patch release rarely does), so versions are compared at
+major.minor, and only those whose kernels the cost model timed: triton's for the ``triton``
+attention backend, flash-attn's for ``flash-attn``. A difference is a reason to check the
+file (`costmodel validate`), not an error: the schedule stays within the cap either way.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import importlib.metadata
+import re
+from collections.abc import Mapping
+from typing import Any
+
+__all__ = ["drift_note", "flash_attn_version", "running_software", "software_drift"]
+
+# (fingerprint key, the name shown, the attention backend it matters for; None: always)
+_VERSIONED = (
+    ("torch", "torch", None),
+    ("cuda", "CUDA", None),
+    ("triton", "triton", "triton"),
+    ("flash_attn", "flash-attn", "flash-attn"),
+)
+
+
+def _installed(distribution: str) -> str | None:
+    """An installed package's version from its metadata (no import: importing flash-attn
+    loads its CUDA extension), or None."""
+    try:
+        return importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def flash_attn_version() -> str | None:
+    """The installed flash-attn's version, or None."""
+    return _installed("flash-attn")
+
+
+def running_software() -> dict[str, str | None]:
+    """This process's versions under the fingerprint's keys (None where absent). Imports torch
+    if it is installed (CUDA's version is torch's build's); never raises."""
+    return dict(_running_software())
+
+
+@functools.cache  # the slime drop-in asks every step; a process's versions stay put
+def _running_software() -> dict[str, str | None]:
+    found: dict[str, str | None] = {"torch": None, "cuda": None, "triton": _installed("triton"),
+                                    "flash_attn": flash_attn_version()}
+    try:
+        torch = importlib.import_module("torch")
+    except ImportError:
+        return found
+    found["torch"] = str(torch.__version__)
+    cuda = getattr(torch.version, "cuda", None)
+    found["cuda"] = str(cuda) if cuda else None
+    return found
+
+
+def _major_minor(version: Any) -> str | None:
+    """"2.11" from "2.11.0+cu130"; None for a missing or unreadable version."""
+    match = re.match(r"\s*(\d+)\.(\d+)", str(version)) if version else None
+    return f"{match.group(1)}.{match.group(2)}" if match else None
+
+
+def software_drift(recorded: Mapping[str, Any] | None, running: Mapping[str, Any],
+                   attention: str | None) -> list[str]:
+    """What differs at major.minor between the versions a cost model recorded (its device
+    fingerprint) and ``running`` (`running_software`), e.g. ``["torch 2.11 -> 2.13"]``.
+    Versions the file does not record (an estimate, an older file) or this process lacks
+    are not compared; triton's and flash-attn's only for their attention backend."""
+    if not recorded:
+        return []
+    drift = []
+    for key, shown, backend in _VERSIONED:
+        if backend is not None and backend != attention:
+            continue
+        then, now = _major_minor(recorded.get(key)), _major_minor(running.get(key))
+        if then and now and then != now:
+            drift.append(f"{shown} {then} -> {now}")
+    return drift
+
+
+def drift_note(model: Any) -> str | None:
+    """Why ``model``'s (a `CostModel`) times may be stale in this process, as the rest of a
+    sentence that starts with the file's name, or None: other torch, CUDA or kernel versions
+    than it was timed under (`software_drift`)."""
+    extra = getattr(model, "extra", None) or {}
+    attention = (extra.get("kernels") or {}).get("attention")
+    drift = software_drift(extra.get("device"), running_software(), attention)
+    if not drift:
+        return None
+    return (f"was timed under other software than this process runs ({', '.join(drift)}): "
+            "kernel times may have moved; `costmodel validate` on this GPU measures by how "
+            "much, `costmodel calibrate --gpu auto` measures it again")

@@ -1,0 +1,137 @@
+"""Software drift: a cost model timed under other torch / CUDA / kernel versions than this
+process runs is flagged (a warning, never an error) where it is used and validated."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+
+import pytest
+
+from costmodel.calibration import software
+from costmodel.calibration.software import software_drift
+from costmodel.integrations import args as cm_args
+
+TIMED = {"torch": "2.11.0+cu130", "cuda": "13.0", "triton": "3.6.0", "flash_attn": "2.7.4"}
+
+
+def test_a_patch_release_is_not_drift_and_a_minor_one_is():
+    same = {"torch": "2.11.1", "cuda": "13.0", "triton": "3.6.1", "flash_attn": "2.7.4.post1"}
+    assert software_drift(TIMED, same, "torch-varlen") == []
+    newer = {"torch": "2.13.0+cu128", "cuda": "12.8", "triton": "3.9.0", "flash_attn": "2.8.0"}
+    assert software_drift(TIMED, newer, "torch-varlen") == ["torch 2.11 -> 2.13", "CUDA 13.0 -> 12.8"]
+
+
+@pytest.mark.parametrize("attention, flagged", [
+    ("triton", ["triton 3.6 -> 3.9"]),
+    ("flash-attn", ["flash-attn 2.7 -> 2.8"]),
+    ("sdpa", []),
+])
+def test_kernel_libraries_count_only_for_the_attention_they_ran(attention, flagged):
+    running = dict(TIMED, triton="3.9.0", flash_attn="2.8.0")
+    assert software_drift(TIMED, running, attention) == flagged
+
+
+@pytest.mark.parametrize("recorded, running", [
+    (None, TIMED),                                   # an estimate: no device block
+    ({"name": "NVIDIA H200"}, TIMED),                # a file that recorded no versions
+    (TIMED, {"torch": None, "cuda": None}),          # a CPU-only process
+    ({"torch": "nightly", "cuda": "13.0"}, dict(TIMED, torch="2.13.0")),  # unreadable
+])
+def test_what_either_side_lacks_is_not_compared(recorded, running):
+    assert software_drift(recorded, running, "triton") == []
+
+
+def test_running_software_reads_this_process():
+    found = software.running_software()
+    torch = pytest.importorskip("torch")
+    assert found["torch"] == torch.__version__
+    assert found["cuda"] == torch.version.cuda  # None on the CPU build CI runs
+
+
+def _newer_torch(monkeypatch):
+    monkeypatch.setattr(software, "running_software",
+                        lambda: dict(TIMED, torch="2.13.0", cuda="12.8"))
+
+
+def test_training_flags_warn_about_a_profile_timed_under_another_torch(monkeypatch, caplog):
+    """The shipped profile was timed under torch 2.11 / CUDA 13.0 (its device block)."""
+    _newer_torch(monkeypatch)
+    monkeypatch.setattr(cm_args, "current_gpu_name", lambda: "NVIDIA H200")
+    args = cm_args.add_arguments(argparse.ArgumentParser()).parse_args(
+        ["--use-dynamic-batch-size", "--max-tokens-per-gpu", "8192", "--balance-by-flops",
+         "--cost-model", "h200/qwen3-8b"])
+    with caplog.at_level(logging.WARNING, logger="costmodel.integrations.args"):
+        assert cm_args.validate_args(args, spec="qwen3-8b") is not None  # loads: a warning only
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1
+    assert "torch 2.11 -> 2.13, CUDA 13.0 -> 12.8" in warnings[0]
+    assert "costmodel validate" in warnings[0]
+    caplog.clear()
+    monkeypatch.setattr(software, "running_software", lambda: dict(TIMED))
+    with caplog.at_level(logging.WARNING, logger="costmodel.integrations.args"):
+        cm_args.validate_args(args, spec="qwen3-8b")
+    assert not caplog.records
+
+
+def test_validate_notes_the_drift_before_it_measures(tmp_path, monkeypatch, capsys):
+    import costmodel.calibration.device as device
+    import costmodel.calibration.workloads as workloads
+    from costmodel.calibration.timer import SyntheticTimer
+    from costmodel.cli import main
+
+    monkeypatch.setattr(device, "require_cuda", lambda: None)
+    monkeypatch.setattr(device, "settle_gpu", lambda seconds: None)
+    monkeypatch.setattr(device, "device_fingerprint", lambda: {"name": "NVIDIA H200"})
+    monkeypatch.setattr(workloads, "KernelTimer",
+                        lambda spec, **kw: SyntheticTimer(spec, noise=0.003, timing=kw["timing"]))
+    out = tmp_path / "cal.json"
+    assert main(["calibrate", "--gpu", "h200", "--model", "qwen3-0.6b", "--quick", "--max-len",
+                 "2048", "-o", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    doc["device"].update(TIMED)  # as a GPU's fingerprint records them
+    out.write_text(json.dumps(doc))
+    capsys.readouterr()
+    _newer_torch(monkeypatch)
+    assert main(["validate", str(out), "--count", "8", "--layers", "1", "--no-save"]) == 0
+    assert f"note: {out} was timed under other software than this process runs (torch 2.11 " \
+           "-> 2.13, CUDA 13.0 -> 12.8)" in capsys.readouterr().err
+
+
+def test_slime_drop_in_warns_once_about_another_gpu_or_torch(monkeypatch, caplog):
+    """slime calls the drop-in every step: each reason is logged once per process."""
+    from types import SimpleNamespace
+
+    from costmodel.integrations import slime
+    from costmodel.scheduler import generate_lengths
+
+    monkeypatch.setattr(slime, "_warned", set())
+    args = SimpleNamespace(
+        use_dynamic_batch_size=True, max_tokens_per_gpu=8192, balance_data=True,
+        cost_model="h200/qwen3-8b", num_layers=36, hidden_size=4096, num_attention_heads=32,
+        num_query_groups=8, group_query_attention=True, kv_channels=128, ffn_hidden_size=12288,
+        vocab_size=151936, qk_layernorm=True, swiglu=True, untie_embeddings_and_output_weights=True)
+    lengths = generate_lengths(64, "rl", seed=0).tolist()
+
+    def step():
+        slime.build_dp_schedule(args, {"dp_size": 2, "cp_size": 1}, lengths,
+                                global_batch_size=64, rollout_indices=list(range(64)))
+
+    def warned():
+        return [r.getMessage() for r in caplog.records if r.name == slime.logger.name]
+
+    monkeypatch.setattr(software, "running_software", lambda: dict(TIMED))
+    monkeypatch.setattr(cm_args, "current_gpu_name", lambda: "NVIDIA H200")
+    with caplog.at_level(logging.WARNING, logger="costmodel.integrations.slime"):
+        step()
+        assert warned() == []
+        _newer_torch(monkeypatch)
+        step()
+        step()
+        assert len(warned()) == 1 and "(torch 2.11 -> 2.13, CUDA 13.0 -> 12.8)" in warned()[0]
+        monkeypatch.setattr(cm_args, "current_gpu_name", lambda: "NVIDIA H100 80GB HBM3")
+        step()
+        step()
+    assert len(warned()) == 2
+    assert "measured on NVIDIA H200 but this process runs on NVIDIA H100 80GB HBM3" in warned()[1]
