@@ -50,6 +50,37 @@ def test_running_software_reads_this_process():
     assert found["cuda"] == torch.version.cuda  # None on the CPU build CI runs
 
 
+def test_triton_is_found_under_a_nightly_torchs_distribution_name(monkeypatch):
+    """torch's nightlies install triton as the distribution ``pytorch-triton`` (no
+    ``triton`` distribution at all): its version is still this process's triton's, which
+    `device_fingerprint` records as ``triton.__version__``."""
+    import importlib.metadata as md
+    import sys
+    from types import SimpleNamespace
+
+    installed = {"pytorch-triton": "3.7.0+git1234abcd", "flash-attn": "2.8.3"}
+
+    def version(name):
+        name = name.replace("_", "-").lower()
+        if name not in installed:
+            raise md.PackageNotFoundError(name)
+        return installed[name]
+
+    monkeypatch.setattr(md, "version", version)
+    monkeypatch.setattr(md, "packages_distributions",
+                        lambda: {"triton": ["pytorch-triton"], "flash_attn": ["flash_attn"]})
+    monkeypatch.delitem(sys.modules, "triton", raising=False)
+    monkeypatch.delitem(sys.modules, "flash_attn", raising=False)
+    found = software._running_software.__wrapped__()  # not the process's cached answer
+    assert found["triton"] == "3.7.0+git1234abcd"
+    assert found["flash_attn"] == "2.8.3"
+    assert software_drift(TIMED, dict(TIMED, triton=found["triton"]), "triton") == [
+        "triton 3.6 -> 3.7"]
+    # once imported, the module's own version (what the fingerprint reads)
+    monkeypatch.setitem(sys.modules, "triton", SimpleNamespace(__version__="3.8.1"))
+    assert software._running_software.__wrapped__()["triton"] == "3.8.1"
+
+
 def _newer_torch(monkeypatch):
     monkeypatch.setattr(software, "running_software",
                         lambda: dict(TIMED, torch="2.13.0", cuda="12.8"))

@@ -15,6 +15,7 @@ import functools
 import importlib
 import importlib.metadata
 import re
+import sys
 from collections.abc import Mapping
 from typing import Any
 
@@ -29,18 +30,30 @@ _VERSIONED = (
 )
 
 
-def _installed(distribution: str) -> str | None:
-    """An installed package's version from its metadata (no import: importing flash-attn
-    loads its CUDA extension), or None."""
+def _installed(module: str) -> str | None:
+    """The version of the package that provides ``module``, or None: the module's own
+    ``__version__`` where it is imported already (what `device_fingerprint` records), else
+    its distribution's metadata (no import: importing flash-attn loads its CUDA extension).
+    A distribution's name need not be its module's: torch's nightlies install triton as
+    ``pytorch-triton`` (``pytorch-triton-rocm`` on ROCm)."""
+    version = getattr(sys.modules.get(module), "__version__", None)
+    if version:
+        return str(version)
     try:
-        return importlib.metadata.version(distribution)
-    except importlib.metadata.PackageNotFoundError:
-        return None
+        names = list(importlib.metadata.packages_distributions().get(module) or [])
+    except Exception:  # an unreadable installation: the module's own name still works
+        names = []
+    for name in [*names, module.replace("_", "-")]:
+        try:
+            return importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return None
 
 
 def flash_attn_version() -> str | None:
     """The installed flash-attn's version, or None."""
-    return _installed("flash-attn")
+    return _installed("flash_attn")
 
 
 def running_software() -> dict[str, str | None]:
