@@ -151,7 +151,7 @@ def test_a_tuned_first_choice_with_a_backward_switch_can_be_adopted(poisoned, mo
     ({"SPLIT_GROUP": 1}, {}), ({}, {"SPLIT_GROUP": 1}), ({"SPLIT_GROUP": 1, "FUSE_DQ": 1}, {})])
 def test_a_dkdv_fallback_runs_and_reports_the_first_choices_switches(poisoned, monkeypatch,
                                                                       first, fallback):
-    """Buffers and grid are set before `_launch` finds which config fits, so a fallback
+    """Buffers and grid are set before `launch` finds which config fits, so a fallback
     runs with the first choice's FUSE_DQ/SPLIT_GROUP, and chosen_configs (the benchmark's
     record of what ran) says so: it gave the fallback's own switches."""
     from triton.runtime.errors import OutOfResources

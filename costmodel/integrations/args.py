@@ -194,10 +194,11 @@ def validate_args(
     - an on/off flag is not true or false, or ``--cost-model`` is empty.
     FileNotFoundError (naming the flag) when the ``--cost-model`` file does not exist.
     Logs a warning when the cost model was measured on another GPU than the one in use
-    (naming both), or for another tensor-parallel size than ``--tensor-model-parallel-size``
-    (1 when ``args`` has none) or, for a MoE model, experts split otherwise
-    (``--expert-tensor-parallel-size``, TP when absent), and an info line when no GPU is
-    visible or the model is an estimate.
+    (naming both) or, on the same GPU, under other torch, CUDA or attention-kernel versions
+    at major.minor (`software.drift_note`); or for another tensor-parallel size than
+    ``--tensor-model-parallel-size`` (1 when ``args`` has none) or, for a MoE model, experts
+    split otherwise (``--expert-tensor-parallel-size``, TP when absent); and an info line
+    when no GPU is visible or the model is an estimate.
 
     ``spec`` is the model being trained (a `ModelSpec`); without it, Megatron-style fields on
     ``args`` (hidden_size, num_layers, ...) are used. The loaded model is kept on ``args``
