@@ -194,7 +194,7 @@ def test_a_cap_past_one_micro_batch_names_context_parallelism_only_when_set():
 
 def test_warns_when_the_cost_model_is_from_another_gpu(cost_model_file, monkeypatch, caplog):
     args = parse([*FLOPS_ARGV, "--cost-model", cost_model_file])
-    monkeypatch.setattr(cm_args, "current_gpu_name", lambda: "NVIDIA H100 80GB HBM3")
+    monkeypatch.setattr(cm_args, "current_gpu_name", lambda start_cuda=True: "NVIDIA H100 80GB HBM3")
     with caplog.at_level(logging.WARNING, logger="costmodel.integrations.args"):
         validate_args(args, spec=SPEC)
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
@@ -205,7 +205,7 @@ def test_warns_when_the_cost_model_is_from_another_gpu(cost_model_file, monkeypa
 @pytest.mark.parametrize("device", ["NVIDIA H200", None])
 def test_no_warning_on_the_same_gpu_or_without_one(cost_model_file, monkeypatch, caplog, device):
     args = parse([*FLOPS_ARGV, "--cost-model", cost_model_file])
-    monkeypatch.setattr(cm_args, "current_gpu_name", lambda: device)
+    monkeypatch.setattr(cm_args, "current_gpu_name", lambda start_cuda=True: device)
     with caplog.at_level(logging.INFO, logger="costmodel.integrations.args"):
         validate_args(args, spec=SPEC)
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
@@ -492,7 +492,7 @@ def test_warns_when_the_cost_model_timed_another_tensor_parallel_shard(
     args = parse([*FLOPS_ARGV, "--cost-model", str(path)])
     if run_tp is not None:  # Megatron's flag; scripts without it run one GPU per layer
         args.tensor_model_parallel_size = run_tp
-    monkeypatch.setattr(cm_args, "current_gpu_name", lambda: None)
+    monkeypatch.setattr(cm_args, "current_gpu_name", lambda start_cuda=True: None)
     with caplog.at_level(logging.WARNING, logger="costmodel.integrations.args"):
         validate_args(args, spec=spec)
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
@@ -519,7 +519,7 @@ def test_warns_when_the_run_splits_experts_otherwise_than_the_cost_model(
     args.tensor_model_parallel_size = run_tp
     if run_etp is not None:
         args.expert_tensor_parallel_size = run_etp
-    monkeypatch.setattr(cm_args, "current_gpu_name", lambda: None)
+    monkeypatch.setattr(cm_args, "current_gpu_name", lambda start_cuda=True: None)
     with caplog.at_level(logging.WARNING, logger="costmodel.integrations.args"):
         validate_args(args, spec=spec)
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]

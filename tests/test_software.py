@@ -86,10 +86,13 @@ def _newer_torch(monkeypatch):
                         lambda: dict(TIMED, torch="2.13.0", cuda="12.8"))
 
 
-def test_training_flags_warn_about_a_profile_timed_under_another_torch(monkeypatch, caplog):
-    """The shipped profile was timed under torch 2.11 / CUDA 13.0 (its device block)."""
+@pytest.mark.parametrize("device", ["NVIDIA H200", None])
+def test_training_flags_warn_about_a_profile_timed_under_another_torch(monkeypatch, caplog,
+                                                                       device):
+    """The shipped profile was timed under torch 2.11 / CUDA 13.0 (its device block). A
+    process that sees no GPU is told too: it schedules for GPUs that run its software."""
     _newer_torch(monkeypatch)
-    monkeypatch.setattr(cm_args, "current_gpu_name", lambda: "NVIDIA H200")
+    monkeypatch.setattr(cm_args, "current_gpu_name", lambda start_cuda=True: device)
     args = cm_args.add_arguments(argparse.ArgumentParser()).parse_args(
         ["--use-dynamic-batch-size", "--max-tokens-per-gpu", "8192", "--balance-by-flops",
          "--cost-model", "h200/qwen3-8b"])
@@ -98,7 +101,9 @@ def test_training_flags_warn_about_a_profile_timed_under_another_torch(monkeypat
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1
     assert "torch 2.11 -> 2.13, CUDA 13.0 -> 12.8" in warnings[0]
-    assert "costmodel validate" in warnings[0]
+    assert "`costmodel validate FILE --no-save`" in warnings[0]
+    assert ("`costmodel calibrate --gpu auto --model qwen3-8b --attention torch-varlen --dtype "
+            "bf16 -o calibrated.json` times them again") in warnings[0]  # runnable as it is
     caplog.clear()
     monkeypatch.setattr(software, "running_software", lambda: dict(TIMED))
     with caplog.at_level(logging.WARNING, logger="costmodel.integrations.args"):
@@ -127,7 +132,8 @@ def test_validate_notes_the_drift_before_it_measures(tmp_path, monkeypatch, caps
     _newer_torch(monkeypatch)
     assert main(["validate", str(out), "--count", "8", "--layers", "1", "--no-save"]) == 0
     assert f"note: {out} was timed under other software than this process runs (torch 2.11 " \
-           "-> 2.13, CUDA 13.0 -> 12.8)" in capsys.readouterr().err
+           "-> 2.13, CUDA 13.0 -> 12.8): this run measures whether its times moved" \
+           in capsys.readouterr().err
 
 
 def test_slime_drop_in_warns_once_about_another_gpu_or_torch(monkeypatch, caplog):
@@ -152,8 +158,14 @@ def test_slime_drop_in_warns_once_about_another_gpu_or_torch(monkeypatch, caplog
     def warned():
         return [r.getMessage() for r in caplog.records if r.name == slime.logger.name]
 
+    def on(name):
+        def current_gpu_name(start_cuda):
+            assert start_cuda is False  # the drop-in never starts CUDA itself
+            return name
+        return current_gpu_name
+
     monkeypatch.setattr(software, "running_software", lambda: dict(TIMED))
-    monkeypatch.setattr(cm_args, "current_gpu_name", lambda: "NVIDIA H200")
+    monkeypatch.setattr(cm_args, "current_gpu_name", on("NVIDIA H200"))
     with caplog.at_level(logging.WARNING, logger="costmodel.integrations.slime"):
         step()
         assert warned() == []
@@ -161,8 +173,42 @@ def test_slime_drop_in_warns_once_about_another_gpu_or_torch(monkeypatch, caplog
         step()
         step()
         assert len(warned()) == 1 and "(torch 2.11 -> 2.13, CUDA 13.0 -> 12.8)" in warned()[0]
-        monkeypatch.setattr(cm_args, "current_gpu_name", lambda: "NVIDIA H100 80GB HBM3")
+        monkeypatch.setattr(cm_args, "current_gpu_name", on("NVIDIA H100 80GB HBM3"))
         step()
         step()
     assert len(warned()) == 2
     assert "measured on NVIDIA H200 but this process runs on NVIDIA H100 80GB HBM3" in warned()[1]
+
+
+def test_the_command_to_calibrate_again_keeps_the_shard_and_backend():
+    from costmodel.calibration.software import calibrate_again
+    from costmodel.estimate import estimate_cost_model
+    from costmodel.spec import ModelSpec
+
+    model = estimate_cost_model("qwen3-30b-a3b", "h200", tensor_parallel=2,
+                                expert_tensor_parallel=1)
+    model.extra["kernels"] = {"attention": "triton", "dtype": "fp16"}
+    assert calibrate_again(model) == (
+        "costmodel calibrate --gpu auto --model qwen3-30b-a3b --attention triton --dtype fp16 "
+        "--tensor-parallel 2 --expert-tensor-parallel 1 -o calibrated.json")
+    import dataclasses
+    custom = dataclasses.replace(ModelSpec.from_preset("qwen3-8b"), num_layers=7)
+    assert "--model <its HF config.json> --attention torch-varlen -o" in calibrate_again(
+        estimate_cost_model(custom, "h200"))
+
+
+def test_a_process_that_has_not_started_cuda_is_not_made_to(monkeypatch):
+    """The slime drop-in runs on the rollout side too: asking for the device's name would
+    create a CUDA context there (and break CUDA in the workers it forks)."""
+    torch = pytest.importorskip("torch")
+    from costmodel.calibration.device import current_gpu_name
+
+    asked = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: asked.append("init") or 0)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda i: "NVIDIA H200")
+    assert current_gpu_name(start_cuda=False) is None and asked == []
+    assert current_gpu_name() == "NVIDIA H200" and asked == ["init"]
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    assert current_gpu_name(start_cuda=False) == "NVIDIA H200"

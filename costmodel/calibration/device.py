@@ -28,13 +28,15 @@ __all__ = ["device_fingerprint", "require_cuda", "resolve_gpu", "settle_gpu"]
 logger = logging.getLogger(__name__)
 
 
-def current_gpu_name() -> str | None:
-    """The name of the CUDA device in use, or None without torch or a GPU (never raises)."""
+def current_gpu_name(start_cuda: bool = True) -> str | None:
+    """The name of the CUDA device in use, or None without torch or a GPU (never raises).
+    Without ``start_cuda``, None too where this process has not started CUDA yet: asking
+    would (a process that forks workers afterwards cannot use CUDA in them)."""
     try:
         torch = importlib.import_module("torch")
     except ImportError:
         return None
-    if not torch.cuda.is_available():
+    if not torch.cuda.is_available() or not (start_cuda or torch.cuda.is_initialized()):
         return None
     return torch.cuda.get_device_name(torch.cuda.current_device())
 

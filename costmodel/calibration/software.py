@@ -19,7 +19,8 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["drift_note", "flash_attn_version", "running_software", "software_drift"]
+__all__ = ["calibrate_again", "drift_note", "flash_attn_version", "model_drift", "running_software",
+           "software_drift"]
 
 # (fingerprint key, the name shown, the attention backend it matters for; None: always)
 _VERSIONED = (
@@ -104,11 +105,40 @@ def drift_note(model: Any) -> str | None:
     """Why ``model``'s (a `CostModel`) times may be stale in this process, as the rest of a
     sentence that starts with the file's name, or None: other torch, CUDA or kernel versions
     than it was timed under (`software_drift`)."""
-    extra = getattr(model, "extra", None) or {}
-    attention = (extra.get("kernels") or {}).get("attention")
-    drift = software_drift(extra.get("device"), running_software(), attention)
+    drift = model_drift(model)
     if not drift:
         return None
     return (f"was timed under other software than this process runs ({', '.join(drift)}): "
-            "kernel times may have moved; `costmodel validate` on this GPU measures by how "
-            "much, `costmodel calibrate --gpu auto` measures it again")
+            "kernel times may have moved; on the GPU, `costmodel validate FILE --no-save` "
+            f"measures by how much, and `{calibrate_again(model)}` times them again")
+
+
+def model_drift(model: Any) -> list[str]:
+    """`software_drift` between ``model``'s recorded versions and this process's."""
+    extra = getattr(model, "extra", None) or {}
+    attention = (extra.get("kernels") or {}).get("attention")
+    return software_drift(extra.get("device"), running_software(), attention)
+
+
+def calibrate_again(model: Any) -> str:
+    """The `costmodel calibrate` command that times ``model``'s kernels again on the GPU in
+    use: its model (a preset's name, else its config.json), attention backend, dtype and
+    tensor-parallel shard."""
+    from costmodel.spec import ModelSpec, preset_names
+
+    spec = model.spec
+    is_preset = spec.name in preset_names() and (
+        ModelSpec.from_preset(spec.name).fingerprint() == spec.fingerprint())
+    kernels = (getattr(model, "extra", None) or {}).get("kernels") or {}
+    words = ["costmodel calibrate --gpu auto --model",
+             spec.name if is_preset else "<its HF config.json>",
+             "--attention", str(kernels.get("attention") or "torch-varlen")]
+    if kernels.get("dtype"):
+        words += ["--dtype", str(kernels["dtype"])]
+    tp = int(getattr(model, "tensor_parallel", 1) or 1)
+    etp = int(getattr(model, "expert_tensor_parallel", tp) or tp)
+    if tp > 1:
+        words += ["--tensor-parallel", str(tp)]
+    if spec.num_moe_layers and etp != tp:
+        words += ["--expert-tensor-parallel", str(etp)]
+    return " ".join([*words, "-o calibrated.json"])

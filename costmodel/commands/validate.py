@@ -51,7 +51,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from costmodel.calibration.device import device_fingerprint, require_cuda, settle_gpu
     from costmodel.calibration.progress import ProgressLine
-    from costmodel.calibration.software import drift_note
+    from costmodel.calibration.software import model_drift
     from costmodel.calibration.validate import format_validation, run_validation
     from costmodel.commands.calibrate import parse_modes, print_peak_memory
     from costmodel.model import load_cost_model
@@ -97,9 +97,10 @@ def run(args: argparse.Namespace) -> int:
             f"{path} was calibrated on {model.gpu!r} but this GPU is {found!r}; validate on the "
             "same GPU, or pass --allow-other-gpu"
         )
-    drift = drift_note(model)
+    drift = model_drift(model)
     if drift:  # what this run measures then: whether the times moved
-        print(f"note: {path} {drift}", file=sys.stderr)
+        print(f"note: {path} was timed under other software than this process runs "
+              f"({', '.join(drift)}): this run measures whether its times moved", file=sys.stderr)
     from costmodel.calibration.workloads import KernelTimer
 
     kernels = model.extra.get("kernels") or {}

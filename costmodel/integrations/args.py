@@ -366,27 +366,25 @@ def _check_gpu(model, label: str) -> None:
         )
     if current_gpu_name() is None:
         logger.info("no CUDA GPU visible: not checking --cost-model %s's GPU (%s)", label, model_gpu)
-        return
     why = gpu_mismatch(model)
     if why:
         logger.warning("--cost-model %s %s", label, why)
 
 
-def gpu_mismatch(model: Any) -> str | None:
+def gpu_mismatch(model: Any, *, start_cuda: bool = True) -> str | None:
     """Why ``model``'s times may not be this process's (as the rest of a sentence that starts
-    with its name): measured on another GPU than the one in use, or under other torch, CUDA
-    or kernel versions (`software.drift_note`); None when they match or no GPU is visible.
+    with its name), or None: measured on another GPU than the one in use, or under other
+    torch, CUDA or kernel versions (`software.drift_note`; checked without a GPU too: a
+    process that schedules for GPUs it does not hold runs their software, as a rule).
+    ``start_cuda=False`` compares GPUs only where this process has started CUDA already.
     Shared by `validate_args` and the slime drop-in."""
-    from costmodel.calibration.software import drift_note
+    from costmodel.calibration.software import calibrate_again, drift_note
 
-    device = current_gpu_name()
-    if device is None:
-        return None
+    device = current_gpu_name(start_cuda)
     model_gpu = str(getattr(model, "gpu", "") or "")
-    if model_gpu and not _same_gpu(model_gpu, device):
+    if device is not None and model_gpu and not _same_gpu(model_gpu, device):
         return (f"was measured on {model_gpu} but this process runs on {device}: its times "
-                "may not match this GPU; calibrate on this GPU with `costmodel calibrate "
-                "--gpu auto`")
+                f"may not match this GPU; calibrate on this GPU with `{calibrate_again(model)}`")
     return drift_note(model)
 
 

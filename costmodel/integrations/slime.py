@@ -105,7 +105,8 @@ def _resolve_cost(args: Any) -> tuple[Any, Any, bool]:
         why = tensor_parallel_mismatch(model, *run_tensor_parallel(args, as_flags=False))
         if why:
             _warn_once(f"cost_model {cost_model}: {why}")
-        why = gpu_mismatch(model)
+        # The drop-in may run where no GPU is used (slime's rollout side): never start CUDA.
+        why = gpu_mismatch(model, start_cuda=False)
         if why:
             _warn_once(f"cost_model {cost_model} {why}")
         return model, spec, balance
