@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from costmodel.context_parallel import ContextParallelCost
+from costmodel.integrations import args as cm_args
 from costmodel.integrations import slime
 from costmodel.integrations.args import add_arguments, scheduler_from_args
 from costmodel.model import load_cost_model
@@ -95,7 +96,7 @@ def test_slime_warns_once_when_the_cost_model_timed_another_tp_shard(tmp_path, m
     """As validate_args does for Megatron flags: slime's args carry the run's TP size."""
     from costmodel.estimate import estimate_cost_model
 
-    monkeypatch.setattr(slime, "_warned", set())
+    monkeypatch.setattr(cm_args, "_warned", set())
     path = estimate_cost_model("qwen3-8b", "h200", tensor_parallel=2).save(tmp_path / "tp2.json")
     args = types.SimpleNamespace(
         use_dynamic_batch_size=True, max_tokens_per_gpu=8192, balance_data=True,

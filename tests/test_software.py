@@ -143,7 +143,7 @@ def test_slime_drop_in_warns_once_about_another_gpu_or_torch(monkeypatch, caplog
     from costmodel.integrations import slime
     from costmodel.scheduler import generate_lengths
 
-    monkeypatch.setattr(slime, "_warned", set())
+    monkeypatch.setattr(cm_args, "_warned", set())
     args = SimpleNamespace(
         use_dynamic_batch_size=True, max_tokens_per_gpu=8192, balance_data=True,
         cost_model="h200/qwen3-8b", num_layers=36, hidden_size=4096, num_attention_heads=32,
@@ -212,3 +212,20 @@ def test_a_process_that_has_not_started_cuda_is_not_made_to(monkeypatch):
     assert current_gpu_name() == "NVIDIA H200" and asked == ["init"]
     monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
     assert current_gpu_name(start_cuda=False) == "NVIDIA H200"
+
+
+def test_verl_drop_in_warns_once_about_a_profile_timed_under_another_torch(monkeypatch, caplog):
+    from costmodel.integrations import verl
+
+    monkeypatch.setattr(cm_args, "_warned", set())
+    monkeypatch.setattr(cm_args, "current_gpu_name", lambda start_cuda: None)
+    _newer_torch(monkeypatch)
+    lengths = [300, 1200, 4000, 800, 2500, 60, 7000, 1500]
+    with caplog.at_level(logging.WARNING, logger="costmodel.integrations.verl"):
+        for _ in range(3):  # every step names the same file
+            verl.balanced_micro_batches(lengths, 8192, cost="h200/qwen3-8b", spec="qwen3-8b")
+        verl.balanced_micro_batches(lengths, 8192)  # verl's own workload: nothing to say
+    warned = [r.getMessage() for r in caplog.records if r.name == verl.logger.name]
+    assert len(warned) == 1
+    assert warned[0].startswith("cost model qwen3-8b on NVIDIA H200 (measured) was timed under")
+    assert "(torch 2.11 -> 2.13, CUDA 13.0 -> 12.8)" in warned[0]

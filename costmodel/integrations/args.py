@@ -371,13 +371,23 @@ def _check_gpu(model, label: str) -> None:
         logger.warning("--cost-model %s %s", label, why)
 
 
+_warned: set[str] = set()  # what `warn_once` has logged in this process
+
+
+def warn_once(log: logging.Logger, message: str) -> None:
+    """Log a warning once per process (the drop-ins run every step)."""
+    if message not in _warned:
+        _warned.add(message)
+        log.warning(message)
+
+
 def gpu_mismatch(model: Any, *, start_cuda: bool = True) -> str | None:
     """Why ``model``'s times may not be this process's (as the rest of a sentence that starts
     with its name), or None: measured on another GPU than the one in use, or under other
     torch, CUDA or kernel versions (`software.drift_note`; checked without a GPU too: a
     process that schedules for GPUs it does not hold runs their software, as a rule).
     ``start_cuda=False`` compares GPUs only where this process has started CUDA already.
-    Shared by `validate_args` and the slime drop-in."""
+    Shared by `validate_args` and the slime and verl drop-ins."""
     from costmodel.calibration.software import calibrate_again, drift_note
 
     device = current_gpu_name(start_cuda)

@@ -65,6 +65,12 @@ from numpy.typing import ArrayLike
 
 from costmodel.checks import cost_model_choice, on_off, positive_int, whole_number
 from costmodel.flops import MAX_LENGTH, as_lengths
+from costmodel.integrations.args import (
+    gpu_mismatch,
+    run_tensor_parallel,
+    tensor_parallel_mismatch,
+    warn_once,
+)
 from costmodel.scheduler import build_schedule, karmarkar_karp
 from costmodel.scheduler.baselines import align_bins, first_fit_pack
 from costmodel.scheduler.costs import as_cost
@@ -96,19 +102,13 @@ def _resolve_cost(args: Any) -> tuple[Any, Any, bool]:
             spec = None
         allow = _on(args, "cost_model_allow_other_shape")
         model = cached_cost_model(cost_model, spec=spec, allow_other_shape=allow)
-        from costmodel.integrations.args import (
-            gpu_mismatch,
-            run_tensor_parallel,
-            tensor_parallel_mismatch,
-        )
-
         why = tensor_parallel_mismatch(model, *run_tensor_parallel(args, as_flags=False))
         if why:
-            _warn_once(f"cost_model {cost_model}: {why}")
+            warn_once(logger, f"cost_model {cost_model}: {why}")
         # The drop-in may run where no GPU is used (slime's rollout side): never start CUDA.
         why = gpu_mismatch(model, start_cuda=False)
         if why:
-            _warn_once(f"cost_model {cost_model} {why}")
+            warn_once(logger, f"cost_model {cost_model} {why}")
         return model, spec, balance
     if balance:
         no_shape = all(getattr(args, key, None) is None for key in _SHAPE_FIELDS)
@@ -116,8 +116,8 @@ def _resolve_cost(args: Any) -> tuple[Any, Any, bool]:
             # balance_data alone: slime balanced it by tokens in some releases, by FLOPs in
             # others; with no model shape on args at all, tokens it is (a shape that is
             # there but wrong is still an error).
-            _warn_once("balance_data: no model shape on args (hidden_size, num_attention_heads, "
-                       "num_layers); balancing tokens, not FLOPs")
+            warn_once(logger, "balance_data: no model shape on args (hidden_size, "
+                      "num_attention_heads, num_layers); balancing tokens, not FLOPs")
             return "tokens", None, balance
         try:
             return "flops", _spec_from_args(args), balance
@@ -129,19 +129,11 @@ def _resolve_cost(args: Any) -> tuple[Any, Any, bool]:
 
 # Megatron's model-shape fields: with none of them on args, balance_data balances tokens.
 _SHAPE_FIELDS = ("hidden_size", "num_attention_heads", "num_layers")
-_warned: set[str] = set()
 
 
 def _on(args: Any, name: str) -> bool:
     """A switch on slime's args; the string "False" from a config is refused, not on."""
     return on_off(getattr(args, name, None), name)
-
-
-def _warn_once(message: str) -> None:
-    """Log once per process (build_dp_schedule runs every step)."""
-    if message not in _warned:
-        _warned.add(message)
-        logger.warning(message)
 
 
 def _steps(rollout_ids: np.ndarray, global_batch_size: int) -> list[list[int]]:

@@ -50,6 +50,7 @@ model) have their own curves: ``mode="forward"`` where a call site only computes
 from __future__ import annotations
 
 import functools
+import logging
 import operator
 from collections.abc import Iterable, Sized
 from itertools import chain
@@ -60,9 +61,10 @@ from numpy.typing import ArrayLike
 
 from costmodel.checks import plain_scalar, positive_int, true_or_false
 from costmodel.flops import as_lengths, on_host
+from costmodel.integrations.args import gpu_mismatch, warn_once
 from costmodel.scheduler import build_schedule, karmarkar_karp
 from costmodel.scheduler.bounds import round_up
-from costmodel.scheduler.costs import AdditiveCost, as_cost
+from costmodel.scheduler.costs import AdditiveCost, ModelCost, as_cost
 from costmodel.scheduler.order import run_order
 
 __all__ = [
@@ -72,6 +74,8 @@ __all__ = [
     "get_seqlen_balanced_partitions",
     "rearrange_micro_batches",
 ]
+
+logger = logging.getLogger(__name__)
 
 
 def _verl_workload(lengths: np.ndarray) -> np.ndarray:
@@ -502,9 +506,14 @@ def balanced_micro_batches(
                          "fit one micro-batch, as in verl; raise max_token_len")
     _check_enough_sequences(lengths, dp_size, num_batches_divided_by, min_num_micro_batch)
     order = "pipeline" if use_dynamic_bsz_balance else "none"
+    cost = as_cost(VERL_WORKLOAD if cost is None else cost, spec=spec, mode=mode)
+    if isinstance(cost, ModelCost):  # a file from another GPU or software: say so, once
+        why = gpu_mismatch(cost.model, start_cuda=False)  # verl's call runs on the GPU
+        if why:
+            warn_once(logger, f"cost model {getattr(cost.model, 'label', cost.name)} {why}")
     kwargs = dict(
         max_tokens_per_microbatch=max_token_len,
-        cost=VERL_WORKLOAD if cost is None else cost,
+        cost=cost,
         spec=spec,
         mode=mode,
         align=num_batches_divided_by or 1,
