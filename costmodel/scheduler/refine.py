@@ -37,7 +37,7 @@ from collections.abc import Callable
 import numpy as np
 
 from costmodel.scheduler.costs import Cost, additive_bin_costs, quantise
-from costmodel.scheduler.sorting import as_lists, members_of, running_sums, segments
+from costmodel.scheduler.sorting import as_lists, members_of, running_sums, segments, stable_order
 
 __all__ = [
     "BinState", "batch_search", "first_min_per_pair", "local_search", "pair_ranks", "swap_partners",
@@ -279,10 +279,11 @@ def _sweep(st: BinState, tol: float, fold: bool = True, batches: bool = False) -
     applied = int(batched.sum())
     if st.additive:
         # Pairs whose best single change moves under 1/64 of the gap (error over 31/32 of
-        # it) swap many samples at once. From a quarter (as batches), 9 of the 1,200 digest
-        # schedules came out worse, by up to 0.47%; from 1/64, 2: by 0.03% (FLOPs) and 0.35% (an
-        # additive cost with a fixed part, 1.11x its loose bound), and 4 better, by up to
-        # 1.04%. On near-equal lengths, 7-30x faster and closer to the bound (benchmarks/).
+        # it) swap many samples at once, where that beats the single change. From a quarter
+        # (as batches), 9 of the 1,200 digest schedules came out worse, by up to 0.47%; from
+        # 1/64, 2: by 0.03% (FLOPs) and 0.35% (an additive cost with a fixed part, 1.11x its
+        # loose bound), and 2 better, by 0.6% and 1.0%. On near-equal lengths, 5-30x faster
+        # and closer to the bound (benchmarks/README.md, fifth hunt).
         covered = np.bincount(pa[valid & (best_err <= g_a - g_a // 32)], minlength=gap.size) > 0
         pair_err = np.full(gap.size, _NONE, dtype=np.int64)
         np.minimum.at(pair_err, pa[valid], best_err[valid])
@@ -450,12 +451,18 @@ def _bulk_swaps(
 
 def _one_per_bin(items: np.ndarray, pair: np.ndarray, key: np.ndarray, bin_of: np.ndarray
                  ) -> tuple[np.ndarray, np.ndarray]:
-    """Of ``items`` (with their ``pair``), the one with the lowest ``key`` in each
-    micro-batch (ties: the lower index), ordered by (pair, key, index)."""
-    order = np.lexsort((items, key, bin_of[items]))
-    bins = bin_of[items[order]]
-    first = np.concatenate([[True], bins[1:] != bins[:-1]])
-    keep = order[first]
+    """Of ``items`` (ascending, with their ``pair``), the one with the lowest ``key`` in each
+    micro-batch (ties: the lower index), ordered by (pair, key, index). One stable sort by
+    micro-batch and a minimum per run (a lexsort of all three keys took 4.5 ms a call at
+    85,000 samples, and twice the sweep's other work)."""
+    by_bin = stable_order(bin_of[items])  # within a micro-batch, ascending items
+    bins, keys = bin_of[items[by_bin]], key[by_bin]
+    new_bin = np.concatenate([[True], bins[1:] != bins[:-1]])
+    run = np.cumsum(new_bin) - 1
+    lowest = np.minimum.reduceat(keys, np.flatnonzero(new_bin))
+    at_lowest = np.flatnonzero(keys == lowest[run])
+    first = np.concatenate([[True], run[at_lowest][1:] != run[at_lowest][:-1]])
+    keep = by_bin[at_lowest[first]]
     keep = keep[np.lexsort((items[keep], key[keep], pair[keep]))]
     return items[keep], pair[keep]
 
