@@ -569,7 +569,7 @@ def test_near_equal_lengths_balance_by_swapping_many_samples_at_once(cost):
     of the longest do not fit), dp 64: a single swap moves at most 4 tokens between two ranks
     hundreds of tokens apart, so the search ran out of sweeps at 1.00084x the bound (0.38 s;
     1.6 s at 100,000 samples). Swapping A's costliest samples with B's cheapest, one per
-    micro-batch, k-th with k-th (`refine._bulk_swaps`): 1.00036x in a few sweeps."""
+    micro-batch, k-th with k-th (`refine_many.bulk_swaps`): 1.00036x in a few sweeps."""
     lengths = np.random.default_rng(0).integers(2728, 2733, 50_000)
     s = build_schedule(lengths, dp_size=64, max_tokens_per_microbatch=8192, cost=cost,
                        spec="qwen3-8b")

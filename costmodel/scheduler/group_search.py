@@ -27,14 +27,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-from costmodel.scheduler.refine import (
-    BinState,
-    first_min_per_pair,
-    local_search,
-    pair_ranks,
-    swap_partners,
-)
-from costmodel.scheduler.sorting import segments, stable_order
+from costmodel.scheduler.refine import BinState, local_search, pair_ranks, swap_partners
+from costmodel.scheduler.sorting import first_min_per_pair, segments, stable_order
 
 __all__ = ["group_local_search"]
 

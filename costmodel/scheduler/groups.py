@@ -28,8 +28,8 @@ import numpy as np
 from costmodel.scheduler.pack import MAX_ROUNDS, best_fit_pack, pack_tokens
 from costmodel.scheduler.pack_ranks import pack_each_rank
 from costmodel.scheduler.partition import karmarkar_karp_labels
-from costmodel.scheduler.refine import MAX_SWEEPS, first_min_per_pair, pair_ranks, swap_partners
-from costmodel.scheduler.sorting import longest_first, members_of
+from costmodel.scheduler.refine import MAX_SWEEPS, pair_ranks, swap_partners
+from costmodel.scheduler.sorting import first_min_per_pair, longest_first, members_of
 
 __all__ = ["first_appearance_ids", "place_groups"]
 

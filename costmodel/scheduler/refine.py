@@ -18,9 +18,9 @@ micro-batches it changes, and applied if it lowers the pair's maximum. Sweeps re
 until the most loaded rank is within a tolerance of the mean, or a sweep changes nothing.
 Where the most loaded rank's excess was many small samples (no single change came near
 half its pair's gap), a second round of sweeps (`batch_search`) moves batches of them at
-once (`_apply_batches`; additive and separable costs). Under an additive cost, a pair whose
-best single change moves under 1/64 of its gap (near-equal lengths: every swap moves a few
-tokens) swaps many samples at once instead (`_bulk_swaps`).
+once (`refine_many.apply_batches`; additive and separable costs). Under an additive cost,
+a pair whose best single change moves under 1/64 of its gap (near-equal lengths: every swap
+moves a few tokens) swaps many samples at once instead (`refine_many.bulk_swaps`).
 
 A sweep is a handful of numpy calls over all samples: the samples of every B rank, keyed
 ``pair · SPAN + cost``, are sorted once, and one `searchsorted` finds each A sample's best
@@ -37,11 +37,10 @@ from collections.abc import Callable
 import numpy as np
 
 from costmodel.scheduler.costs import Cost, additive_bin_costs, quantise
-from costmodel.scheduler.sorting import as_lists, members_of, running_sums, segments, stable_order
+from costmodel.scheduler.refine_many import apply_batches, bulk_swaps
+from costmodel.scheduler.sorting import as_lists, first_min_per_pair, members_of
 
-__all__ = [
-    "BinState", "batch_search", "first_min_per_pair", "local_search", "pair_ranks", "swap_partners",
-]
+__all__ = ["BinState", "batch_search", "local_search", "pair_ranks", "swap_partners"]
 
 _NONE = np.iinfo(np.int64).max
 _TABLE_MAX = 1 << 17  # caps `BinState.tabulate_tokens` tabulates (up to 1 MiB of int64)
@@ -198,7 +197,7 @@ def pair_ranks(
 def _sweep(st: BinState, tol: float, fold: bool = True, batches: bool = False) -> int:
     """One sweep over all rank pairs. Returns how many changes were applied. With
     ``batches``, pairs left short by single changes (see below) move a batch of samples
-    instead where that does better (`_apply_batches`); without, a short top pair sets
+    instead where that does better (`refine_many.apply_batches`); without, a short top pair sets
     ``st.starved``.
 
     ``fold`` pairs the i-th most loaded rank with the i-th least loaded; otherwise with the
@@ -273,7 +272,7 @@ def _sweep(st: BinState, tol: float, fold: bool = True, batches: bool = False) -
         if batches and short.any():
             pair_err = np.full(gap.size, _NONE, dtype=np.int64)
             np.minimum.at(pair_err, pa[valid], best_err[valid])
-            batched = _apply_batches(st, ia, pa, gap, pair_err, roomiest[b_ranks], a_ranks,
+            batched = apply_batches(st, ia, pa, gap, pair_err, roomiest[b_ranks], a_ranks,
                                      b_ranks)
             valid &= ~batched[pa]
     applied = int(batched.sum())
@@ -287,7 +286,7 @@ def _sweep(st: BinState, tol: float, fold: bool = True, batches: bool = False) -
         covered = np.bincount(pa[valid & (best_err <= g_a - g_a // 32)], minlength=gap.size) > 0
         pair_err = np.full(gap.size, _NONE, dtype=np.int64)
         np.minimum.at(pair_err, pa[valid], best_err[valid])
-        swapped = _bulk_swaps(st, ia, pa, ~covered & ~batched, gap, a_ranks, b_ranks, pair_err)
+        swapped = bulk_swaps(st, ia, pa, ~covered & ~batched, gap, a_ranks, b_ranks, pair_err)
         valid &= ~swapped[pa]
         applied += int(swapped.sum())
     if not valid.any():
@@ -301,170 +300,6 @@ def _sweep(st: BinState, tol: float, fold: bool = True, batches: bool = False) -
     if st.additive:
         return applied + _apply_additive(st, best_kind[sel], ia[sel], best_j[sel])
     return _apply_evaluated(st, pa[sel], best_kind[sel], ia[sel], best_j[sel], a_ranks, b_ranks)
-
-
-def _apply_batches(
-    st: BinState,
-    ia: np.ndarray,
-    pa: np.ndarray,
-    gap: np.ndarray,
-    pair_err: np.ndarray,
-    dst: np.ndarray,
-    a_ranks: np.ndarray,
-    b_ranks: np.ndarray,
-) -> np.ndarray:
-    """Move a batch of samples from one micro-batch of each pair's heavy rank A into B's
-    roomiest micro-batch ``dst[pair]``. Returns which pairs moved one.
-
-    A pair whose best single change is short of its gap (error ``pair_err`` over half the
-    gap, as in `_sweep`) tries every batch that is a prefix, costliest first, of one A
-    micro-batch's samples that may leave (each micro-batch keeps its costliest one) and fit
-    ``dst``. Each is priced exactly (a separable cost's token part is the curve at the new
-    fills: a sample's marginal cost at one fill misses the curve's steps by up to 10x), and
-    the pair takes its lowest new maximum if that beats its single change.
-    """
-    moved = np.zeros(gap.size, dtype=bool)
-    starved = pair_err > gap // 2  # not 2 · pair_err > gap: _NONE would overflow
-    mine = np.flatnonzero(starved[pa])
-    if mine.size == 0:
-        return moved
-    ia, pa = ia[mine], pa[mine]
-    q, bins = st.q[ia], st.bin_of[ia]
-    by_bin = np.lexsort((ia, -q, bins))  # the first of each micro-batch stays
-    sorted_bins = bins[by_bin]
-    stays = np.concatenate([[True], sorted_bins[1:] != sorted_bins[:-1]])
-    q_sorted = q[by_bin]
-    order = by_bin[~stays & (q_sorted > 0) & (2 * q_sorted <= gap[pa[by_bin]])]
-    if order.size == 0:
-        return moved
-    src, pair, samples = bins[order], pa[order], ia[order]
-    to = dst[pair]
-    new_run = np.concatenate([[True], src[1:] != src[:-1]])
-    run = np.cumsum(new_run) - 1
-    first = np.flatnonzero(new_run)
-    tokens = running_sums(st.lengths[samples], run, first)
-    fits = tokens <= st.cap - st.fill[to]
-    part = running_sums(st.part[samples], run, first)
-    new_src, new_to = st.priced(src, -tokens, -part), st.priced(to, tokens, part)
-    a, b = a_ranks[pair], b_ranks[pair]
-    value = np.maximum(st.load[a] - st.bin_q[src] + new_src, st.load[b] - st.bin_q[to] + new_to)
-    # A batch of one is a single move: `_sweep` has weighed those.
-    ok = fits & (np.arange(order.size) > first[run]) & (value < st.load[a])
-    ok &= 2 * value - st.load[a] - st.load[b] < pair_err[pair]  # beats the single change
-    cand = np.flatnonzero(ok)
-    if cand.size == 0:
-        return moved
-    best = cand[first_min_per_pair(pair[cand], value[cand])]  # ties: the shorter prefix
-    # Apply each pair's batch (pairs hold distinct ranks, so no index repeats below).
-    last = np.full(first.size, -1, dtype=np.int64)
-    last[run[best]] = best
-    go = np.arange(order.size) <= last[run]
-    st.bin_of[samples[go]] = to[go]
-    st.book(src[best], to[best], tokens[best], best + 1 - first[run[best]], new_src[best],
-            new_to[best])
-    moved[pair[best]] = True
-    return moved
-
-
-def _bulk_swaps(
-    st: BinState,
-    ia: np.ndarray,
-    pa: np.ndarray,
-    short: np.ndarray,
-    gap: np.ndarray,
-    a_ranks: np.ndarray,
-    b_ranks: np.ndarray,
-    pair_err: np.ndarray,
-) -> np.ndarray:
-    """Where a pair's gap is many times its best single change (``short[pair]``), swap the
-    costliest samples of A's micro-batches with the cheapest of B's, k-th with k-th, as long
-    as their transfers add up to at most half the gap. Additive costs only (a transfer is
-    then exact). Returns which pairs swapped.
-
-    A pair swaps only where the swaps together come closer to half its gap than its best
-    single change (error ``pair_err[pair]``, as in `_sweep`), which it replaces: where that
-    was a move of a whole sample and the swaps trade near-equal ones, they moved a millionth
-    of it, and the search stalled (dp 2, 1,000 samples of 1,170 +- 5 tokens, five 16x the
-    cap of 8,192, tokens: 1.0429x the bound where the single moves reach 1.00004x).
-
-    Near-equal lengths need this: 100,000 samples of 2,728-2,732 tokens at cap 8,192 over dp
-    256 moved 4 tokens per pair and sweep, where a pair was a thousand apart (the search
-    ran out of sweeps at max/mean 1.0008, 2 s).
-    Each micro-batch takes part in one swap at most, so each swap's cap check holds alone.
-    """
-    swapped = np.zeros(gap.size, dtype=bool)
-    if not short.any():
-        return swapped
-    q, lengths, bin_of = st.q, st.lengths, st.bin_of
-    # A side: each micro-batch's costliest sample, by pair and cost (descending).
-    on_a = np.flatnonzero(short[pa])
-    if on_a.size == 0:
-        return swapped
-    a_items, a_pair = ia[on_a], pa[on_a]
-    a_items, a_pair = _one_per_bin(a_items, a_pair, -q[a_items], bin_of)
-    # B side: each micro-batch's cheapest sample, by pair and cost (ascending).
-    pair_b = np.full(st.dp, -1, dtype=np.int64)
-    pair_b[b_ranks[short]] = np.flatnonzero(short)
-    pb_all = pair_b[bin_of // st.m]
-    ib = np.flatnonzero(pb_all >= 0)
-    b_items, b_pair = _one_per_bin(ib, pb_all[ib], q[ib], bin_of)
-    # Match the k-th of A with the k-th of B in each pair.
-    n_pairs = gap.size
-    a_count = np.bincount(a_pair, minlength=n_pairs)
-    b_count = np.bincount(b_pair, minlength=n_pairs)
-    a_seg, a_k = segments(a_count)
-    b_start = np.cumsum(b_count) - b_count
-    has = a_k < b_count[a_seg]
-    i = a_items[has]
-    pair = a_seg[has]
-    j = b_items[b_start[pair] + a_k[has]]
-    d = q[i] - q[j]  # falls with k: A's costs fall, B's rise
-    bi, bj = bin_of[i], bin_of[j]
-    grow = lengths[i] - lengths[j]
-    fits = ((st.count[bi] == 1) | (st.fill[bi] - grow <= st.cap)) & (
-        (st.count[bj] == 1) | (st.fill[bj] + grow <= st.cap))
-    ok = (d > 0) & fits
-    i, j, pair, d, bi, bj, grow = (x[ok] for x in (i, j, pair, d, bi, bj, grow))
-    if i.size == 0:
-        return swapped
-    new_run = np.concatenate([[True], pair[1:] != pair[:-1]])
-    seg = np.cumsum(new_run) - 1
-    take = 2 * running_sums(d, seg, np.flatnonzero(new_run)) <= gap[pair]
-    i, j, pair, d, bi, bj, grow = (x[take] for x in (i, j, pair, d, bi, bj, grow))
-    total = np.zeros(n_pairs, dtype=np.int64)
-    np.add.at(total, pair, d)
-    beats = (gap - 2 * total < pair_err)[pair]  # pair_err may be _NONE: no 2 · pair_err
-    i, j, pair, d, bi, bj, grow = (x[beats] for x in (i, j, pair, d, bi, bj, grow))
-    if i.size == 0:
-        return swapped
-    # Book (every micro-batch once; a pair's ranks many times: loads by np.add.at).
-    st.fill[bi] -= grow
-    st.fill[bj] += grow
-    st.bin_q[bi] -= d
-    st.bin_q[bj] += d
-    np.add.at(st.load, a_ranks[pair], -d)
-    np.add.at(st.load, b_ranks[pair], d)
-    bin_of[i], bin_of[j] = bj, bi
-    swapped[pair] = True
-    return swapped
-
-
-def _one_per_bin(items: np.ndarray, pair: np.ndarray, key: np.ndarray, bin_of: np.ndarray
-                 ) -> tuple[np.ndarray, np.ndarray]:
-    """Of ``items`` (ascending, with their ``pair``), the one with the lowest ``key`` in each
-    micro-batch (ties: the lower index), ordered by (pair, key, index). One stable sort by
-    micro-batch and a minimum per run (a lexsort of all three keys took 4.5 ms a call at
-    85,000 samples, and twice the sweep's other work)."""
-    by_bin = stable_order(bin_of[items])  # within a micro-batch, ascending items
-    bins, keys = bin_of[items[by_bin]], key[by_bin]
-    new_bin = np.concatenate([[True], bins[1:] != bins[:-1]])
-    run = np.cumsum(new_bin) - 1
-    lowest = np.minimum.reduceat(keys, np.flatnonzero(new_bin))
-    at_lowest = np.flatnonzero(keys == lowest[run])
-    first = np.concatenate([[True], run[at_lowest][1:] != run[at_lowest][:-1]])
-    keep = by_bin[at_lowest[first]]
-    keep = keep[np.lexsort((items[keep], key[keep], pair[keep]))]
-    return items[keep], pair[keep]
 
 
 def swap_partners(
@@ -485,14 +320,6 @@ def swap_partners(
     items_b = ib[order_b]
     pos = np.searchsorted(key_b[order_b], pa * span + np.clip(qa - gap_a // 2, 0, span - 1))
     return [items_b[np.clip(pos + shift, 0, items_b.size - 1)] for shift in (-1, 0)]
-
-
-def first_min_per_pair(pair: np.ndarray, err: np.ndarray) -> np.ndarray:
-    """Position of each pair's smallest error (ties to the lower position), by pair."""
-    order = np.lexsort((np.arange(pair.size), err, pair))
-    first = np.ones(order.size, dtype=bool)
-    first[1:] = pair[order][1:] != pair[order][:-1]
-    return order[first]
 
 
 def _apply_additive(st: BinState, kind: np.ndarray, i: np.ndarray, j: np.ndarray) -> int:

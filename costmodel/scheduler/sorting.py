@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["as_lists", "longest_first", "members_of", "running_sums", "segments",
-           "stable_order"]
+__all__ = ["as_lists", "first_min_per_pair", "longest_first", "members_of", "running_sums",
+           "segments", "stable_order"]
 
 
 def stable_order(keys: np.ndarray) -> np.ndarray:
@@ -56,3 +56,11 @@ def running_sums(values: np.ndarray, seg: np.ndarray, first: np.ndarray) -> np.n
     ``seg[i]``; segment s's items consecutive from ``first[s]``)."""
     total = np.cumsum(values)
     return total - (total - values)[first][seg]
+
+
+def first_min_per_pair(pair: np.ndarray, err: np.ndarray) -> np.ndarray:
+    """Position of each pair's smallest error (ties to the lower position), by pair."""
+    order = np.lexsort((np.arange(pair.size), err, pair))
+    first = np.ones(order.size, dtype=bool)
+    first[1:] = pair[order][1:] != pair[order][:-1]
+    return order[first]
