@@ -204,12 +204,14 @@ def test_a_process_that_has_not_started_cuda_is_not_made_to(monkeypatch):
     from costmodel.calibration.device import current_gpu_name
 
     asked = []
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    # is_available() counts devices through the CUDA runtime, which runs cuInit: that alone
+    # breaks CUDA in forked workers, so it is not asked either.
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: asked.append("cuInit") or True)
     monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: asked.append("init") or 0)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda i: "NVIDIA H200")
     assert current_gpu_name(start_cuda=False) is None and asked == []
-    assert current_gpu_name() == "NVIDIA H200" and asked == ["init"]
+    assert current_gpu_name() == "NVIDIA H200" and asked == ["cuInit", "init"]
     monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
     assert current_gpu_name(start_cuda=False) == "NVIDIA H200"
 

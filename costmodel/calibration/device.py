@@ -31,12 +31,14 @@ logger = logging.getLogger(__name__)
 def current_gpu_name(start_cuda: bool = True) -> str | None:
     """The name of the CUDA device in use, or None without torch or a GPU (never raises).
     Without ``start_cuda``, None too where this process has not started CUDA yet: asking
-    would (a process that forks workers afterwards cannot use CUDA in them)."""
+    would (a process that forks workers afterwards cannot use CUDA in them). That is checked
+    first: ``torch.cuda.is_available()`` itself initialises the CUDA driver (``cuInit``,
+    through ``cudaGetDeviceCount``), which already breaks CUDA in forked workers."""
     try:
         torch = importlib.import_module("torch")
     except ImportError:
         return None
-    if not torch.cuda.is_available() or not (start_cuda or torch.cuda.is_initialized()):
+    if not (start_cuda or torch.cuda.is_initialized()) or not torch.cuda.is_available():
         return None
     return torch.cuda.get_device_name(torch.cuda.current_device())
 
