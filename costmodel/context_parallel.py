@@ -62,6 +62,20 @@ class ContextParallelCost:
     def is_estimate(self) -> bool:
         return self.model.is_estimate
 
+    # What the software and GPU checks read (`integrations.args.gpu_mismatch`: the versions
+    # and kernels it was timed with, and the shard `software.calibrate_again` times again).
+    @property
+    def extra(self) -> dict:
+        return self.model.extra
+
+    @property
+    def tensor_parallel(self) -> int:
+        return self.model.tensor_parallel
+
+    @property
+    def expert_tensor_parallel(self) -> int:
+        return self.model.expert_tensor_parallel
+
     @property
     def parallel_label(self) -> str:
         """The model's (" at TP 4", or ""), then this view's context parallelism."""

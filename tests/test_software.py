@@ -231,3 +231,24 @@ def test_verl_drop_in_warns_once_about_a_profile_timed_under_another_torch(monke
     assert len(warned) == 1
     assert warned[0].startswith("cost model qwen3-8b on NVIDIA H200 (measured) was timed under")
     assert "(torch 2.11 -> 2.13, CUDA 13.0 -> 12.8)" in warned[0]
+
+
+def test_a_context_parallel_view_is_checked_as_its_model(monkeypatch):
+    """README: for verl's Ulysses, bind ``cost=cm.for_context_parallel(sp)`` into the drop-in.
+    The view's versions, kernels and shard are its model's: the same warning, and the same
+    command to calibrate again (not one without its dtype, backend or TP)."""
+    from costmodel.calibration.software import calibrate_again
+    from costmodel.estimate import estimate_cost_model
+    from costmodel.model import load_cost_model
+
+    _newer_torch(monkeypatch)
+    model = load_cost_model("h200/qwen3-8b")
+    monkeypatch.setattr(cm_args, "current_gpu_name", lambda start_cuda=True: None)
+    assert cm_args.gpu_mismatch(model.for_context_parallel(2), start_cuda=False) == \
+        cm_args.gpu_mismatch(model, start_cuda=False) is not None
+    monkeypatch.setattr(cm_args, "current_gpu_name", lambda start_cuda=True: "NVIDIA H100 80GB HBM3")
+    assert "--dtype bf16" in cm_args.gpu_mismatch(model.for_context_parallel(2), start_cuda=False)
+    sharded = estimate_cost_model("qwen3-30b-a3b", "h200", tensor_parallel=2,
+                                  expert_tensor_parallel=1)
+    sharded.extra["kernels"] = {"attention": "triton", "dtype": "fp16"}
+    assert calibrate_again(sharded.for_context_parallel(4)) == calibrate_again(sharded)
