@@ -229,7 +229,9 @@ def test_verl_drop_in_warns_once_about_a_profile_timed_under_another_torch(monke
         verl.balanced_micro_batches(lengths, 8192)  # verl's own workload: nothing to say
     warned = [r.getMessage() for r in caplog.records if r.name == verl.logger.name]
     assert len(warned) == 1
-    assert warned[0].startswith("cost model qwen3-8b on NVIDIA H200 (measured) was timed under")
+    # names the file as given: `costmodel validate FILE --no-save` takes it
+    assert warned[0].startswith("cost model h200/qwen3-8b (qwen3-8b on NVIDIA H200 (measured)) "
+                                "was timed under")
     assert "(torch 2.11 -> 2.13, CUDA 13.0 -> 12.8)" in warned[0]
 
 

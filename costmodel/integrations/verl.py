@@ -52,6 +52,7 @@ from __future__ import annotations
 import functools
 import logging
 import operator
+import os
 from collections.abc import Iterable, Sized
 from itertools import chain
 from typing import Any, SupportsIndex
@@ -506,11 +507,15 @@ def balanced_micro_batches(
                          "fit one micro-batch, as in verl; raise max_token_len")
     _check_enough_sequences(lengths, dp_size, num_batches_divided_by, min_num_micro_batch)
     order = "pipeline" if use_dynamic_bsz_balance else "none"
+    # The file as given (a path or shipped name): what `costmodel validate FILE` takes.
+    given = os.fspath(cost) if isinstance(cost, (str, os.PathLike)) else None
     cost = as_cost(VERL_WORKLOAD if cost is None else cost, spec=spec, mode=mode)
     if isinstance(cost, ModelCost):  # a file from another GPU or software: say so, once
         why = gpu_mismatch(cost.model, start_cuda=False)  # verl's call runs on the GPU
         if why:
-            warn_once(logger, f"cost model {getattr(cost.model, 'label', cost.name)} {why}")
+            label = getattr(cost.model, "label", cost.name)
+            warn_once(logger, f"cost model {given} ({label}) {why}" if given
+                      else f"cost model {label} {why}")
     kwargs = dict(
         max_tokens_per_microbatch=max_token_len,
         cost=cost,
