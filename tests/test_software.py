@@ -220,7 +220,8 @@ def test_verl_drop_in_warns_once_about_a_profile_timed_under_another_torch(monke
     from costmodel.integrations import verl
 
     monkeypatch.setattr(cm_args, "_warned", set())
-    monkeypatch.setattr(cm_args, "current_gpu_name", lambda start_cuda: None)
+    asked = []
+    monkeypatch.setattr(cm_args, "current_gpu_name", lambda start_cuda: asked.append(start_cuda))
     _newer_torch(monkeypatch)
     lengths = [300, 1200, 4000, 800, 2500, 60, 7000, 1500]
     with caplog.at_level(logging.WARNING, logger="costmodel.integrations.verl"):
@@ -233,6 +234,7 @@ def test_verl_drop_in_warns_once_about_a_profile_timed_under_another_torch(monke
     assert warned[0].startswith("cost model h200/qwen3-8b (qwen3-8b on NVIDIA H200 (measured)) "
                                 "was timed under")
     assert "(torch 2.11 -> 2.13, CUDA 13.0 -> 12.8)" in warned[0]
+    assert asked and not any(asked)  # never start_cuda=True: CUDA is verl's to start
 
 
 def test_a_context_parallel_view_is_checked_as_its_model(monkeypatch):
