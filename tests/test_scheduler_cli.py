@@ -208,6 +208,21 @@ def test_one_rank_benchmark_quick_run(tmp_path, load_benchmark):
         assert case["ours"]["micro_batches"] <= case["ffd_micro_batches"]
 
 
+def test_near_equal_benchmark_quick_run(tmp_path, load_benchmark):
+    """The near-equal benchmark end to end (--quick, 50,000 samples): swapping in bulk ends
+    closer to the bound in far fewer changes than one change per pair and sweep, which the
+    benchmark gets by switching bulk swaps off (so the switch must reach the sweeps)."""
+    bench = load_benchmark("bench_near_equal")
+    out = tmp_path / "near_equal.json"
+    assert bench.main(["--quick", "--json", str(out)]) == 0
+    cases = json.loads(out.read_text())["cases"]
+    assert len(cases) == 4
+    for case in cases:
+        one, bulk = case["one_by_one"], case["bulk"]
+        assert bulk["makespan_over_lower_bound"] < one["makespan_over_lower_bound"]
+        assert 4 * bulk["changes"] < one["changes"]
+
+
 # -- from a mutation check: each test fails when the code it names is broken ---------------
 
 
