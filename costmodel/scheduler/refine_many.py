@@ -138,7 +138,9 @@ def bulk_swaps(
     grow = lengths[i] - lengths[j]
     fits = ((st.count[bi] == 1) | (st.fill[bi] - grow <= st.cap)) & (
         (st.count[bj] == 1) | (st.fill[bj] + grow <= st.cap))
-    ok = (d > 0) & fits
+    # A swap over half the gap (a long sample at k = 0) could never be in the prefix below:
+    # left out, it no longer keeps the smaller ones after it out too.
+    ok = (d > 0) & (2 * d <= gap[pair]) & fits
     i, j, pair, d, bi, bj, grow = (x[ok] for x in (i, j, pair, d, bi, bj, grow))
     if i.size == 0:
         return swapped
