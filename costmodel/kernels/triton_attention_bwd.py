@@ -133,53 +133,13 @@ def _bwd_dkdv_head(
     dq_base = DQ + seq_start * stride_dqt + head * stride_dqh
     # queries crossing the diagonal block: masked, finer steps
     diag_hi = tl.minimum(start_n + BLOCK_N, seqlen)
-    dk, dv = _bwd_dkdv_inner(
-        dk,
-        dv,
-        k,
-        v,
-        q_base,
-        do_base,
-        lse_base,
-        delta_base,
-        stride_qt,
-        stride_ot,
-        start_n,
-        diag_hi,
-        seqlen,
-        qk_scale,
-        offs_n,
-        offs_d,
-        dq_base,
-        stride_dqt,
-        True,
-        MASK_BLOCK_M,
-        FUSE_DQ,
-    )
+    dk, dv = _bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qt,
+                             stride_ot, start_n, diag_hi, seqlen, qk_scale, offs_n, offs_d, dq_base,
+                             stride_dqt, True, MASK_BLOCK_M, FUSE_DQ)
     # queries entirely below the diagonal: no causal mask
-    dk, dv = _bwd_dkdv_inner(
-        dk,
-        dv,
-        k,
-        v,
-        q_base,
-        do_base,
-        lse_base,
-        delta_base,
-        stride_qt,
-        stride_ot,
-        start_n + BLOCK_N,
-        seqlen,
-        seqlen,
-        qk_scale,
-        offs_n,
-        offs_d,
-        dq_base,
-        stride_dqt,
-        False,
-        BLOCK_M,
-        FUSE_DQ,
-    )
+    dk, dv = _bwd_dkdv_inner(dk, dv, k, v, q_base, do_base, lse_base, delta_base, stride_qt,
+                             stride_ot, start_n + BLOCK_N, seqlen, seqlen, qk_scale, offs_n, offs_d,
+                             dq_base, stride_dqt, False, BLOCK_M, FUSE_DQ)
     return dk, dv
 
 
@@ -353,45 +313,11 @@ def attn_bwd_dq(
     dq = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
     # keys crossing the diagonal block: masked, finer steps
     diag_hi = tl.minimum(start_m + BLOCK_M, seqlen)
-    dq = _bwd_dq_inner(
-        dq,
-        q,
-        do,
-        lse,
-        delta,
-        k_base,
-        v_base,
-        stride_kt,
-        stride_vt,
-        start_m,
-        diag_hi,
-        seqlen,
-        qk_scale,
-        offs_m,
-        offs_d,
-        True,
-        MASK_BLOCK_N,
-    )
+    dq = _bwd_dq_inner(dq, q, do, lse, delta, k_base, v_base, stride_kt, stride_vt, start_m,
+                       diag_hi, seqlen, qk_scale, offs_m, offs_d, True, MASK_BLOCK_N)
     # keys entirely left of the diagonal: no mask
-    dq = _bwd_dq_inner(
-        dq,
-        q,
-        do,
-        lse,
-        delta,
-        k_base,
-        v_base,
-        stride_kt,
-        stride_vt,
-        0,
-        start_m,
-        seqlen,
-        qk_scale,
-        offs_m,
-        offs_d,
-        False,
-        BLOCK_N,
-    )
+    dq = _bwd_dq_inner(dq, q, do, lse, delta, k_base, v_base, stride_kt, stride_vt, 0, start_m,
+                       seqlen, qk_scale, offs_m, offs_d, False, BLOCK_N)
     dq *= sm_scale
     tl.store(
         DQ

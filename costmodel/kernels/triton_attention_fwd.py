@@ -133,46 +133,12 @@ def attn_fwd(
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
     # off-band: key blocks [0, start_m), entirely below the diagonal
-    acc, l_i, m_i = _fwd_inner(
-        acc,
-        l_i,
-        m_i,
-        q,
-        k_base,
-        v_base,
-        stride_kt,
-        stride_vt,
-        0,
-        start_m,
-        seqlen,
-        qk_scale,
-        offs_m,
-        offs_n,
-        offs_d,
-        False,
-        BLOCK_N,
-    )
+    acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_base, v_base, stride_kt, stride_vt, 0, start_m,
+                               seqlen, qk_scale, offs_m, offs_n, offs_d, False, BLOCK_N)
     # on-band: the diagonal block, clipped to the sequence end
     hi = tl.minimum(start_m + BLOCK_M, seqlen)
-    acc, l_i, m_i = _fwd_inner(
-        acc,
-        l_i,
-        m_i,
-        q,
-        k_base,
-        v_base,
-        stride_kt,
-        stride_vt,
-        start_m,
-        hi,
-        seqlen,
-        qk_scale,
-        offs_m,
-        offs_n,
-        offs_d,
-        True,
-        BLOCK_N,
-    )
+    acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_base, v_base, stride_kt, stride_vt, start_m, hi,
+                               seqlen, qk_scale, offs_m, offs_n, offs_d, True, BLOCK_N)
     lse = m_i + tl.math.log2(l_i)  # base-2 logsumexp of the scaled scores
     acc = acc / l_i[:, None]
     tl.store(LSE + head * total + seq_start + offs_m, lse, mask=row_mask)
