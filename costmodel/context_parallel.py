@@ -63,7 +63,7 @@ class ContextParallelCost:
         return self.model.is_estimate
 
     # What the software and GPU checks read (`integrations.args.gpu_mismatch`: the versions
-    # and kernels it was timed with, and the shard `software.calibrate_again` times again).
+    # and kernels it was timed with, and the shard and sweep `software.calibrate_again` repeats).
     @property
     def extra(self) -> dict:
         return self.model.extra
@@ -75,6 +75,10 @@ class ContextParallelCost:
     @property
     def expert_tensor_parallel(self) -> int:
         return self.model.expert_tensor_parallel
+
+    @property
+    def provenance(self) -> dict:
+        return self.model.provenance
 
     @property
     def parallel_label(self) -> str:

@@ -103,7 +103,8 @@ def test_training_flags_warn_about_a_profile_timed_under_another_torch(monkeypat
     assert "torch 2.11 -> 2.13, CUDA 13.0 -> 12.8" in warnings[0]
     assert "`costmodel validate FILE --no-save`" in warnings[0]
     assert ("`costmodel calibrate --gpu auto --model qwen3-8b --attention torch-varlen --dtype "
-            "bf16 -o calibrated.json` times them again") in warnings[0]  # runnable as it is
+            "bf16 --modes train,forward --max-len 32768 -o calibrated.json` times them again"
+            ) in warnings[0]  # runnable as it is, and the sweep the file planned
     caplog.clear()
     monkeypatch.setattr(software, "running_software", lambda: dict(TIMED))
     with caplog.at_level(logging.WARNING, logger="costmodel.integrations.args"):

@@ -122,8 +122,8 @@ def model_drift(model: Any) -> list[str]:
 
 def calibrate_again(model: Any) -> str:
     """The `costmodel calibrate` command that times ``model``'s kernels again on the GPU in
-    use: its model (a preset's name, else its config.json), attention backend, dtype and
-    tensor-parallel shard."""
+    use: its model (a preset's name, else its config.json), attention backend, dtype, the
+    passes and longest length its sweep planned, and its tensor-parallel shard."""
     from costmodel.spec import ModelSpec, preset_names
 
     spec = model.spec
@@ -135,6 +135,11 @@ def calibrate_again(model: Any) -> str:
              "--attention", str(kernels.get("attention") or "torch-varlen")]
     if kernels.get("dtype"):
         words += ["--dtype", str(kernels["dtype"])]
+    plan = (getattr(model, "provenance", None) or {}).get("plan") or {}
+    if plan.get("modes"):
+        words += ["--modes", ",".join(str(m) for m in plan["modes"])]
+    if plan.get("max_len"):
+        words += ["--max-len", str(plan["max_len"])]
     tp = int(getattr(model, "tensor_parallel", 1) or 1)
     etp = int(getattr(model, "expert_tensor_parallel", tp) or tp)
     if tp > 1:
