@@ -332,6 +332,14 @@ def preset_names() -> list[str]:
     return list(PRESETS)
 
 
+def model_flag(spec: ModelSpec) -> str:
+    """What ``--model`` takes for ``spec`` in a command a message suggests: its preset's name
+    where it is that preset's shape, else a placeholder for its HF config.json."""
+    if spec.name in PRESETS and ModelSpec.from_preset(spec.name).fingerprint() == spec.fingerprint():
+        return spec.name
+    return "<its HF config.json>"
+
+
 def as_spec(spec: ModelSpec | str | Path | Any) -> ModelSpec:
     """`spec` itself, the preset / HF config.json it names, or the shape Megatron-style
     arguments describe (slime passes its ``args`` where a model is wanted, as in its own

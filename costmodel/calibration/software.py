@@ -124,14 +124,11 @@ def calibrate_again(model: Any) -> str:
     """The `costmodel calibrate` command that times ``model``'s kernels again on the GPU in
     use: its model (a preset's name, else its config.json), attention backend, dtype, the
     passes and longest length its sweep planned, and its tensor-parallel shard."""
-    from costmodel.spec import ModelSpec, preset_names
+    from costmodel.spec import model_flag
 
     spec = model.spec
-    is_preset = spec.name in preset_names() and (
-        ModelSpec.from_preset(spec.name).fingerprint() == spec.fingerprint())
     kernels = (getattr(model, "extra", None) or {}).get("kernels") or {}
-    words = ["costmodel calibrate --gpu auto --model",
-             spec.name if is_preset else "<its HF config.json>",
+    words = ["costmodel calibrate --gpu auto --model", model_flag(spec),
              "--attention", str(kernels.get("attention") or "torch-varlen")]
     if kernels.get("dtype"):
         words += ["--dtype", str(kernels["dtype"])]

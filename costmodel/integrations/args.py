@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 from costmodel.calibration.device import current_gpu_name
 from costmodel.checks import cost_model_choice, on_off, positive_int, whole_number
 from costmodel.flops import MAX_LENGTH
-from costmodel.spec import ModelSpec, as_spec, preset_names
+from costmodel.spec import ModelSpec, as_spec, model_flag
 
 if TYPE_CHECKING:
     from costmodel.model import CostModel
@@ -257,12 +257,9 @@ def validate_args(
         if not allow_other and "allow_other_shape" in message and shape is not None:
             # Say it in the training script's terms: a flag, not a keyword argument. (A
             # shape is known here: --cost-model needs --balance-by-flops, which needs one.)
-            is_preset = shape.name in preset_names() and (
-                ModelSpec.from_preset(shape.name).fingerprint() == shape.fingerprint())
-            model_flag = shape.name if is_preset else "<its HF config.json>"
             message = (
                 f"{message.split(';')[0]}; calibrate one for this model with `costmodel "
-                f"calibrate --model {model_flag}`, or pass --cost-model-allow-other-shape to "
+                f"calibrate --model {model_flag(shape)}`, or pass --cost-model-allow-other-shape to "
                 "use it anyway"
             )
         raise ValueError(f"--cost-model {cost_model_arg}: {message}") from None
