@@ -270,8 +270,7 @@ def _sweep(st: BinState, tol: float, fold: bool = True, batches: bool = False) -
         short = ~covered & (np.bincount(pa[count[ba] >= 3], minlength=gap.size) > 0)
         st.starved |= bool(short[0]) and load[a_ranks[0]] == load.max()
         if batches and short.any():
-            pair_err = np.full(gap.size, _NONE, dtype=np.int64)
-            np.minimum.at(pair_err, pa[valid], best_err[valid])
+            pair_err = _pair_errors(gap.size, pa[valid], best_err[valid])
             batched = apply_batches(st, ia, pa, gap, pair_err, roomiest[b_ranks], a_ranks,
                                      b_ranks)
             valid &= ~batched[pa]
@@ -283,10 +282,9 @@ def _sweep(st: BinState, tol: float, fold: bool = True, batches: bool = False) -
         # 1/64, 2: by 0.03% (FLOPs) and 0.35% (an additive cost with a fixed part, 1.11x its
         # loose bound), and 2 better, by 0.6% and 1.0%. On near-equal lengths, 5-30x faster
         # and closer to the bound (benchmarks/README.md, fifth hunt).
-        covered = np.bincount(pa[valid & (best_err <= g_a - g_a // 32)], minlength=gap.size) > 0
-        pair_err = np.full(gap.size, _NONE, dtype=np.int64)
-        np.minimum.at(pair_err, pa[valid], best_err[valid])
-        swapped = bulk_swaps(st, ia, pa, ~covered & ~batched, gap, a_ranks, b_ranks, pair_err)
+        pair_err = _pair_errors(gap.size, pa[valid], best_err[valid])
+        short = (pair_err > gap - gap // 32) & ~batched
+        swapped = bulk_swaps(st, ia, pa, short, gap, a_ranks, b_ranks, pair_err)
         valid &= ~swapped[pa]
         applied += int(swapped.sum())
     if not valid.any():
@@ -300,6 +298,14 @@ def _sweep(st: BinState, tol: float, fold: bool = True, batches: bool = False) -
     if st.additive:
         return applied + _apply_additive(st, best_kind[sel], ia[sel], best_j[sel])
     return _apply_evaluated(st, pa[sel], best_kind[sel], ia[sel], best_j[sel], a_ranks, b_ranks)
+
+
+def _pair_errors(n_pairs: int, pair: np.ndarray, err: np.ndarray) -> np.ndarray:
+    """Each pair's best single change's error (the lowest of its samples'; `_NONE` for a pair
+    with none)."""
+    out = np.full(n_pairs, _NONE, dtype=np.int64)
+    np.minimum.at(out, pair, err)
+    return out
 
 
 def swap_partners(
