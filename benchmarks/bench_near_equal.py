@@ -20,6 +20,7 @@ of a few runs, one process), with the ratio of the two times.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import sys
 from pathlib import Path
@@ -62,11 +63,11 @@ def run(sizes, repeats: int) -> list[dict]:
                                          max_tokens_per_microbatch=CAP, cost=cost,
                                          spec="qwen3-8b")
                 row: dict = dict(n=n, dp=dp, cost=cost, cap=CAP, spread=SPREAD)
-                for name in ("one_by_one", "bulk"):
-                    if name == "one_by_one":
-                        with mock.patch.object(refine, "bulk_swaps", _no_bulk_swaps):
-                            ms, s = best_time(call, repeats)
-                    else:
+                for name, switch in (
+                    ("one_by_one", mock.patch.object(refine, "bulk_swaps", _no_bulk_swaps)),
+                    ("bulk", contextlib.nullcontext()),
+                ):
+                    with switch:
                         ms, s = best_time(call, repeats)
                     row[name] = dict(makespan_over_lower_bound=s.makespan_over_lower_bound,
                                      changes=s.stats["local_search_steps"], wall_ms=ms)
