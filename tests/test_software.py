@@ -8,6 +8,7 @@ import json
 import logging
 
 import pytest
+from test_integrations_slime import make_args
 
 from costmodel.calibration import software
 from costmodel.calibration.software import software_drift
@@ -139,17 +140,11 @@ def test_validate_notes_the_drift_before_it_measures(tmp_path, monkeypatch, caps
 
 def test_slime_drop_in_warns_once_about_another_gpu_or_torch(monkeypatch, caplog):
     """slime calls the drop-in every step: each reason is logged once per process."""
-    from types import SimpleNamespace
-
     from costmodel.integrations import slime
     from costmodel.scheduler import generate_lengths
 
     monkeypatch.setattr(cm_args, "_warned", set())
-    args = SimpleNamespace(
-        use_dynamic_batch_size=True, max_tokens_per_gpu=8192, balance_data=True,
-        cost_model="h200/qwen3-8b", num_layers=36, hidden_size=4096, num_attention_heads=32,
-        num_query_groups=8, group_query_attention=True, kv_channels=128, ffn_hidden_size=12288,
-        vocab_size=151936, qk_layernorm=True, swiglu=True, untie_embeddings_and_output_weights=True)
+    args = make_args(max_tokens_per_gpu=8192, balance_data=True, cost_model="h200/qwen3-8b")
     lengths = generate_lengths(64, "rl", seed=0).tolist()
 
     def step():
