@@ -187,6 +187,14 @@ def test_the_command_to_calibrate_again_keeps_the_shard_and_backend():
     assert calibrate_again(model) == (
         "costmodel calibrate --gpu auto --model qwen3-30b-a3b --attention triton --dtype fp16 "
         "--tensor-parallel 2 --expert-tensor-parallel 1 -o calibrated.json")
+    model.extra["kernels"]["timing"] = "eager"
+    model.provenance["plan"] = {"modes": ["train"], "max_len": 8192, "max_tokens": 65536}
+    assert calibrate_again(model).endswith(
+        "--modes train --max-len 8192 --max-tokens 65536 --timing eager --tensor-parallel 2 "
+        "--expert-tensor-parallel 1 -o calibrated.json")
+    model.provenance["plan"]["max_tokens"] = 16384  # calibrate's default for --max-len 8192
+    model.extra["kernels"]["timing"] = "graph"
+    assert "--max-len 8192 --tensor-parallel" in calibrate_again(model)
     import dataclasses
     custom = dataclasses.replace(ModelSpec.from_preset("qwen3-8b"), num_layers=7)
     assert "--model <its HF config.json> --attention torch-varlen -o" in calibrate_again(

@@ -123,7 +123,8 @@ def model_drift(model: Any) -> list[str]:
 def calibrate_again(model: Any) -> str:
     """The `costmodel calibrate` command that times ``model``'s kernels again on the GPU in
     use: its model (a preset's name, else its config.json), attention backend, dtype, the
-    passes and longest length its sweep planned, and its tensor-parallel shard."""
+    passes, longest length and pack size its sweep planned, eager timing where it chose
+    that, and its tensor-parallel shard."""
     from costmodel.spec import model_flag
 
     spec = model.spec
@@ -137,6 +138,11 @@ def calibrate_again(model: Any) -> str:
         words += ["--modes", ",".join(str(m) for m in plan["modes"])]
     if plan.get("max_len"):
         words += ["--max-len", str(plan["max_len"])]
+        # calibrate's own default pack size (`plan.make_plan`): only another one is a choice
+        if plan.get("max_tokens") and plan["max_tokens"] != max(int(plan["max_len"]), 16384):
+            words += ["--max-tokens", str(plan["max_tokens"])]
+    if kernels.get("timing") == "eager":  # a file without the key predates the choice
+        words += ["--timing", "eager"]
     tp = int(getattr(model, "tensor_parallel", 1) or 1)
     etp = int(getattr(model, "expert_tensor_parallel", tp) or tp)
     if tp > 1:

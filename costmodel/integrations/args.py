@@ -355,15 +355,15 @@ def _same_gpu(model_gpu: str, device_name: str) -> bool:
 def _check_gpu(model, label: str) -> None:
     model_gpu = str(getattr(model, "gpu", "") or "")
     if getattr(model, "is_estimate", False):
-        logger.info(
-            "--cost-model %s is an estimate from the GPU registry (%s), not a measurement; "
-            "run `costmodel calibrate` on this GPU for a measured one",
-            label,
-            model_gpu or "unknown GPU",
-        )
-    if current_gpu_name() is None:
+        from costmodel.calibration.software import calibrate_again
+
+        logger.info("--cost-model %s is an estimate from the GPU registry (%s), not a "
+                    "measurement; `%s` on this GPU measures one", label,
+                    model_gpu or "unknown GPU", calibrate_again(model))
+    device = current_gpu_name()
+    if device is None:
         logger.info("no CUDA GPU visible: not checking --cost-model %s's GPU (%s)", label, model_gpu)
-    why = gpu_mismatch(model)
+    why = _mismatch(model, device)
     if why:
         logger.warning("--cost-model %s %s", label, why)
 
@@ -385,9 +385,13 @@ def gpu_mismatch(model: Any, *, start_cuda: bool = True) -> str | None:
     process that schedules for GPUs it does not hold runs their software, as a rule).
     ``start_cuda=False`` compares GPUs only where this process has started CUDA already.
     Shared by `validate_args` and the slime and verl drop-ins."""
+    return _mismatch(model, current_gpu_name(start_cuda))
+
+
+def _mismatch(model: Any, device: str | None) -> str | None:
+    """`gpu_mismatch` for the GPU named ``device`` (None: not known)."""
     from costmodel.calibration.software import calibrate_again, drift_note
 
-    device = current_gpu_name(start_cuda)
     model_gpu = str(getattr(model, "gpu", "") or "")
     if device is not None and model_gpu and not _same_gpu(model_gpu, device):
         return (f"was measured on {model_gpu} but this process runs on {device}: its times "
