@@ -896,6 +896,15 @@ def test_the_fast_stable_sorts_give_numpys_order():
         assert np.array_equal(longest_first(keys), np.lexsort((np.arange(5), -keys))), top
 
 
+def test_run_starts_marks_the_first_of_each_run():
+    from costmodel.scheduler.sorting import run_starts
+
+    assert run_starts(np.array([3, 3, 1, 1, 1, 3, 2])).tolist() == [
+        True, False, True, False, False, True, True]
+    assert run_starts(np.array([7])).tolist() == [True]
+    assert run_starts(np.array([], dtype=np.int64)).size == 0
+
+
 def test_the_quantisation_scale_comes_from_an_exact_ceil_log2():
     """log2 from the C library need not be correctly rounded: just above a power of two it
     can round down onto it, and a machine that does would pick another scale, and another

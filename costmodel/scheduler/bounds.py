@@ -9,7 +9,7 @@ import numpy as np
 
 from costmodel import portable
 from costmodel.scheduler.costs import Cost
-from costmodel.scheduler.sorting import longest_first
+from costmodel.scheduler.sorting import longest_first, run_starts
 
 __all__ = [
     "lower_bound",
@@ -153,7 +153,7 @@ _CELL_RATIO = 1.0 + 2.0**-12
 
 def _costliest_alone(cost: Cost, desc: np.ndarray) -> float:
     """The cost of the costliest sample alone in a micro-batch (``desc``: longest first)."""
-    uniq = desc[np.r_[True, desc[1:] != desc[:-1]]]
+    uniq = desc[run_starts(desc)]
     return float(cost.evaluate(uniq, np.arange(uniq.size + 1, dtype=np.int64)).max())
 
 

@@ -28,7 +28,7 @@ from typing import NamedTuple
 import numpy as np
 
 from costmodel.scheduler.refine import BinState, local_search, pair_ranks, swap_partners
-from costmodel.scheduler.sorting import first_min_per_pair, segments, stable_order
+from costmodel.scheduler.sorting import first_min_per_pair, run_starts, segments, stable_order
 
 __all__ = ["group_local_search"]
 
@@ -74,8 +74,8 @@ def _pieces(st: BinState, by_group: np.ndarray, groups: np.ndarray) -> _Pieces:
     key = groups[by_group] * (st.dp * st.m) + st.bin_of[by_group]
     samples = by_group[np.argsort(key, kind="stable")]
     g, b = groups[samples], st.bin_of[samples]
-    new_group = np.concatenate([[True], g[1:] != g[:-1]])
-    new_piece = new_group | np.concatenate([[True], b[1:] != b[:-1]])
+    new_group = run_starts(g)
+    new_piece = new_group | run_starts(b)
     piece_start = np.flatnonzero(new_piece)
     tokens = np.add.reduceat(st.lengths[samples], piece_start)
     piece_group = np.cumsum(new_group)[piece_start] - 1

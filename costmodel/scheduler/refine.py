@@ -375,9 +375,7 @@ def _apply_separable(
     if ok.size == 0:
         return 0
     # Per pair, the lowest new maximum; ties to the first candidate (deterministic).
-    order = ok[np.lexsort((ok, value[ok], pair[ok]))]
-    first = np.concatenate([[True], pair[order][1:] != pair[order][:-1]])
-    c = order[first]
+    c = ok[first_min_per_pair(pair[ok], value[ok])]
     bi, bj, ci, cj = bi[c], bj[c], i[c], j[c]
     st.book(bi, bj, (li - lj)[c], (~swap[c]).astype(np.int64), new_qi[c], new_qj[c])
     st.bin_of[ci] = bj

@@ -10,7 +10,13 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from costmodel.scheduler.sorting import first_min_per_pair, running_sums, segments, stable_order
+from costmodel.scheduler.sorting import (
+    first_min_per_pair,
+    run_starts,
+    running_sums,
+    segments,
+    stable_order,
+)
 
 if TYPE_CHECKING:
     from costmodel.scheduler.refine import BinState
@@ -47,14 +53,14 @@ def apply_batches(
     q, bins = st.q[ia], st.bin_of[ia]
     by_bin = np.lexsort((ia, -q, bins))  # the first of each micro-batch stays
     sorted_bins = bins[by_bin]
-    stays = np.concatenate([[True], sorted_bins[1:] != sorted_bins[:-1]])
+    stays = run_starts(sorted_bins)
     q_sorted = q[by_bin]
     order = by_bin[~stays & (q_sorted > 0) & (2 * q_sorted <= gap[pa[by_bin]])]
     if order.size == 0:
         return moved
     src, pair, samples = bins[order], pa[order], ia[order]
     to = dst[pair]
-    new_run = np.concatenate([[True], src[1:] != src[:-1]])
+    new_run = run_starts(src)
     run = np.cumsum(new_run) - 1
     first = np.flatnonzero(new_run)
     tokens = running_sums(st.lengths[samples], run, first)
@@ -144,7 +150,7 @@ def bulk_swaps(
     i, j, pair, d, bi, bj, grow = (x[ok] for x in (i, j, pair, d, bi, bj, grow))
     if i.size == 0:
         return swapped
-    new_run = np.concatenate([[True], pair[1:] != pair[:-1]])
+    new_run = run_starts(pair)
     seg = np.cumsum(new_run) - 1
     take = 2 * running_sums(d, seg, np.flatnonzero(new_run)) <= gap[pair]
     i, j, pair, d, bi, bj, grow = (x[take] for x in (i, j, pair, d, bi, bj, grow))
@@ -174,11 +180,11 @@ def _one_per_bin(items: np.ndarray, pair: np.ndarray, key: np.ndarray, bin_of: n
     85,000 samples, and twice the sweep's other work)."""
     by_bin = stable_order(bin_of[items])  # within a micro-batch, ascending items
     bins, keys = bin_of[items[by_bin]], key[by_bin]
-    new_bin = np.concatenate([[True], bins[1:] != bins[:-1]])
+    new_bin = run_starts(bins)
     run = np.cumsum(new_bin) - 1
     lowest = np.minimum.reduceat(keys, np.flatnonzero(new_bin))
     at_lowest = np.flatnonzero(keys == lowest[run])
-    first = np.concatenate([[True], run[at_lowest][1:] != run[at_lowest][:-1]])
+    first = run_starts(run[at_lowest])
     keep = by_bin[at_lowest[first]]
     keep = keep[np.lexsort((items[keep], key[keep], pair[keep]))]
     return items[keep], pair[keep]

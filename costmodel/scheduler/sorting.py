@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["as_lists", "first_min_per_pair", "longest_first", "members_of", "running_sums",
-           "segments", "stable_order"]
+__all__ = ["as_lists", "first_min_per_pair", "longest_first", "members_of", "run_starts",
+           "running_sums", "segments", "stable_order"]
 
 
 def stable_order(keys: np.ndarray) -> np.ndarray:
@@ -51,6 +51,13 @@ def segments(counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return seg, np.arange(seg.size) - starts[seg]
 
 
+def run_starts(keys: np.ndarray) -> np.ndarray:
+    """Where each run of equal consecutive ``keys`` starts (True at the first item of each)."""
+    starts = np.ones(keys.size, dtype=bool)
+    starts[1:] = keys[1:] != keys[:-1]
+    return starts
+
+
 def running_sums(values: np.ndarray, seg: np.ndarray, first: np.ndarray) -> np.ndarray:
     """Cumulative sums of ``values`` that restart with each segment (item i in segment
     ``seg[i]``; segment s's items consecutive from ``first[s]``)."""
@@ -61,6 +68,4 @@ def running_sums(values: np.ndarray, seg: np.ndarray, first: np.ndarray) -> np.n
 def first_min_per_pair(pair: np.ndarray, err: np.ndarray) -> np.ndarray:
     """Position of each pair's smallest error (ties to the lower position), by pair."""
     order = np.lexsort((np.arange(pair.size), err, pair))
-    first = np.ones(order.size, dtype=bool)
-    first[1:] = pair[order][1:] != pair[order][:-1]
-    return order[first]
+    return order[run_starts(pair[order])]
