@@ -827,19 +827,15 @@ def test_ranks_packed_one_by_one_share_the_rounds(monkeypatch):
     packed one by one; `pack_ranks` takes the same rounds for all at once)."""
     from costmodel.scheduler import groups, pack, pack_ranks
 
-    rounds = {"level": 0, "all": 0}
-    level_round, argpartition = pack._level_round, np.argpartition
+    rounds = 0
+    emptiest_first = pack._emptiest_first  # once per round, of either kind
 
-    def counted_level(*args, **kwargs):
-        rounds["level"] += 1
-        return level_round(*args, **kwargs)
+    def counted(*args, **kwargs):
+        nonlocal rounds
+        rounds += 1
+        return emptiest_first(*args, **kwargs)
 
-    def counted_argpartition(*args, **kwargs):
-        rounds["all"] += 1
-        return argpartition(*args, **kwargs)
-
-    monkeypatch.setattr(pack, "_level_round", counted_level)
-    monkeypatch.setattr(pack.np, "argpartition", counted_argpartition)
+    monkeypatch.setattr(pack, "_emptiest_first", counted)
     # Ranks one by one, as where `pack_ranks` leaves a rank to `pack_tokens`.
     monkeypatch.setattr(pack_ranks, "pack_ranks", lambda lens, rank_of, dp, m, cap, rounds: (
         np.zeros(lens.size, dtype=np.int64), np.zeros(dp, dtype=bool)))
@@ -848,7 +844,7 @@ def test_ranks_packed_one_by_one_share_the_rounds(monkeypatch):
                        group_ids=np.arange(65536) // 8, cost="h200/qwen3-8b")
     check_schedule(s, lengths, dp=64, cap=16384)
     assert s.num_microbatches == 9 and s.imbalance < 1.001
-    assert rounds["level"] + rounds["all"] <= max(pack.MAX_ROUNDS, 64 * groups._RANK_ROUNDS) + 64
+    assert rounds <= max(pack.MAX_ROUNDS, 64 * groups._RANK_ROUNDS) + 64
 
 
 def test_zero_room_packing_is_found_as_before_the_level_rounds():
