@@ -146,7 +146,7 @@ class Cost:
             values = np.asarray(self.sample_costs(lengths), dtype=np.float64).reshape(-1)
             _check_values(values, self.name, lengths, np.arange(lengths.size + 1))
             return values
-        uniq, inverse = np.unique(lengths, return_inverse=True)
+        uniq, inverse = _distinct(lengths)
         filler = np.maximum(int(fill_tokens) - uniq, 1)
         u = uniq.size
         pair_lengths = np.empty(2 * u, dtype=np.int64)
@@ -158,6 +158,21 @@ class Cost:
         alone = self.evaluate(filler, np.arange(u + 1, dtype=np.int64), what=probe)
         marginal = np.maximum(with_sample - alone, 0.0)
         return marginal[inverse]
+
+
+def _distinct(lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``np.unique(lengths, return_inverse=True)``, by a table of the lengths present where
+    the longest is short beside the count (np.unique sorts: 4-5 ms at 65,536 samples of up
+    to 16k tokens, against 0.16 ms so; 0.35-0.45 against 0.07 ms at 8,192)."""
+    if lengths.size == 0 or int(lengths.min()) < 0:
+        return np.unique(lengths, return_inverse=True)
+    top = int(lengths.max())
+    if top > max(1 << 16, 8 * lengths.size):
+        return np.unique(lengths, return_inverse=True)
+    present = np.zeros(top + 1, dtype=bool)
+    present[lengths] = True
+    index = np.cumsum(present) - 1  # each present length's place among them
+    return np.flatnonzero(present), index[lengths]
 
 
 def _check_values(values: np.ndarray, name: str, lengths: np.ndarray, offsets: np.ndarray,
