@@ -916,6 +916,24 @@ def test_the_quantisation_scale_comes_from_an_exact_ceil_log2():
         assert _ceil_log2(math.nextafter(p, 0.0)) == k
 
 
+def test_the_scale_sees_the_exact_total_where_a_numpy_sum_could_cross_a_power_of_two():
+    """`_total` sums with numpy where that cannot change ceil(log2) and with math.fsum near a
+    power of two: the scale of every batch is the one the exact sum gives."""
+    import math
+
+    from costmodel.scheduler.schedule import _ceil_log2, _total
+
+    rng = np.random.default_rng(0)
+    for case in range(3000):
+        s = rng.random(int(rng.integers(1, 3000))) * 10.0 ** int(rng.integers(-20, 20))
+        if case % 2:  # a sum on a power of two, or just either side of it
+            s *= 2.0 ** int(rng.integers(-40, 40)) / math.fsum(s.tolist())
+        extra = float(rng.choice([0.0, float(s.max())]))
+        assert _ceil_log2(_total(s, extra)) == _ceil_log2(math.fsum(s.tolist()) + extra)
+    assert _total(np.zeros(3), 0.0) == 0.0
+    assert _total(np.full(4, 1e308), 0.0) == math.inf
+
+
 def test_a_users_additive_cost_needs_no_fixed_cost_method():
     """A Cost subclass that says additive = True and gives sample and micro-batch costs
     schedules as before the fixed cost became a method (NotImplementedError then)."""

@@ -378,10 +378,7 @@ def build_schedule(
     # profiles: ~20 ms against microseconds) would scale micro-batch costs past int64.
     one_token = np.ones(1, dtype=np.int64)
     fixed = float(cost_obj.evaluate(one_token, np.array([0, 1], dtype=np.int64))[0])
-    try:
-        total = math.fsum(s.tolist()) + lens.size * fixed
-    except OverflowError:
-        total = math.inf
+    total = _total(s, lens.size * fixed)
     if not math.isfinite(total):
         raise ValueError(f"cost {cost_obj.name!r}: the samples' costs sum past the largest "
                          "float; give the cost in larger units (ms, not ns)")
@@ -492,6 +489,22 @@ def _ndim(values: Any) -> int | None:
         return np.ndim(values)
     except ValueError:
         return None
+
+
+def _total(values: np.ndarray, extra: float) -> float:
+    """Σ values + extra (values finite, >= 0), as far as `_ceil_log2` can tell: exactly
+    (math.fsum) where it lies near a power of two, else numpy's pairwise sum. That sum is
+    within ~1e-14 of the exact one, so 2^-20 inside a binade it has the same ceil(log2);
+    math.fsum of a list took 3.7 ms at 65,536 samples, the numpy sum 0.05 ms."""
+    with np.errstate(over="ignore"):  # past the largest float: math.fsum says so below
+        approx = float(values.sum()) + extra
+    mantissa = math.frexp(approx)[0]  # in [0.5, 1)
+    if math.isfinite(approx) and 0.5 + 2.0**-20 < mantissa < 1 - 2.0**-20:
+        return approx
+    try:
+        return math.fsum(values.tolist()) + extra
+    except OverflowError:
+        return math.inf
 
 
 def _ceil_log2(x: float) -> int:
