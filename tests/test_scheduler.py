@@ -969,6 +969,37 @@ def test_the_schedule_depends_on_the_grouping_not_the_ids():
         assert len(digests) == 1, case
 
 
+def test_a_spread_of_groups_is_reused_only_where_it_is_the_same(monkeypatch):
+    """`groups._Spread`: trying fewer micro-batches reuses the groups' spread over the ranks
+    where every budget and count check would come out the same. The schedules must be the
+    ones spreading afresh each time gives, and it must be reused somewhere (RL prompts of 8
+    responses cut at a length limit, the case it is for: 4 counts placed at dp 64)."""
+    from costmodel.scheduler import groups
+
+    holds_for = groups._Spread.holds_for
+    reused = []
+
+    def counted(self, budget, m):
+        reused.append(holds_for(self, budget, m))
+        return reused[-1]
+
+    rng = np.random.default_rng(0)
+    cases = []
+    for n, dp, size, cap in ((8192, 64, 8, 16384), (2048, 16, 4, 8192), (600, 8, 2, 4096)):
+        response = np.minimum(rng.lognormal(np.log(cap / 8), 1.0, n).astype(np.int64) + 1, cap // 4)
+        lengths = np.repeat(rng.integers(200, 1500, n // size), size) + response
+        cases.append((lengths, [i // size for i in range(n)], dp, cap))
+    for cost in ("tokens", "h200/qwen3-8b"):
+        for lengths, ids, dp, cap in cases:
+            kw = dict(dp_size=dp, max_tokens_per_microbatch=cap, cost=cost, spec="qwen3-8b",
+                      group_ids=ids)
+            monkeypatch.setattr(groups._Spread, "holds_for", counted)
+            with_reuse = build_schedule(lengths, **kw).digest()
+            monkeypatch.setattr(groups._Spread, "holds_for", lambda self, budget, m: False)
+            assert build_schedule(lengths, **kw).digest() == with_reuse, (cost, dp)
+    assert any(reused) and not all(reused)
+
+
 @pytest.mark.parametrize("dist", ["rl", "bimodal"])
 def test_grouped_schedules_balance_true_costs(dist):
     """Groups balanced on marginal costs came out 1.3-1.4% apart under the H200 profile

@@ -416,12 +416,16 @@ class Grouped:
     align: int
     cap: int
     short: int
+    # What `place_groups` spread for the counts tried so far, reused where it holds for
+    # another: shared by the copies `dataclasses.replace` makes with another ``short``
+    # (each spread says for which token budgets it holds).
+    spreads: list = dataclasses.field(default_factory=list, compare=False, repr=False)
 
     def place(
         self, m: int, tight: int = 0, by_count: bool = False
     ) -> np.ndarray | str:
         return place_groups(self.lens, self.q, self.groups, self.dp, m, self.cap, self.short,
-                            tight=tight, by_count=by_count)
+                            tight=tight, by_count=by_count, spreads=self.spreads)
 
 
 def place_grouped(

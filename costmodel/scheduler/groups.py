@@ -80,8 +80,9 @@ class _Units(NamedTuple):
     count: np.ndarray  # type: ignore[assignment]  # shadows tuple.count, which no one calls
 
 
-def _greedy(units: _Units, dp: int, budget: int) -> np.ndarray:
-    """Costliest group first, to the least-loaded rank with token room (else the roomiest)."""
+def _greedy(units: _Units, dp: int, budget: int) -> tuple[np.ndarray, bool]:
+    """Costliest group first, to the least-loaded rank with token room (else the roomiest).
+    Also returns whether some rank lacked room for a group (the budget bound)."""
     uq, ut, _ = units
     loads = [0] * dp
     uq_l = uq.tolist()
@@ -110,13 +111,15 @@ def _greedy_by_count(units: _Units, dp: int, budget: int) -> np.ndarray:
 
     order = np.lexsort((np.arange(uc.size), -ut, -uc)).tolist()
     return _least_with_room(order, ut_l, dp, budget, lambda r: (counts[r], tokens[r]), add,
-                            False)
+                            False)[0]
 
 
-def _least_with_room(order, unit_tokens, dp, budget, key, add, else_roomiest) -> np.ndarray:
+def _least_with_room(order, unit_tokens, dp, budget, key, add, else_roomiest
+                     ) -> tuple[np.ndarray, bool]:
     """Each unit in ``order`` to the rank of least ``(key(r), r)`` whose tokens stay within
     ``budget``; with no such rank, the roomiest (``else_roomiest``) or the least-keyed.
-    ``add(r, u)`` books unit u on rank r (keys only grow).
+    ``add(r, u)`` books unit u on rank r (keys only grow). Also returns whether the budget
+    bound: some rank it looked at had no room for a unit.
 
     Two heaps of (value, rank), stale entries skipped as they surface: by key, and by
     tokens, which says at once when no rank has room (samples at the cap leave none) —
@@ -131,6 +134,7 @@ def _least_with_room(order, unit_tokens, dp, budget, key, add, else_roomiest) ->
     by_key = [(key(r), r) for r in range(dp)]
     by_tokens = [(0, r) for r in range(dp)]
     parked: list[tuple[int, int]] = []  # (-room when parked, rank); room only shrinks
+    bound = False
     heapq.heapify(by_key)
     for u in order:
         t = unit_tokens[u]
@@ -140,6 +144,7 @@ def _least_with_room(order, unit_tokens, dp, budget, key, add, else_roomiest) ->
         while by_tokens[0][0] != tokens[by_tokens[0][1]]:
             heapq.heappop(by_tokens)
         room = by_tokens[0][0] + t <= budget
+        bound |= not room
         if not room and else_roomiest:
             r = by_tokens[0][1]
         else:
@@ -150,6 +155,7 @@ def _least_with_room(order, unit_tokens, dp, budget, key, add, else_roomiest) ->
                     continue
                 if not room or tokens[r] + t <= budget:
                     break
+                bound = True
                 if else_roomiest:
                     heapq.heappush(parked, (tokens[r] - budget, r))
                 else:
@@ -161,7 +167,30 @@ def _least_with_room(order, unit_tokens, dp, budget, key, add, else_roomiest) ->
         tokens[r] += t
         heapq.heappush(by_key, (key(r), r))
         heapq.heappush(by_tokens, (tokens[r], r))
-    return out
+    return out, bound
+
+
+class _Seen:
+    """The checks of a spread (see `_Spread`) that a lower budget or sample minimum could
+    turn: the largest token total a check allowed, and the largest sample count left on a
+    rank by a change refused for it alone."""
+
+    def __init__(self) -> None:
+        self.tokens, self.short = 0, -1
+
+    def add(self, other: np.ndarray, totals: list[np.ndarray], counts: list[np.ndarray],
+            budget: int, min_count: int) -> np.ndarray:
+        """Record one kind of change (``other``: its conditions that do not depend on the
+        budget or minimum); returns which are allowed."""
+        fits = other & np.logical_and.reduce([t <= budget for t in totals])
+        least = np.minimum.reduce(counts)
+        ok = fits & (least >= min_count)
+        if ok.any():
+            self.tokens = max(self.tokens, int(np.maximum.reduce(totals)[ok].max()))
+        refused = fits & ~ok
+        if refused.any():
+            self.short = max(self.short, int(least[refused].max()))
+        return ok
 
 
 def _sweep(
@@ -172,8 +201,10 @@ def _sweep(
     min_count: int,
     tol: float,
     fold: bool,
+    seen: _Seen,
 ) -> int:
-    """One sweep of group moves/swaps between paired ranks. Returns changes applied."""
+    """One sweep of group moves/swaps between paired ranks. Returns changes applied;
+    ``seen`` records its checks."""
     uq, ut, uc = units
     load = np.bincount(rank_of_unit, weights=uq, minlength=dp).astype(np.int64)
     tok = np.bincount(rank_of_unit, weights=ut, minlength=dp).astype(np.int64)
@@ -192,7 +223,7 @@ def _sweep(
     best_err = np.full(ua.size, _NONE, dtype=np.int64)
     best_v = np.full(ua.size, -1, dtype=np.int64)  # -1: a move
 
-    ok = (tok[rb] + ta <= budget) & (cnt[ra] - ca >= min_count) & (qa > 0) & (qa < g)
+    ok = seen.add((qa > 0) & (qa < g), [tok[rb] + ta], [cnt[ra] - ca], budget, min_count)
     err = np.abs(2 * qa - g)
     win = ok & (err < best_err)
     best_err[win] = err[win]
@@ -200,15 +231,9 @@ def _sweep(
     pb_all = pair_b[rank_of_unit]
     for v in swap_partners(pa, qa, g, pb_all, uq, int(gap.max())):
         d = qa - uq[v]
-        ok = (
-            (pb_all[v] == pa)
-            & (d > 0)
-            & (d < g)
-            & (tok[rb] - ut[v] + ta <= budget)
-            & (tok[ra] - ta + ut[v] <= budget)
-            & (cnt[ra] - ca + uc[v] >= min_count)
-            & (cnt[rb] - uc[v] + ca >= min_count)
-        )
+        ok = seen.add((pb_all[v] == pa) & (d > 0) & (d < g),
+                      [tok[rb] - ut[v] + ta, tok[ra] - ta + ut[v]],
+                      [cnt[ra] - ca + uc[v], cnt[rb] - uc[v] + ca], budget, min_count)
         err = np.abs(2 * d - g)
         win = ok & (err < best_err)
         best_err[win] = err[win]
@@ -330,6 +355,7 @@ def place_groups(
     short: int,
     tight: int = 0,
     by_count: bool = False,
+    spreads: list[_Spread] | None = None,
 ) -> np.ndarray | str:
     """Micro-batches (ids ``rank * m + slot``) for grouped samples, or why not:
     "samples" when some rank cannot get ``m`` samples, "tokens" when some rank's samples do
@@ -338,7 +364,8 @@ def place_groups(
     "tokens", try a best-fit packer and swaps of groups between ranks that pack at most this
     many samples in all (slower: for when no other ``m`` worked). ``by_count``: when the
     ranks cannot get ``m`` samples each within the token budget, place by count alone
-    and let the packer judge (the very last resort)."""
+    and let the packer judge (the very last resort). ``spreads``: the spreads of earlier
+    calls with the same samples, groups, ``dp`` and ``cap`` (see `_Spread`), added to."""
     members, starts = members_of(groups, int(groups.max()) + 1)
     seg = starts[:-1]
     units = _Units(
@@ -347,7 +374,62 @@ def place_groups(
         count=np.diff(starts),
     )
     budget = m * (cap - short + 1)
-    rank_of_unit = _greedy(units, dp, budget)
+    known = next((x for x in spreads or [] if x.holds_for(budget, m)), None)
+    if known is not None:
+        rank_of_unit = known.rank_of_unit.copy()
+    else:
+        spread = _spread(units, dp, m, budget, by_count)
+        if spread is None:
+            return "samples"
+        rank_of_unit = spread.rank_of_unit.copy()
+        if spreads is not None and spread.reusable:
+            spreads.append(spread)
+    rank_of = np.empty(lens.size, dtype=np.int64)
+    rank_of[members] = np.repeat(rank_of_unit, units.count)
+    bin_of = _pack_ranks(lens, rank_of, dp, m, cap, bool(tight))
+    if bin_of is None and tight:
+        packs = _Packs(lens, members, starts, m, cap, tight)
+        for r in range(dp):
+            if not packs.fit(rank_of_unit == r) and not _repair(packs, rank_of_unit, r, units, dp, m):
+                return "tokens"
+        rank_of[members] = np.repeat(rank_of_unit, units.count)
+        bin_of = _pack_ranks(lens, rank_of, dp, m, cap, True)
+    return "tokens" if bin_of is None else bin_of
+
+
+class _Spread(NamedTuple):
+    """Groups spread over the ranks for ``m`` micro-batches each (`_spread`), before packing,
+    and the other counts it is the spread for.
+
+    A count enters the spread only through checks "a rank's tokens <= the budget" and "a
+    rank's samples >= m". With a budget and an ``m`` no higher, every check comes out as it
+    did, and so the spread, while the budget still covers the largest total a check allowed
+    (``tokens``) and ``m`` is above the largest count a check refused (``short``). So
+    `counts.place_grouped` trying fewer micro-batches spreads once, not once a count (64
+    sweeps each at dp 1,024). Kept only where the greedy never lacked room and no rank was
+    short (``reusable``): those steps are not recorded.
+    """
+
+    rank_of_unit: np.ndarray
+    budget: int
+    m: int
+    tokens: int
+    short: int
+    reusable: bool
+
+    def holds_for(self, budget: int, m: int) -> bool:
+        return self.tokens <= budget <= self.budget and self.short < m <= self.m
+
+
+def _spread(units: _Units, dp: int, m: int, budget: int, by_count: bool) -> _Spread | None:
+    """Each group's rank for ``m`` micro-batches per rank within the token budget, or None
+    when some rank cannot get ``m`` samples (see `place_groups`)."""
+    rank_of_unit, bound = _greedy(units, dp, budget)
+    # Without a rank lacking room, every token check the greedy passed totals at most what
+    # the fullest rank ended with; without a short rank, `_fix_counts` moves nothing.
+    greedy_tokens = int(np.bincount(rank_of_unit, weights=units.tokens, minlength=dp).max())
+    reusable = not bound and int(np.bincount(rank_of_unit, weights=units.count,
+                                             minlength=dp).min()) >= m
     counts_ok = _fix_counts(rank_of_unit, units, dp, m)
     if not counts_ok:
         rank_of_unit = _greedy_by_count(units, dp, budget)
@@ -367,22 +449,13 @@ def place_groups(
             if exact is not None:
                 rank_of_unit, counts_ok = exact, True
     if not counts_ok:
-        return "samples"
+        return None
     tol = _GROUP_REL_TOL * int(units.cost.sum()) / dp
+    seen = _Seen()
     for sweep in range(MAX_SWEEPS):
-        if _sweep(rank_of_unit, units, dp, budget, m, tol, fold=sweep % 2 == 0) == 0:
+        if _sweep(rank_of_unit, units, dp, budget, m, tol, sweep % 2 == 0, seen) == 0:
             break
-    rank_of = np.empty(lens.size, dtype=np.int64)
-    rank_of[members] = np.repeat(rank_of_unit, units.count)
-    bin_of = _pack_ranks(lens, rank_of, dp, m, cap, bool(tight))
-    if bin_of is None and tight:
-        packs = _Packs(lens, members, starts, m, cap, tight)
-        for r in range(dp):
-            if not packs.fit(rank_of_unit == r) and not _repair(packs, rank_of_unit, r, units, dp, m):
-                return "tokens"
-        rank_of[members] = np.repeat(rank_of_unit, units.count)
-        bin_of = _pack_ranks(lens, rank_of, dp, m, cap, True)
-    return "tokens" if bin_of is None else bin_of
+    return _Spread(rank_of_unit, budget, m, max(seen.tokens, greedy_tokens), seen.short, reusable)
 
 
 def _pack_rank(
