@@ -475,3 +475,26 @@ def test_the_drop_ins_take_tensors_and_refuse_what_would_misread():
     for bad in (None, 5, "01"):
         with pytest.raises(ValueError, match="idx_map must be a list or 1-D array of indices"):
             get_reverse_idx(bad)
+
+
+def test_a_plain_dict_batch_keeps_every_entry_row_for_row():
+    """A plain dict batch's numpy entry came back as a scalar for a one-row micro-batch
+    (a one-element index tensor reads as an integer index), a list entry raised TypeError,
+    a string or 0-d tensor raised, and an entry with another row count was indexed silently
+    (longer) or raised IndexError after the ranks had agreed (shorter) (an audit)."""
+    torch = pytest.importorskip("torch")
+    mask = torch.tensor([[1, 1, 0], [1, 0, 0], [1, 1, 1], [1, 1, 1]])
+    batch = {"attention_mask": mask, "uid": np.array([10, 11, 12, 13]),
+             "prompt": ["a", "b", "c", "d"], "meta": {"score": torch.arange(4)},
+             "task": "gsm8k", "step": torch.tensor(7)}
+    micro_batches, idx = rearrange_micro_batches(batch, 3, same_micro_num_in_dp=False)
+    assert any(len(mb) == 1 for mb in idx)  # the case that squeezed a row
+    for mb, rows in zip(idx, micro_batches):
+        assert rows["uid"].tolist() == [10 + i for i in mb]
+        assert rows["prompt"] == ["abcd"[i] for i in mb]
+        assert rows["meta"]["score"].tolist() == mb
+        assert rows["task"] == "gsm8k" and int(rows["step"]) == 7  # the whole batch's
+    for rows in (3, 9):
+        bad = {"attention_mask": mask, "x": torch.arange(rows)}
+        with pytest.raises(ValueError, match=rf"batch\['x'\] has {rows} rows, but the batch has 4"):
+            rearrange_micro_batches(bad, 3, same_micro_num_in_dp=False)

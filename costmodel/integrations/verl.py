@@ -222,6 +222,7 @@ def rearrange_micro_batches(
     @functools.cache
     def lengths_and_units() -> tuple[np.ndarray, np.ndarray]:
         lengths = _effective_lengths(batch)
+        _check_dict_rows(batch, lengths.size)  # here, so a bad rank tells the others first
         return lengths, (lengths if group == 1 else _group_lengths(lengths, group, max_token_len))
 
     def schedule(min_count: int | None) -> list[list[int]]:
@@ -397,23 +398,59 @@ def _effective_lengths(batch: Any) -> np.ndarray:
 
 def _select_rows(batch: Any, idx: list[int]) -> Any:
     """The rows ``idx`` of verl's batch: verl's own helper when it has one (it handles
-    nested tensors), else TensorDict indexing."""
+    nested tensors), else TensorDict indexing; a plain dict entry by entry."""
     import torch
 
-    if isinstance(batch, dict):  # a plain dict of tensors: each one's rows
-        rows = torch.as_tensor(idx, dtype=torch.long)
-
-        def select(v: Any) -> Any:
-            if getattr(v, "is_nested", False):  # jagged tensors take no index tensor
-                return torch.nested.as_nested_tensor([v[i] for i in idx], layout=v.layout)
-            return v[rows] if hasattr(v, "__getitem__") else v
-
-        return {k: select(v) for k, v in batch.items()}
+    if isinstance(batch, dict):
+        return {k: _entry_rows(v, idx) for k, v in batch.items()}
     try:
         from verl.utils.tensordict_utils import index_select_tensor_dict
     except ImportError:
         return batch[torch.as_tensor(idx, dtype=torch.long)]
     return index_select_tensor_dict(batch, idx)
+
+
+def _has_rows(value: Any) -> bool:
+    """Whether an entry of a plain dict batch holds one row per sequence (a tensor or array
+    of one dimension or more, a list, a tuple), not one value for the whole batch (a
+    string, a number, a 0-d tensor, None)."""
+    return isinstance(value, (list, tuple)) or (getattr(value, "ndim", 0) >= 1
+                                                and hasattr(value, "__getitem__"))
+
+
+def _check_dict_rows(batch: Any, rows: int, where: str = "batch") -> None:
+    """ValueError unless every entry of a plain dict batch with rows has ``rows`` of them
+    (a TensorDict checks its own batch size). Another count was indexed silently (more
+    rows) or raised IndexError in `_select_rows`, after the ranks had agreed (fewer)."""
+    if not isinstance(batch, dict):
+        return
+    for key, value in batch.items():
+        name = f"{where}[{key!r}]"
+        if isinstance(value, dict):
+            _check_dict_rows(value, rows, name)
+        elif _has_rows(value) and len(value) != rows:
+            raise ValueError(f"{name} has {len(value)} rows, but the batch has {rows} "
+                             "sequences (its attention_mask's rows): give each entry one row "
+                             "per sequence, or one value for the whole batch")
+
+
+def _entry_rows(value: Any, idx: list[int]) -> Any:
+    """The rows ``idx`` of one entry of a plain dict batch, of the entry's own type; a value
+    for the whole batch as it is."""
+    import torch
+
+    if isinstance(value, dict):
+        return {k: _entry_rows(v, idx) for k, v in value.items()}
+    if not _has_rows(value):
+        return value
+    if isinstance(value, (list, tuple)):  # an index tensor raised TypeError on these
+        picked = [value[i] for i in idx]
+        return picked if isinstance(value, list) else tuple(picked)
+    if getattr(value, "is_nested", False):  # jagged tensors take no index tensor
+        return torch.nested.as_nested_tensor([value[i] for i in idx], layout=value.layout)
+    if isinstance(value, np.ndarray):  # numpy reads a one-element tensor as a scalar index:
+        return value[np.asarray(idx, dtype=np.intp)]  # a one-row micro-batch lost its axis
+    return value[torch.as_tensor(idx, dtype=torch.long)]
 
 
 def _collective_device(group: Any):
