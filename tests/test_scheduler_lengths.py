@@ -198,3 +198,13 @@ def test_files_of_the_wrong_shape_or_encoding_are_named(tmp_path):
     np.save(tmp_path / "big.npy", np.array([5, 2**40], dtype=np.int64))
     with pytest.raises(ValueError, match=r"big\.npy: the entry at index 1 is 1099511627776"):
         read_lengths(tmp_path / "big.npy")
+
+
+def test_an_upper_case_suffix_is_still_json_or_npy(tmp_path):
+    """LENGTHS.JSON was read as text, refused as "'[100' is not a whole number of tokens"
+    (an audit); a .NPY file's binary header as "not a text file of lengths"."""
+    (tmp_path / "LENGTHS.JSON").write_text("[100, 200]")
+    np.save(tmp_path / "lengths.npy", np.array([7, 8]))
+    (tmp_path / "lengths.npy").rename(tmp_path / "LENGTHS.NPY")
+    assert read_lengths(tmp_path / "LENGTHS.JSON").tolist() == [100, 200]
+    assert read_lengths(tmp_path / "LENGTHS.NPY").tolist() == [7, 8]

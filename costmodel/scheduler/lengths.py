@@ -122,9 +122,10 @@ def read_lengths(path: str | Path) -> np.ndarray:
         raise ValueError(f"{p} is a folder; give a lengths file (one length per line)")
     if not p.exists():  # a pipe or /dev/stdin is read as text, as `<(...)` in a shell gives
         raise FileNotFoundError(f"lengths file not found: {p}")
-    if p.suffix == ".npy":
+    suffix = p.suffix.lower()  # LENGTHS.JSON too: read as text, it was "'[100' is not a whole number"
+    if suffix == ".npy":
         return _read_npy(p)
-    if p.suffix == ".json":
+    if suffix == ".json":
         return _read_json(p)
     try:
         text = p.read_text()
