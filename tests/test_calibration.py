@@ -421,6 +421,20 @@ def test_refit_of_a_complete_file_reproduces_it(tmp_path, fitted):
         refit({"schema": "costmodel/1"}, source="x.json")
 
 
+
+@pytest.mark.parametrize("kernels", [-1, 1.5, "torch-varlen", [["attention", "sdpa"]]])
+def test_refit_names_a_kernels_field_that_is_not_an_object(fitted, kernels):
+    """A hand-edited "kernels" went to dict(): a number raised TypeError (a traceback from
+    `calibrate --refit`), a string a ValueError about "dictionary update sequence" (an
+    audit)."""
+    from costmodel.calibration.pipeline import refit
+
+    doc = dict(fitted.to_dict(), kernels=kernels)
+    with pytest.raises(ValueError, match=r"x\.json: cannot refit: its 'kernels' .* is not an "
+                       "object"):
+        refit(doc, source="x.json")
+
+
 def test_validation_stops_at_its_time_limit(monkeypatch, fitted):
     import time
 

@@ -274,6 +274,12 @@ def refit(doc: Mapping[str, Any], *, source: str, command: str | None = None) ->
     if bad:
         raise ValueError(f"{source}: cannot refit: its sweep record ({', '.join(bad)}) is not "
                          "an object as `costmodel calibrate` writes it")
+    kernels = doc.get("kernels") or {}
+    # dict() of anything else: a TypeError (a number) or a "dictionary update sequence" error
+    if not isinstance(kernels, Mapping):
+        raise ValueError(f"{source}: cannot refit: its 'kernels' ({kernels!r:.40}) is not an "
+                         "object as `costmodel calibrate` writes it (attention, linear, head, "
+                         "dtype)")
     try:
         info = lookup_gpu(gpu_key)
     except ValueError:
@@ -283,7 +289,7 @@ def refit(doc: Mapping[str, Any], *, source: str, command: str | None = None) ->
     device.setdefault("name", gpu_name)
     model = fit_measurements(
         spec, records, device=device, sweep=sweep, gpu_key=gpu_key, gpu_info=info,
-        kernels=doc.get("kernels") or {}, command=doc.get("command"), created=doc.get("created"),
+        kernels=kernels, command=doc.get("command"), created=doc.get("created"),
         tensor_parallel=tensor_parallel, expert_tensor_parallel=expert_tp,
     )
     if isinstance(provenance, Mapping) and provenance.get("correction"):
