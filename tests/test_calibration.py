@@ -435,6 +435,27 @@ def test_refit_names_a_kernels_field_that_is_not_an_object(fitted, kernels):
         refit(doc, source="x.json")
 
 
+
+def test_refit_weighs_a_wild_layer_probe_without_overflowing(fitted):
+    """A stored layer probe's weight was 1 / (ms × spread)²: squaring a spread of 1e300
+    raised OverflowError, and an ms of 1e-200 squared to 0, a ZeroDivisionError: tracebacks
+    from `calibrate --refit` (an audit). The noisy probe now weighs next to nothing; the
+    impossibly fast one reaches the FLOPs check, which names it."""
+    from costmodel.calibration.pipeline import refit
+
+    def with_probe(field, value):
+        doc = json.loads(json.dumps(fitted.to_dict()))
+        probe = next(m for m in doc["measurements"] if m["kind"] == "layer" and m["mode"] == "train")
+        probe[field] = value
+        return doc
+
+    again = refit(with_probe("spread", 1e300), source="x.json")
+    overhead = again.to_dict()["curves"]["train"]["overhead"]["per_layer_ms"]
+    assert overhead == pytest.approx(fitted.to_dict()["curves"]["train"]["overhead"]["per_layer_ms"],
+                                     rel=0.05)
+    with pytest.raises(ValueError, match="faster than"):
+        refit(with_probe("ms", 1e-200), source="x.json")
+
 def test_validation_stops_at_its_time_limit(monkeypatch, fitted):
     import time
 

@@ -34,6 +34,8 @@ __all__ = ["Record", "fit_attention", "fit_mode", "fit_token_curve", "residuals"
 logger = logging.getLogger(__name__)
 
 _MIN_MS = 1e-5  # 10 ns: floor for per-sequence attention that fits to ~0 at tiny L
+# A probe's relative spread past this (p90 - p10 a thousand times its median) weighs as this.
+_MAX_PROBE_SPREAD = 1e3
 # The most of a length's fastest pack that its per-call cost may be and still be taken as
 # the kernel's tail rather than a slow measurement (see fit_attention).
 _TAIL_SHARE = 0.15
@@ -255,8 +257,11 @@ def fit_mode(records: list[Record], mode: str, *, needs: tuple[str, ...]) -> tup
         L = np.asarray(r.lengths, dtype=np.float64)
         glue.append(r.ms - float(linear[kind](r.tokens)) - float(attention(L).sum()))
         # Inverse-variance weights: the glue is a small difference of large times, and a
-        # probe's absolute noise is its time × its relative spread.
-        weights.append(1.0 / (r.ms * max(r.spread, 0.005)) ** 2)
+        # probe's absolute noise is its time × its relative spread. Both bounded: a stored
+        # spread of 1e300 overflowed when squared, an ms of 1e-200 squared to 0 (a file's
+        # wild probe now weighs next to nothing, or as the fit's smallest time).
+        noise = max(r.ms, _MIN_MS) * min(max(r.spread, 0.005), _MAX_PROBE_SPREAD)
+        weights.append(1.0 / noise**2)
     if not glue:
         logger.warning("%s: no whole-layer probes; the per-layer overhead is the attention "
                        "call's cost alone (%.4f ms), without the layer's glue", mode, call_ms)
