@@ -244,22 +244,25 @@ def main(argv=None) -> int:
                     )
     print_table(rows)
 
-    # The wall-time targets, timed on their own (dp=64 at n=8192; n=65536 at every dp).
+    # The wall-time targets, timed on their own (dp=64 at n=8192; n=65536 at every dp), in
+    # rounds over all of them: on this shared 2-core VM a slow spell lasts seconds, and the
+    # best of 5 runs in a row of one case read 9-10 ms where it reads 4.5 ms alone.
+    targets = [(dist, n, dp) for dist in dists
+               for n, dp in ((8192, 64),) + (() if args.quick else tuple((65536, d) for d in DPS))]
+    calls = [functools.partial(build_schedule, generate_lengths(n, dist, seed=1), dp_size=dp,
+                               max_tokens_per_microbatch=16384, cost=cost)
+             for dist, n, dp in targets]
+    best = [math.inf] * len(calls)
+    for _ in range(3 * max(args.repeats, 5)):
+        for i, call in enumerate(calls):
+            best[i] = min(best[i], best_time(call, 1)[0])
     timing = []
-    for dist in dists:
-        for n, dp in ((8192, 64),) + (() if args.quick else tuple((65536, d) for d in DPS)):
-            lengths = generate_lengths(n, dist, seed=1)
-            ms, _ = best_time(
-                functools.partial(
-                    build_schedule, lengths, dp_size=dp, max_tokens_per_microbatch=16384, cost=cost
-                ),
-                max(args.repeats, 5),
-            )
-            limit = 10.0 if n == 8192 else 100.0
-            timing.append(
-                {"dist": dist, "n": n, "dp": dp, "cap": 16384, "wall_ms": ms, "limit_ms": limit}
-            )
-            print(f"timing: {dist:<7} n={n:<6} dp={dp:<3} {ms:7.1f} ms (target < {limit:.0f} ms)")
+    for (dist, n, dp), ms in zip(targets, best):
+        limit = 10.0 if n == 8192 else 100.0
+        timing.append(
+            {"dist": dist, "n": n, "dp": dp, "cap": 16384, "wall_ms": ms, "limit_ms": limit}
+        )
+        print(f"timing: {dist:<7} n={n:<6} dp={dp:<3} {ms:7.1f} ms (target < {limit:.0f} ms)")
 
     gated = [r for r in rows if "meets_targets" in r["ours"]]
     met = sum(r["ours"]["meets_targets"] for r in gated)
