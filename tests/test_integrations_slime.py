@@ -238,6 +238,9 @@ def test_balance_data_without_a_model_shape_balances_tokens(caplog):
     # alone), 2.7 ranks became 2, NaN rollout ids split one rollout.
     ({"dp_size": 2}, {"packing_safety_margin": 0.0}, None, r"packing_safety_margin must be in \(0, 1\]"),
     ({"dp_size": 2, "cp_size": -1}, {}, None, "cp_size must be an integer >= 1"),
+    # 0 was read as 1: a config that says no pipeline stages is a bug to report.
+    ({"dp_size": 2, "cp_size": 0}, {}, None, "cp_size must be an integer >= 1"),
+    ({"dp_size": 2, "vpp_size": 0}, {}, None, "vpp_size must be an integer >= 1"),
     ({"dp_size": 2.7}, {}, None, "dp_size must be an integer >= 1"),
     ({}, {}, None, "train_parallel_config must be a dict with 'dp_size'"),
     ({"dp_size": 2}, {}, [float("nan")] * 8, r"rollout_indices\[0\] is NaN"),

@@ -220,10 +220,9 @@ def build_dp_schedule(
                          f"cp_size, vpp_size, ...), got {train_parallel_config!r:.80}")
     config = train_parallel_config
     dp = positive_int(config["dp_size"], "dp_size")
-    cp = positive_int(config.get("cp_size") or 1, "cp_size")
-    vpp = positive_int(config.get("vpp_size") or 1, "vpp_size")
-    group = positive_int(config.get("microbatch_group_size_per_vp_stage") or 1,
-                   "microbatch_group_size_per_vp_stage")
+    # Absent or None: no such parallelism. 0 is refused, not read as 1 (a config bug).
+    cp, vpp, group = (positive_int(1 if config.get(key) is None else config[key], key)
+                      for key in ("cp_size", "vpp_size", "microbatch_group_size_per_vp_stage"))
     align = group if vpp > 1 else 1
     lengths = as_lengths(total_lengths, "total_lengths")
 
