@@ -37,6 +37,11 @@ _USER_ERRORS = (ValueError, RuntimeError, OSError, KeyError)
 
 
 def build_parser() -> argparse.ArgumentParser:
+    return _parsers()[0]
+
+
+def _parsers() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
+    """The `costmodel` parser and each subcommand's, by name."""
     parser = argparse.ArgumentParser(
         prog="costmodel",
         description=(
@@ -63,13 +68,16 @@ def build_parser() -> argparse.ArgumentParser:
     parser.allow_abbrev = False
     for sub in subparsers.choices.values():
         sub.allow_abbrev = False
-    return parser
+    return parser, dict(subparsers.choices)
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    parser, commands = _parsers()
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:  # argparse would show `costmodel`'s usage line; the command's names its flags
+        commands.get(args.command or "", parser).error(
+            f"unrecognized arguments: {' '.join(unknown)}")
     args.argv = argv  # recorded as provenance by commands that write files
     logging.basicConfig(
         level=logging.INFO if args.verbose else logging.WARNING,

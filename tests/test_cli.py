@@ -298,6 +298,18 @@ def test_presets_active_parameters(capsys):
     assert 2.5 < rows["qwen3-30b-a3b"] < 4.0
 
 
+def test_an_unknown_flag_shows_the_commands_own_usage(capsys):
+    """`costmodel validate f.json --n 0` showed the top-level usage line, which lists no
+    flag of validate's."""
+    for argv, usage in ((["validate", "f.json", "--n", "0"], "usage: costmodel validate"),
+                        (["--nope"], "usage: costmodel [-h]")):
+        with pytest.raises(SystemExit) as exit_:
+            main(argv)
+        err = capsys.readouterr().err
+        assert exit_.value.code == 2 and usage in err, err
+        assert "unrecognized arguments: " + " ".join(argv[2:] or argv) in err, err
+
+
 def test_no_command_prints_help_and_exits_2(capsys):
     """`costmodel` alone is a usage error (exit 2, as argparse's own), not a success."""
     assert main([]) == 2
