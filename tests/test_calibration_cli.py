@@ -858,6 +858,9 @@ PROFILE = "costmodel/profiles/h200/qwen3-8b.json"
     (["--time-limit-s", "0"], "--time-limit-s must be > 0 seconds, got 0.0"),
     (["--caps", "32,4096"], "reached the GPU"),  # one cap >= 64 is enough
     (["--caps", "32,48"], "at least one cap >= 64 tokens"),
+    # Out of the GPU's memory, once the clocks had settled (an audit's finding):
+    (["--caps", "4096,99999999999"], "measured micro-batches of up to 32,768 tokens"),
+    (["--caps", "32768"], "reached the GPU"),
 ])
 def test_validate_flags_are_checked_before_the_gpu(flags, says, capsys, monkeypatch):
     _no_gpu_past_here(monkeypatch)

@@ -215,6 +215,11 @@ def _measured_in_every_mode(measured: dict[str, list[float]]) -> int:
     return min(len(v) for v in measured.values())
 
 
+def largest_calibrated(model: CostModel) -> int:
+    """The largest micro-batch (tokens) every pass's token-linear curves measured."""
+    return int(min(c.tokens[-1] for m in model.curves.values() for c in m.linear.values()))
+
+
 def _longest_calibrated(model: CostModel) -> int:
     """The longest length every pass measured: what validation draws lengths up to."""
     return int(min(c.attention.lengths[-1] for c in model.curves.values()))

@@ -52,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
     from costmodel.calibration.device import device_fingerprint, require_cuda, settle_gpu
     from costmodel.calibration.progress import ProgressLine
     from costmodel.calibration.software import model_drift
-    from costmodel.calibration.validate import format_validation, run_validation
+    from costmodel.calibration.validate import format_validation, largest_calibrated, run_validation
     from costmodel.commands.calibrate import parse_modes, print_peak_memory
     from costmodel.model import load_cost_model
     from costmodel.model_file import check_output_path
@@ -84,6 +84,11 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError(f"--modes {mode}: {path} has curves for {', '.join(model.modes)} only")
     if max(caps) < 64:
         raise ValueError(f"--caps {args.caps}: validation needs at least one cap >= 64 tokens")
+    largest = largest_calibrated(model)
+    if max(caps) > largest:  # else found out of memory on the GPU, after the clocks settled
+        raise ValueError(f"--caps {args.caps}: {path} measured micro-batches of up to "
+                         f"{largest:,} tokens, and validation checks it within that range: lower "
+                         "--caps, or calibrate with a larger --max-tokens")
     if args.repeats < 1:
         raise ValueError(f"--repeats must be at least 1, got {args.repeats}")
     if not args.no_save:
