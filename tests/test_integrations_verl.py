@@ -29,6 +29,9 @@ def test_balanced_partitions_contract():
         get_seqlen_balanced_partitions([1, 2, 3], 4, equal_size=False)
     with pytest.raises(ValueError, match="multiple"):
         get_seqlen_balanced_partitions([1, 2, 3], 2, equal_size=True)
+    # verl's argument by its name, the value as a plain number (not np.int64(-2)):
+    with pytest.raises(ValueError, match=r"^seqlen_list must be non-negative, got -2$"):
+        get_seqlen_balanced_partitions([1, -2, 3, 4], 2, equal_size=False)
 
 
 def test_rearrange_single_rank():

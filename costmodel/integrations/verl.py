@@ -110,7 +110,8 @@ def get_seqlen_balanced_partitions(
     n = len(seqlen_list)
     if n < k_partitions:
         raise ValueError(f"number of items ({n}) < k_partitions ({k_partitions})")
-    parts = karmarkar_karp(seqlen_list, int(k_partitions), equal_size=equal_size)
+    parts = karmarkar_karp(seqlen_list, int(k_partitions), equal_size=equal_size,
+                           what="seqlen_list")
     for i, p in enumerate(parts):
         if not p:  # pragma: no cover - KK leaves no set empty when n >= k
             raise ValueError(f"partition {i} is empty")

@@ -36,13 +36,13 @@ def _weights(weights: ArrayLike, what: str = "weights") -> np.ndarray:
     if arr.dtype.kind == "f" or arr.size == 0:
         arr = arr.astype(np.float64)
         if not np.all(np.isfinite(arr)):
-            raise ValueError(f"{what} must be finite, got {arr[~np.isfinite(arr)][0]!r}")
+            raise ValueError(f"{what} must be finite, got {arr[~np.isfinite(arr)][0].item()!r}")
     else:
         # Integer weights stay exact while their total fits in int64.
         big = arr.size and (int(arr.max()) > 2**62 // max(arr.size, 1))
         arr = arr.astype(np.float64) if big else arr.astype(np.int64)
     if arr.size and arr.min() < 0:
-        raise ValueError(f"{what} must be non-negative, got {arr.min()!r}")
+        raise ValueError(f"{what} must be non-negative, got {arr.min().item()!r}")
     return arr
 
 
@@ -55,19 +55,21 @@ def _check_k(k: int, n: int, equal_size: bool) -> None:
         )
 
 
-def karmarkar_karp(weights: ArrayLike, k: int, equal_size: bool = False) -> list[list[int]]:
+def karmarkar_karp(weights: ArrayLike, k: int, equal_size: bool = False, *,
+                   what: str = "weights") -> list[list[int]]:
     """Partition item indices into ``k`` sets with near-equal weight sums.
 
     Args:
         weights: non-negative number per item.
         k: number of sets.
         equal_size: every set gets exactly ``len(weights) / k`` items (which must divide).
+        what: the weights' name in an error (a caller's own argument name).
 
     Returns:
         ``k`` lists of item indices, heaviest set first; indices ascending inside a set.
         Sets can be empty when there are fewer items than ``k`` (and ``equal_size`` is off).
     """
-    w = _weights(weights)
+    w = _weights(weights, what)
     _check_k(k, w.size, equal_size)
     labels = _kk_labels(w, int(k), equal_size)
     return as_lists(*members_of(labels, int(k)))
