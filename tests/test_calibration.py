@@ -565,6 +565,11 @@ def test_a_validation_that_cannot_be_judged_again_is_dropped(fitted, caplog):
     doc["validation"]["seed"] += 1  # other micro-batches than the points
     assert refit(doc, source="test").extra["validation"] is None
     assert "cannot be judged again" in caplog.text
+    # A layer count no model has (an audit's 1e300 judged every point NaN in `correct`):
+    doc = _with_validation(fitted)
+    doc["validation"]["num_layers"] = 1e300
+    assert refit(doc, source="test").extra["validation"] is None
+    assert "num_layers 1000000000000" in caplog.text
 
 
 def test_the_shipped_h200_validation_replays_exactly():

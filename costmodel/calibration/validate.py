@@ -252,6 +252,9 @@ def revalidate(model: CostModel, block: Any) -> dict[str, Any] | None:
     try:
         modes = {mode: list(res["points"]) for mode, res in block["modes"].items()}
         num_layers, moe = int(block["num_layers"]), bool(block["moe_layers"])
+        if not 1 <= num_layers <= model.spec.num_layers:  # 1e300 judged every point NaN
+            raise ValueError(f"num_layers {num_layers} is not between 1 and the model's "
+                             f"{model.spec.num_layers}")
         first = next(iter(modes.values()))
         if all(isinstance(p.get("lengths"), list) for p in first):
             batches = [tuple(int(x) for x in p["lengths"]) for p in first]
