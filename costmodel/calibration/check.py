@@ -89,8 +89,8 @@ def flops_check(
                 else f"{r.kind} T={r.tokens}")
         raise ValueError(
             f"broken measurement: {len(violations)} point(s) run faster than {gpu_name} can; "
-            f"worst {what} ({r.mode}) took {r.ms:.4g} ms = {achieved / 1e12:.0f} TFLOP/s, "
-            f"{eff:.0%} of the {peak_flops / 1e12:.0f} TFLOP/s bf16 peak. The timer is not "
+            f"worst {what} ({r.mode}) took {r.ms:.4g} ms = {achieved / 1e12:.4g} TFLOP/s, "
+            f"{eff * 100:.4g}% of the {peak_flops / 1e12:.0f} TFLOP/s bf16 peak. The timer is not "
             "waiting for the GPU, the wrong device is timed, or the workload skips work"
         )
     for key in rows:
