@@ -456,6 +456,7 @@ def test_refit_weighs_a_wild_layer_probe_without_overflowing(fitted):
     with pytest.raises(ValueError, match="faster than"):
         refit(with_probe("ms", 1e-200), source="x.json")
 
+
 def test_validation_stops_at_its_time_limit(monkeypatch, fitted):
     import time
 

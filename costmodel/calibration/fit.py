@@ -288,8 +288,9 @@ def residuals(curves: ModeCurves, records: list[Record], call_ms: float) -> dict
     for kind, items in by_kind.items():
         rel = np.array([e for _, e in items])
         worst = int(np.argmax(np.abs(rel)))
+        scale = float(np.abs(rel[worst])) or 1.0  # a wild point's 1e200 squared overflowed
         out[kind] = {
-            "rms": float(np.sqrt(np.mean(rel**2))),
+            "rms": scale * float(np.sqrt(np.mean((rel / scale) ** 2))),
             "max_abs": float(np.abs(rel[worst])),
             "worst_point": items[worst][0].to_dict(),
             "relative": [round(float(e), 5) for e in rel],
