@@ -363,6 +363,10 @@ def test_steps_given_as_sample_lists_schedule_like_rollout_steps(flags, caplog):
                                     rollout_indices=list(range(96)))
     steps = [list(range(s, s + 32)) for s in range(0, 96, 32)]
     assert build_dp_schedule(args, cfg, lengths, step_sample_indices=steps) == by_rollouts
+    # equal steps as a 2-D array or tensor: a step a row (an audit found them refused)
+    torch = pytest.importorskip("torch")
+    for table in (np.array(steps), torch.tensor(steps)):
+        assert build_dp_schedule(args, cfg, lengths, step_sample_indices=table) == by_rollouts
     # unequal steps: each step's size is its own sample count; left-out samples warned about
     uneven = [list(range(0, 32)), np.arange(32, 80)]  # multiples of 16 for fixed-size batches
     partitions, mbi, num_mbs, sizes = build_dp_schedule(
@@ -377,6 +381,7 @@ def test_steps_given_as_sample_lists_schedule_like_rollout_steps(flags, caplog):
     (dict(step_sample_indices=[[0, 1, 1, 2]]), "lists a sample twice"),
     (dict(step_sample_indices=[[0, 1, -1, 2]]), "-1 is not a sample position"),  # not the last
     (dict(step_sample_indices=[]), "non-empty list of steps"),
+    (dict(step_sample_indices=np.arange(8)), r"or a 2-D array, a step a row\), got an array of shape \(8,\)$"),
     (dict(global_batch_size=8), "give global_batch_size and rollout_indices .steps of whole"),
     (dict(), "or step_sample_indices"),
     (dict(step_sample_indices=[[0, 1, 2, 3]], global_batch_size=1, rollout_indices=list(range(96))),

@@ -64,7 +64,7 @@ import numpy as np
 from numpy.typing import ArrayLike
 
 from costmodel.checks import cost_model_choice, on_off, positive_int, whole_number
-from costmodel.flops import MAX_LENGTH, as_lengths
+from costmodel.flops import MAX_LENGTH, as_lengths, on_host
 from costmodel.integrations.args import (
     gpu_mismatch,
     run_tensor_parallel,
@@ -171,12 +171,17 @@ def _positions(step: Any, n: int, what: str) -> list[int]:
 
 def _given_steps(step_sample_indices: Any, n: int) -> list[list[int]]:
     """The steps a caller split itself (slime's ``custom_rollout_step_split``), checked: a
-    non-empty list of lists of sample positions in range, none in two steps. Samples in no
-    step are dropped, with a warning, as slime does."""
+    non-empty list of lists of sample positions in range, none in two steps (a 2-D array or
+    tensor: a step a row). Samples in no step are dropped, with a warning, as slime does."""
+    shape = getattr(step_sample_indices, "shape", None)
+    if shape is not None and len(shape) == 2 and shape[0] and shape[1]:
+        step_sample_indices = list(on_host(step_sample_indices, "step_sample_indices"))
     if isinstance(step_sample_indices, (str, bytes)) or not isinstance(step_sample_indices, Sequence) \
             or not step_sample_indices:
+        got = (f"an array of shape {tuple(shape)}" if shape is not None  # its repr spans lines
+               else f"{step_sample_indices!r:.60}")
         raise ValueError("step_sample_indices must be a non-empty list of steps, each a list of "
-                         f"sample positions, got {step_sample_indices!r:.60}")
+                         f"sample positions (or a 2-D array, a step a row), got {got}")
     steps: list[list[int]] = []
     seen: set[int] = set()
     for s, step in enumerate(step_sample_indices):
