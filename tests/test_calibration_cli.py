@@ -854,7 +854,8 @@ PROFILE = "costmodel/profiles/h200/qwen3-8b.json"
 
 @pytest.mark.parametrize("flags, says", [
     (["--count", "3"], "--count must be at least 4 micro-batches per mode, got 3"),
-    (["--layers", "0"], "--layers must be at least 1, got 0"),
+    (["--layers", "0"], "--layers must be between 1 and the model's 36, got 0"),
+    (["--layers", "37"], "--layers must be between 1 and the model's 36, got 37"),
     (["--time-limit-s", "0"], "--time-limit-s must be > 0 seconds, got 0.0"),
     (["--caps", "32,4096"], "reached the GPU"),  # one cap >= 64 is enough
     (["--caps", "32,48"], "at least one cap >= 64 tokens"),
@@ -867,6 +868,43 @@ def test_validate_flags_are_checked_before_the_gpu(flags, says, capsys, monkeypa
     assert main(["validate", PROFILE, "--no-save", *flags]) == 2
     err = capsys.readouterr().err
     assert says in err and err.count("\n") == 1, err
+
+
+def test_validate_defaults_fit_a_small_sweep_and_a_model_of_few_layers(tmp_path, monkeypatch,
+                                                                      capsys):
+    """`costmodel validate FILE`, as calibrate's last line says to run it: the default caps
+    are those within the file's --max-tokens, and the default stack at most the model's
+    layers, whose stored validation `correct` can then read back."""
+    import costmodel.calibration.device as device
+    import costmodel.calibration.workloads as workloads
+    from costmodel.calibration.timer import SyntheticTimer
+
+    monkeypatch.setattr(device, "require_cuda", lambda: None)
+    monkeypatch.setattr(device, "settle_gpu", lambda seconds: None)
+    monkeypatch.setattr(device, "device_fingerprint", lambda: {"name": "NVIDIA H200"})
+    monkeypatch.setattr(workloads, "KernelTimer", lambda spec, **kw: SyntheticTimer(
+        spec, noise=0.003, timing=kw["timing"]))
+    spec = ModelSpec.from_preset("qwen3-0.6b")
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({
+        "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "num_hidden_layers": 2,
+        "hidden_size": spec.hidden_size, "num_attention_heads": spec.num_heads,
+        "num_key_value_heads": spec.num_kv_heads, "head_dim": spec.head_dim,
+        "intermediate_size": spec.intermediate_size, "vocab_size": spec.vocab_size,
+        "tie_word_embeddings": True, "torch_dtype": "bfloat16"}))
+    out = tmp_path / "cal.json"
+    assert main(["calibrate", "--gpu", "h200", "--model", str(config), "--quick", "--max-len",
+                 "2048", "--max-tokens", "4096", "-o", str(out)]) == 0
+    assert main(["validate", str(out), "--count", "12"]) == 0, capsys.readouterr().err
+    block = json.loads(out.read_text())["validation"]
+    assert block["caps"] == [768, 2048, 4096] and block["num_layers"] == 2
+    assert main(["correct", str(out), "-o", str(tmp_path / "corrected.json")]) in (0, 1)
+    assert "cannot be read back" not in capsys.readouterr().err
+    # asked for, a cap past the sweep or a stack past the model is still refused
+    assert main(["validate", str(out), "--count", "8", "--caps", "8192"]) == 2
+    assert "--caps 8192: " in capsys.readouterr().err
+    assert main(["validate", str(out), "--count", "8", "--layers", "4"]) == 2
+    assert "--layers must be between 1 and the model's 2, got 4" in capsys.readouterr().err
 
 
 def test_validate_refuses_a_mode_the_file_lacks_and_a_file_it_cannot_store_into(

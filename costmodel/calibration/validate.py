@@ -144,6 +144,11 @@ def run_validation(
     spec = model.rank_spec  # what one GPU runs (a tensor-parallel rank's shard)
     if isinstance(count, bool) or not isinstance(count, int) or count < 4:
         raise ValueError(f"validation needs count >= 4 micro-batches, got {count!r}")
+    # `revalidate` (for `correct` and a refit) judges stacks of 1 .. the model's layers only.
+    if isinstance(num_layers, bool) or not isinstance(num_layers, int) \
+            or not 1 <= num_layers <= model.spec.num_layers:
+        raise ValueError(f"validation stacks 1 to the model's {model.spec.num_layers} layers, "
+                         f"got num_layers={num_layers!r}")
     if isinstance(modes, str):  # "train" would be read letter by letter
         modes = [modes]
     modes = list(modes or model.modes)

@@ -25,9 +25,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("path", help="cost model file from `costmodel calibrate` (or, with --no-save, a "
                    "shipped profile such as h200/qwen3-8b)")
     p.add_argument("--count", type=int, default=150, help="micro-batches per mode (default 150)")
-    p.add_argument("--layers", type=int, default=4, help="layers in the timed stack (default 4)")
-    p.add_argument("--caps", default="768,2048,4096,8192,16384",
-                   help="token caps of the micro-batches (default %(default)s)")
+    p.add_argument("--layers", type=int, default=None,
+                   help="layers in the timed stack, at most the model's (default 4, or the "
+                   "model's layers where fewer)")
+    p.add_argument("--caps", default=None,
+                   help="token caps of the micro-batches (default 768,2048,4096,8192,16384, "
+                   "those up to the largest micro-batch the file measured)")
     p.add_argument("--modes", default=None, help="passes to validate (default: all in the file)")
     p.add_argument("--seed", type=int, default=0,
                    help="seed of the random micro-batches (default 0); stored with them")
@@ -52,7 +55,12 @@ def run(args: argparse.Namespace) -> int:
     from costmodel.calibration.device import device_fingerprint, require_cuda, settle_gpu
     from costmodel.calibration.progress import ProgressLine
     from costmodel.calibration.software import model_drift
-    from costmodel.calibration.validate import format_validation, largest_calibrated, run_validation
+    from costmodel.calibration.validate import (
+        DEFAULT_CAPS,
+        format_validation,
+        largest_calibrated,
+        run_validation,
+    )
     from costmodel.commands.calibrate import parse_modes, print_peak_memory
     from costmodel.model import load_cost_model
     from costmodel.model_file import check_output_path
@@ -69,11 +77,20 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"{args.path} is an estimate; validate a measured file from "
                          "`costmodel calibrate`")
     modes = parse_modes(args.modes) if args.modes else tuple(model.modes)
-    caps = comma_ints(args.caps, "--caps")
+    largest = largest_calibrated(model)
+    # The default caps within the file's range (a file calibrated with a smaller --max-tokens
+    # is validated up to what it measured); caps asked for are checked below.
+    caps = (comma_ints(args.caps, "--caps") if args.caps is not None
+            else [c for c in DEFAULT_CAPS if c <= largest] or [largest])
     if args.count < 4:
         raise ValueError(f"--count must be at least 4 micro-batches per mode, got {args.count}")
-    if args.layers < 1:
-        raise ValueError(f"--layers must be at least 1, got {args.layers}")
+    # A stored validation of more layers than the model has is not judged again (`revalidate`,
+    # for `correct` and `calibrate --refit`): 4 by default, the model's layers where fewer.
+    layers = min(4, model.spec.num_layers) if args.layers is None else args.layers
+    if not 1 <= layers <= model.spec.num_layers:
+        raise ValueError(f"--layers must be between 1 and the model's {model.spec.num_layers}, "
+                         f"got {layers}")
+    args.layers = layers
     if args.seed < 0:  # numpy's generator refuses it, after CUDA started and the clocks settled
         raise ValueError(f"--seed must be >= 0, got {args.seed}")
     if args.time_limit_s is not None and not args.time_limit_s > 0:
@@ -82,11 +99,11 @@ def run(args: argparse.Namespace) -> int:
     for mode in modes:
         if mode not in model.modes:
             raise ValueError(f"--modes {mode}: {path} has curves for {', '.join(model.modes)} only")
+    shown = ",".join(str(c) for c in caps)
     if max(caps) < 64:
-        raise ValueError(f"--caps {args.caps}: validation needs at least one cap >= 64 tokens")
-    largest = largest_calibrated(model)
+        raise ValueError(f"--caps {shown}: validation needs at least one cap >= 64 tokens")
     if max(caps) > largest:  # else found out of memory on the GPU, after the clocks settled
-        raise ValueError(f"--caps {args.caps}: {path} measured micro-batches of up to "
+        raise ValueError(f"--caps {shown}: {path} measured micro-batches of up to "
                          f"{largest:,} tokens, and validation checks it within that range: lower "
                          "--caps, or calibrate with a larger --max-tokens")
     if args.repeats < 1:
