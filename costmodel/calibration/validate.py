@@ -144,11 +144,7 @@ def run_validation(
     spec = model.rank_spec  # what one GPU runs (a tensor-parallel rank's shard)
     if isinstance(count, bool) or not isinstance(count, int) or count < 4:
         raise ValueError(f"validation needs count >= 4 micro-batches, got {count!r}")
-    # `revalidate` (for `correct` and a refit) judges stacks of 1 .. the model's layers only.
-    if isinstance(num_layers, bool) or not isinstance(num_layers, int) \
-            or not 1 <= num_layers <= model.spec.num_layers:
-        raise ValueError(f"validation stacks 1 to the model's {model.spec.num_layers} layers, "
-                         f"got num_layers={num_layers!r}")
+    check_stack_layers(model, num_layers)
     if isinstance(modes, str):  # "train" would be read letter by letter
         modes = [modes]
     modes = list(modes or model.modes)
@@ -218,6 +214,16 @@ def _measured_in_every_mode(measured: dict[str, list[float]]) -> int:
     """How many micro-batches every mode has measured: one that a stop caught between its
     modes is left out, so that every mode judges the same micro-batches."""
     return min(len(v) for v in measured.values())
+
+
+def check_stack_layers(model: CostModel, num_layers: Any, what: str = "num_layers") -> int:
+    """``num_layers`` where a stack of that many layers is one `revalidate` (for `correct`
+    and a refit) judges again: 1 .. the model's layers; else a ValueError naming ``what``."""
+    if isinstance(num_layers, bool) or not isinstance(num_layers, int) \
+            or not 1 <= num_layers <= model.spec.num_layers:
+        raise ValueError(f"{what} must be between 1 and the model's {model.spec.num_layers}, "
+                         f"got {num_layers!r}")
+    return num_layers
 
 
 def largest_calibrated(model: CostModel) -> int:

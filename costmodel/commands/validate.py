@@ -57,6 +57,7 @@ def run(args: argparse.Namespace) -> int:
     from costmodel.calibration.software import model_drift
     from costmodel.calibration.validate import (
         DEFAULT_CAPS,
+        check_stack_layers,
         format_validation,
         largest_calibrated,
         run_validation,
@@ -84,13 +85,9 @@ def run(args: argparse.Namespace) -> int:
             else [c for c in DEFAULT_CAPS if c <= largest] or [largest])
     if args.count < 4:
         raise ValueError(f"--count must be at least 4 micro-batches per mode, got {args.count}")
-    # A stored validation of more layers than the model has is not judged again (`revalidate`,
-    # for `correct` and `calibrate --refit`): 4 by default, the model's layers where fewer.
-    layers = min(4, model.spec.num_layers) if args.layers is None else args.layers
-    if not 1 <= layers <= model.spec.num_layers:
-        raise ValueError(f"--layers must be between 1 and the model's {model.spec.num_layers}, "
-                         f"got {layers}")
-    args.layers = layers
+    # 4 by default, the model's layers where fewer (a stack `revalidate` can judge again).
+    args.layers = check_stack_layers(
+        model, min(4, model.spec.num_layers) if args.layers is None else args.layers, "--layers")
     if args.seed < 0:  # numpy's generator refuses it, after CUDA started and the clocks settled
         raise ValueError(f"--seed must be >= 0, got {args.seed}")
     if args.time_limit_s is not None and not args.time_limit_s > 0:
