@@ -204,9 +204,9 @@ def _level_round(
     chunk's tokens raise the emptiest ones (Σ max(0, T − fill) = the chunk's tokens), lay
     the samples end to end over those deficits, emptiest first, and give each sample to the
     micro-batch where it starts. Fills end level to within a sample; fuller micro-batches
-    (one long sample) get nothing until the others catch up. A sample that would overflow its micro-batch is
-    left out (False in the result), and so are the later ones dealt to it (their running
-    sums are larger still). Updates ``fill`` and ``bin_sorted`` in place."""
+    (one long sample) get nothing until the others catch up. A sample that would overflow
+    its micro-batch is left out (False in the result), and so are the later ones dealt to
+    it (their running sums are larger still). Updates ``fill`` and ``bin_sorted`` in place."""
     sel = _emptiest_first(fill, open_ids)
     f = fill[sel].astype(np.float64)
     total = float(chunk.sum())
