@@ -52,6 +52,9 @@ def first_appearance_ids(ids: Any, what: str) -> np.ndarray:
     if isinstance(ids, (str, bytes, Mapping, Set)) or not hasattr(ids, "__len__"):
         raise ValueError(f"{what} must be a sequence of ids, one per sample in order, got "
                          f"{type(ids).__name__} {ids!r:.60}")
+    by_value = _numbered_by_value(ids)
+    if by_value is not None:
+        return by_value
     seen: dict[Any, int] = {}
     out = np.empty(len(ids), dtype=np.int64)
     for i, g in enumerate(ids):
@@ -69,6 +72,29 @@ def first_appearance_ids(ids: Any, what: str) -> np.ndarray:
             raise ValueError(f"{what}[{i}] = {g!r:.60} cannot be a group id ({err}): use "
                              "hashable ids such as integers or strings") from None
     return out
+
+
+def _numbered_by_value(ids: Any) -> np.ndarray | None:
+    """`first_appearance_ids` at numpy speed for integer ids (an array, a tensor on the CPU
+    or a list) and strings; None for any other ids, which take the loop. (65,536 ids in a
+    numpy array took 0.3 s one by one, their ``.item()`` most of it.)"""
+    try:
+        arr = np.asarray(ids)
+    except (ValueError, TypeError, RuntimeError):  # ragged, or a tensor on a GPU
+        return None
+    if arr.dtype.kind == "U" and not (
+            isinstance(ids, np.ndarray) or all(type(g) is str for g in ids)):
+        return None  # numpy made strings of other ids too: 1 and "1" would merge
+    if arr.ndim != 1 or arr.size == 0 or arr.dtype.kind not in "iubU":
+        return None
+    _, inverse = np.unique(arr, return_inverse=True)  # numbered by value
+    inverse = inverse.reshape(-1).astype(np.int64)
+    n = arr.size
+    first = np.full(int(inverse.max()) + 1, n, dtype=np.int64)
+    np.minimum.at(first, inverse, np.arange(n, dtype=np.int64))  # each value's first sample
+    appears = np.zeros(n, dtype=bool)
+    appears[first] = True
+    return (np.cumsum(appears) - 1)[first][inverse]  # values counted in order of appearance
 
 
 class _Units(NamedTuple):

@@ -236,17 +236,9 @@ def _dense_groups(group_ids: Sequence[Any] | np.ndarray, n: int) -> np.ndarray:
     if arr.ndim > 1:  # an (n, 1) column read row by row would make every sample a group
         raise ValueError(f"group_ids must hold one id per sample, got an array of shape "
                          f"{arr.shape}; flatten it")
-    if arr.ndim == 1 and arr.dtype.kind in "iub":
-        # Numbered by first appearance, as any other ids: the schedule depends on which
-        # samples share a group, not on what the ids are (ints sorted, strings not, split
-        # ranks that named the same groups differently).
-        _, inverse = np.unique(arr, return_inverse=True)  # numbered by value
-        inverse = inverse.reshape(-1).astype(np.int64)
-        first = np.full(int(inverse.max()) + 1, n, dtype=np.int64)
-        np.minimum.at(first, inverse, np.arange(n, dtype=np.int64))  # each value's first sample
-        appears = np.zeros(n, dtype=bool)
-        appears[first] = True
-        return (np.cumsum(appears) - 1)[first][inverse]  # values counted in order of appearance
+    # Numbered by first appearance, whatever the ids are: the schedule depends on which
+    # samples share a group, not on what the ids are (ints sorted, strings not, split ranks
+    # that named the same groups differently).
     return first_appearance_ids(group_ids, "group_ids")
 
 
