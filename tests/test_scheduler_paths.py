@@ -19,6 +19,8 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from test_integrations_slime import check as check_slime
 from test_integrations_slime import config, make_args
 from test_scheduler import check_schedule
@@ -796,3 +798,19 @@ def test_run_order_refuses_an_unknown_order():
 
     with pytest.raises(ValueError, match="order must be one of"):
         run_order(np.array([1.0, 2.0, 3.0]), "shortest-first")
+
+
+@settings(max_examples=80, deadline=None)
+@given(ids=st.lists(st.one_of(st.integers(-3, 3), st.sampled_from(["a", "b", "1"]), st.booleans()),
+                    min_size=1, max_size=12))
+def test_ids_are_numbered_by_first_appearance_on_every_path(ids):
+    from costmodel.scheduler import groups
+
+    def by_loop(values):
+        seen: dict = {}
+        return [seen.setdefault(v, len(seen)) for v in values]
+
+    assert groups.first_appearance_ids(ids, "ids").tolist() == by_loop(ids)
+    if all(type(i) is int for i in ids):  # numpy's own ints, as an array: the fast path
+        assert groups._numbered_by_value(np.array(ids)) is not None
+        assert groups.first_appearance_ids(np.array(ids), "ids").tolist() == by_loop(ids)
