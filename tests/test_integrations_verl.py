@@ -7,7 +7,9 @@ import numpy as np
 import pytest
 
 from costmodel.integrations.verl import (
+    VERL_WORKLOAD,
     balanced_micro_batches,
+    get_group_balanced_partitions,
     get_reverse_idx,
     get_seqlen_balanced_partitions,
     rearrange_micro_batches,
@@ -32,6 +34,49 @@ def test_balanced_partitions_contract():
     # verl's argument by its name, the value as a plain number (not np.int64(-2)):
     with pytest.raises(ValueError, match=r"^seqlen_list must be non-negative, got -2$"):
         get_seqlen_balanced_partitions([1, -2, 3, 4], 2, equal_size=False)
+
+
+def test_group_partitions_contract():
+    # verl's PrefixGrouper balancing: rollout.n responses per prompt, dp ranks.
+    lengths = generate_lengths(512, "rl", seed=0).tolist()
+    uids = [f"prompt-{i // 8}" for i in range(512)]
+    parts = get_group_balanced_partitions(seqlen_list=lengths, uid_list=uids, k_partitions=8)
+    assert len(parts) == 8 and all(p == sorted(p) for p in parts)
+    assert sorted(i for p in parts for i in p) == list(range(512))
+    assert all(len({uids[i] for i in p}) == 8 for p in parts)  # 8 whole prompts each
+    work = VERL_WORKLOAD.sample_costs(np.asarray(lengths))
+    sums = [work[p].sum() for p in parts]
+    assert max(sums) / np.mean(sums) < 1.002
+    # A uid whose rows are apart still lands in one partition (verl's would split it):
+    shuffled = [uids[i] for i in np.random.default_rng(1).permutation(512)]
+    for p in get_group_balanced_partitions(lengths, shuffled, 8):
+        assert sum(shuffled.count(u) for u in {shuffled[i] for i in p}) == len(p)
+
+
+def test_group_partitions_beat_verls_karmarkar_karp_alone():
+    from costmodel.scheduler.partition import karmarkar_karp
+
+    lengths = generate_lengths(16384, "rl", seed=5)
+    uids = np.arange(16384) // 8
+    work = VERL_WORKLOAD.sample_costs(lengths)
+    ours = [work[p].sum() for p in get_group_balanced_partitions(lengths, uids, 256)]
+    per_uid = np.bincount(uids, weights=work)
+    verls = [per_uid[p].sum() for p in karmarkar_karp(per_uid, 256, equal_size=True)]
+    assert max(verls) / np.mean(verls) > 1.05  # verl's method leaves the ranks this far apart
+    assert max(ours) / np.mean(ours) < 1.001
+
+
+@pytest.mark.parametrize("lengths, uids, k, match", [
+    ([5, 6, 7], [0, 0], 1, r"uid_list has 2 entries for 3 sequences"),
+    ([5, 6, 7, 8], [0, 0, 1, 2], 2, r"3 uids cannot be spread evenly over k_partitions=2"),
+    ([5, 6], [0, 1], 4, r"2 uids cannot be spread evenly over k_partitions=4"),
+    ([5, 0], [0, 1], 2, r"seqlen_list"),
+    ([5, 6], [0, [1]], 2, r"uid_list\[1\]"),
+    ([5, 6], [0, 1], 0, r"k_partitions"),
+])
+def test_group_partitions_bad_input(lengths, uids, k, match):
+    with pytest.raises(ValueError, match=match):
+        get_group_balanced_partitions(lengths, uids, k)
 
 
 def test_rearrange_single_rank():

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from costmodel.scheduler import karmarkar_karp, lpt_partition
-from costmodel.scheduler.partition import partition_sums
+from costmodel.scheduler.partition import karmarkar_karp_labels, partition_sums
 
 
 def reference_kk(weights: list[int], k: int, equal_size: bool) -> list[int]:
@@ -152,3 +152,36 @@ def test_kk_zero_weights_leave_no_set_empty(weights, k):
     # sets: [0, 0, 0] into 3 came back as {0, 1, 2}, {}, {}.
     parts = karmarkar_karp(weights, k)
     assert all(parts) and sorted(i for p in parts for i in p) == list(range(len(weights)))
+
+
+@settings(max_examples=60, deadline=None)
+@given(k=st.integers(1, 9), per=st.integers(1, 6), data=st.data())
+def test_swaps_keep_every_set_size_and_never_raise_the_heaviest(k, per, data):
+    from costmodel.scheduler.set_swaps import balance_by_swaps
+
+    weights = np.array(data.draw(st.lists(st.integers(0, 10**6), min_size=k * per,
+                                          max_size=k * per)), dtype=np.int64)
+    labels = np.array(karmarkar_karp_labels(weights, k, equal_size=True))
+    after = balance_by_swaps(weights, labels, k)
+    assert np.array_equal(np.bincount(after, minlength=k), np.bincount(labels, minlength=k))
+    before_top = np.bincount(labels, weights=weights, minlength=k).max()
+    assert np.bincount(after, weights=weights, minlength=k).max() <= before_top
+    assert np.array_equal(after, balance_by_swaps(weights, labels, k))  # deterministic
+
+
+def test_swaps_even_out_what_equal_size_karmarkar_karp_leaves_apart():
+    from costmodel.scheduler.set_swaps import balance_by_swaps
+
+    rng = np.random.default_rng(3)
+    groups = rng.lognormal(7.3, 1.0, size=(2048, 8)).round().sum(axis=1)  # 8 RL responses
+    labels = np.array(karmarkar_karp_labels(groups, 256, equal_size=True))
+    sums = np.bincount(labels, weights=groups, minlength=256)
+    assert sums.max() / sums.mean() > 1.02  # what the swaps are for
+    after = balance_by_swaps(groups, labels, 256)
+    sums = np.bincount(after, weights=groups, minlength=256)
+    assert sums.max() / sums.mean() < 1.001
+    # Float weights as well (a cost model's milliseconds), a set of one item, all zeros:
+    floats = balance_by_swaps(groups / 7.0, labels, 256)
+    assert np.bincount(floats, weights=groups, minlength=256).max() / sums.mean() < 1.001
+    assert balance_by_swaps(np.array([5.0]), np.array([0]), 1).tolist() == [0]
+    assert balance_by_swaps(np.zeros(4), np.array([0, 1, 0, 1]), 2).tolist() == [0, 1, 0, 1]

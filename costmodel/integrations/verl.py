@@ -21,6 +21,12 @@
   micro-batches over the cap; this raises a ValueError instead, as it does for a run of
   ``force_group_size`` rows over the cap; ``num_batches_devided_by`` (older verl's
   spelling) is accepted.
+- `get_group_balanced_partitions(seqlen_list, uid_list, k_partitions)`: verl's DP balancing
+  under PrefixGrouper (a prompt's responses on one rank, every rank the same number of
+  prompts), as verl-project/verl dde90e7d has it: Karmarkar-Karp with equal sizes over the
+  uids' summed workload proxy, as there, then swaps of one uid for another between heavy
+  and light ranks, which even out what it leaves (15% over the mean with 8 prompts a rank
+  at dp 256, under that proxy; within 0.03% after).
 - `balanced_micro_batches(seq_lengths, max_token_len, ...)`: the same on a plain list of
   lengths, and with ``dp_size > 1`` it schedules the whole batch over the ranks at once (no
   all-reduce needed: every rank gets the same count).
@@ -40,7 +46,9 @@ verl/`, e.g. verl/workers/engine/utils.py and the megatron actor and critic; dp_
 reaches it through seqlen_balancing's own prepare_dynamic_batch). The same goes for
 `get_seqlen_balanced_partitions`, which verl's trainers (the DP balancing of a step's
 batch) and slime import by name; slime's training-side fallback (no rollout-side
-schedule) partitions with it too, so patching it there reaches that path.
+schedule) partitions with it too, so patching it there reaches that path. verl's trainer
+imports `get_group_balanced_partitions` from seqlen_balancing at each call, so setting it
+there reaches it (it takes no cost: see its docstring).
 
 A cost model prices training passes by default; forward-only ones (log-probs, the reference
 model) have their own curves: ``mode="forward"`` where a call site only computes log-probs
@@ -66,11 +74,16 @@ from costmodel.integrations.args import gpu_mismatch, warn_once
 from costmodel.scheduler import build_schedule, karmarkar_karp
 from costmodel.scheduler.bounds import round_up
 from costmodel.scheduler.costs import AdditiveCost, ModelCost, as_cost
+from costmodel.scheduler.groups import first_appearance_ids
 from costmodel.scheduler.order import run_order
+from costmodel.scheduler.partition import karmarkar_karp_labels
+from costmodel.scheduler.set_swaps import balance_by_swaps
+from costmodel.scheduler.sorting import as_lists, members_of
 
 __all__ = [
     "VERL_WORKLOAD",
     "balanced_micro_batches",
+    "get_group_balanced_partitions",
     "get_reverse_idx",
     "get_seqlen_balanced_partitions",
     "rearrange_micro_batches",
@@ -116,6 +129,40 @@ def get_seqlen_balanced_partitions(
         if not p:  # pragma: no cover - KK leaves no set empty when n >= k
             raise ValueError(f"partition {i} is empty")
     return parts
+
+
+def get_group_balanced_partitions(
+    seqlen_list: ArrayLike, uid_list: Any, k_partitions: int
+) -> list[list[int]]:
+    """verl's DP balancing with PrefixGrouper: ``k_partitions`` lists of sample indices
+    (each sorted), every uid's samples in one list, each list the same number of uids.
+
+    As verl: Karmarkar-Karp with equal sizes over the uids' summed workload proxy
+    ``24576·L + L²``. Then, unlike verl, swaps of one uid for another between heavy and
+    light lists (`costmodel.scheduler.set_swaps`), which even out what it leaves. Samples
+    that share a uid stay together wherever they stand (verl's splits a uid whose rows are
+    not contiguous into several).
+
+    No ``cost``: balanced on the H200 profile's per-sample prices instead, the ranks'
+    packed step times under that profile came out 0.3-1.3% longer than on this proxy, at
+    8-1,024 ranks (`benchmarks/bench_group_partitions.py`): a rank's time also steps with
+    its number of micro-batches, which no per-sample price sees.
+    """
+    k = positive_int(k_partitions, "k_partitions")
+    lengths = as_lengths(seqlen_list, "seqlen_list")
+    groups = first_appearance_ids(uid_list, "uid_list")
+    if groups.size != lengths.size:
+        raise ValueError(f"uid_list has {groups.size} entries for {lengths.size} sequences in "
+                         "seqlen_list: give one uid per sequence")
+    n_groups = int(groups.max()) + 1 if groups.size else 0
+    if n_groups < k or n_groups % k:
+        raise ValueError(f"{n_groups} uids cannot be spread evenly over k_partitions={k}: "
+                         "every partition takes the same number of uids (verl: the batch size "
+                         "a multiple of dp_size * rollout.n)")
+    work = np.bincount(groups, weights=VERL_WORKLOAD.sample_costs(lengths), minlength=n_groups)
+    partition_of_group = balance_by_swaps(
+        work, karmarkar_karp_labels(work, k, equal_size=True), k)
+    return as_lists(*members_of(partition_of_group[groups], k))
 
 
 def get_reverse_idx(idx_map: ArrayLike) -> list[int]:
