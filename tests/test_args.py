@@ -541,3 +541,16 @@ def test_the_tensor_parallel_advice_keeps_the_runs_expert_tp():
     assert tensor_parallel_mismatch(moe, 4, None).endswith("--tensor-parallel 4`")
     dense = estimate_cost_model("qwen3-8b", "h200", tensor_parallel=2)
     assert tensor_parallel_mismatch(dense, 4, 1).endswith("--tensor-parallel 4`")
+
+
+def test_the_tensor_parallel_advice_names_a_model_calibrate_takes():
+    """A model that is no preset (a config.json's folder name, Megatron args' 'megatron')
+    gets the config.json placeholder in the advice, not a name `--model` refuses."""
+    from costmodel.integrations.args import tensor_parallel_mismatch
+
+    spec = dataclasses.replace(ModelSpec.from_preset("qwen3-8b"), name="megatron")
+    why = tensor_parallel_mismatch(estimate_cost_model(spec, "h200", tensor_parallel=2), 4)
+    assert why is not None and "--model <its HF config.json> --tensor-parallel 4`" in why
+    moe = dataclasses.replace(ModelSpec.from_preset("qwen3-30b-a3b"), name="my-moe")
+    why = tensor_parallel_mismatch(estimate_cost_model(moe, "h200", tensor_parallel=4), 4, 1)
+    assert why is not None and "--model <its HF config.json> --tensor-parallel 4 " in why

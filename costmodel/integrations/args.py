@@ -306,7 +306,7 @@ def tensor_parallel_mismatch(model: Any, tensor_parallel: int,
                    if model.spec.num_moe_layers and etp != tensor_parallel else "")
         return (f"timed one rank's shard at tensor parallelism {model_tp}, but this run uses "
                 f"{tensor_parallel}: its curves are another shape's; calibrate for this run "
-                f"with `costmodel calibrate --model {model.spec.name} --tensor-parallel "
+                f"with `costmodel calibrate --model {model_flag(model.spec)} --tensor-parallel "
                 f"{tensor_parallel}{experts}`")
     model_etp = int(getattr(model, "expert_tensor_parallel", model_tp))
     if model.spec.num_moe_layers and etp != model_etp:
@@ -314,7 +314,7 @@ def tensor_parallel_mismatch(model: Any, tensor_parallel: int,
         # its experts whole where Megatron's default splits them TP ways.
         return (f"split every expert {model_etp} ways, but this run's expert tensor "
                 f"parallelism is {etp}: its MoE layers' curve is another expert width's; "
-                f"calibrate for this run with `costmodel calibrate --model {model.spec.name} "
+                f"calibrate for this run with `costmodel calibrate --model {model_flag(model.spec)} "
                 f"--tensor-parallel {tensor_parallel} --expert-tensor-parallel {etp}`")
     return None
 
