@@ -113,7 +113,7 @@ def error_of(fig: dict) -> dict[str, float]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--json", metavar="PATH", help="also write the results as JSON")
     args = p.parse_args(argv)
     model = load_cost_model(PROFILE)
