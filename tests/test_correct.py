@@ -241,7 +241,7 @@ def test_runs_file_of_bytes(tmp_path):
 def test_validation_runs_of_the_shipped_profile(model):
     """The H200 validation's 120 micro-batches per pass read back as 4-layer stacks; factors
     fitted to them trade the launch-bound small micro-batches against the large ones (a
-    separate H200 measurement, benchmarks/results/bench_correction.json, shows them 30%
+    separate H200 measurement, benchmarks/results/bench_correction_h200.json, shows them 30%
     off there), and the check over sizes refuses them."""
     runs = validation_runs(model)
     assert len(runs) == 240 and {r.layers for r in runs} == {4}
