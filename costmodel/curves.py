@@ -31,6 +31,7 @@ import numpy as np
 from numpy.typing import ArrayLike
 
 from costmodel import portable
+from costmodel.flops import MAX_LENGTH
 
 __all__ = ["MODES", "AttentionCurve", "ModeCurves", "TokenCurve", "checked_mode"]
 
@@ -63,6 +64,9 @@ def _knots(x: ArrayLike, y: ArrayLike, xname: str, what: str) -> tuple[np.ndarra
         raise ValueError(f"{what}: knots must be finite numbers")
     if np.any(xs < 1) or np.any(np.diff(xs) <= 0):
         raise ValueError(f"{what}: {xname} must be >= 1 and strictly increasing")
+    if xs[-1] > MAX_LENGTH:  # past any sequence or micro-batch: 1e300 tokens overflowed int64
+        raise ValueError(f"{what}: {xname} must be at most {MAX_LENGTH:,} (2^31 - 1, the most "
+                         f"one micro-batch holds), got {xs[-1]:g}: not a measurement")
     if np.any(ys <= 0):
         raise ValueError(f"{what}: times must be positive, got min {ys.min():g} ms")
     if ys.min() < _MIN_MS or ys.max() > _MAX_MS:  # 1e-320 ms evaluated to 0, 1e306 overflowed

@@ -352,6 +352,22 @@ def test_times_no_measurement_could_give_are_refused(tmp_path, good_doc, factor)
         load_cost_model(_write(tmp_path, json.dumps(good_doc)))
 
 
+@pytest.mark.parametrize("curve", ["attention", "linear.dense", "head"])
+def test_knots_past_any_micro_batch_are_refused(tmp_path, good_doc, curve):
+    """Regression: a knot at 1e300 tokens loaded, and `costmodel correct` on the file died
+    with an OverflowError traceback (its FLOPs check cast the knots to int64)."""
+    block = good_doc["curves"]["train"]
+    for key in curve.split("."):
+        block = block[key]
+    xkey = "lengths" if curve == "attention" else "tokens"
+    block[xkey][-1] = 10**300
+    with pytest.raises(ValueError, match=rf"curves\.train\.{curve}: {xkey} must be at most "
+                       r"2,147,483,647 .*got 1e\+300: not a measurement"):
+        load_cost_model(_write(tmp_path, json.dumps(good_doc)))
+    block[xkey][-1] = 2**31 - 1  # the longest micro-batch a schedule may hold still loads
+    load_cost_model(_write(tmp_path, json.dumps(good_doc)))
+
+
 @pytest.mark.parametrize("validation", [{"modes": []}, {"modes": {"train": "x"}},
                                         {"modes": {"train": {"summary": {"all": {"cost_model": {"mape": "x"}}}}}}])
 def test_a_malformed_validation_block_is_skipped_with_a_warning(tmp_path, good_doc, validation, caplog):
