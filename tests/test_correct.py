@@ -443,3 +443,24 @@ def test_flops_yardstick_of_whole_model_runs(model):
     measured = np.array([r.ms for r in runs])
     want = np.mean(np.abs(best_scale(work, measured) * work / measured - 1))
     assert fig["baselines"]["all"]["flops"]["mape"] == pytest.approx(want, rel=1e-9)
+
+
+@pytest.mark.parametrize("ms", [-1.0, 0, 1e-300, "12.5", True])
+def test_a_validation_time_no_gpu_measured_is_named_not_a_traceback(tmp_path, capsys, caplog, ms):
+    """Regression (an audit's): a stored validation point measured at -1 ms failed deep in
+    the summary with an IndexError traceback in `correct` and `calibrate --refit`; 0 ms
+    made `correct` say "ms must be a positive number" of no file, and a refit fail to write
+    its infinite error; 1e-300 ms was written as a 1e300 error; "12.5" and true were read
+    as times."""
+    from costmodel.calibration.pipeline import refit
+    from costmodel.profiles import profile_path
+
+    doc = json.loads(profile_path("h200", "qwen3-8b").read_text())
+    doc["validation"]["modes"]["train"]["points"][3]["measured_ms"] = ms
+    path, out = tmp_path / "model.json", tmp_path / "corrected.json"
+    path.write_text(json.dumps(doc))
+    assert main(["correct", str(path), "-o", str(out)]) == 2
+    assert "validation's micro-batches cannot be read back" in capsys.readouterr().err
+    assert f"train point 3 has measured_ms {ms!r}" in caplog.text
+    assert not out.exists()
+    assert refit(doc, source="test").extra["validation"] is None  # dropped, with the warning

@@ -279,7 +279,7 @@ def revalidate(model: CostModel, block: Any) -> dict[str, Any] | None:
                 continue
             if [(int(p["tokens"]), int(p["n"])) for p in points] != sizes:
                 raise ValueError(f"the {mode} points are not the micro-batches of the others")
-            measured = np.array([float(p["measured_ms"]) for p in points])
+            measured = np.array([_measured_ms(p, mode, i) for i, p in enumerate(points)])
             out["modes"][mode] = _compare(model, batches, measured, mode,
                                           num_layers=num_layers, moe=moe)
         if not out["modes"]:
@@ -289,6 +289,16 @@ def revalidate(model: CostModel, block: Any) -> dict[str, Any] | None:
                        type(err).__name__, err)
         return None
     return out
+
+
+def _measured_ms(point: Any, mode: str, i: int) -> float:
+    """A stored point's measured time; ValueError for anything no GPU measured (a negative
+    time failed deep in the summary with an IndexError, 0 gave an infinite error)."""
+    ms = point["measured_ms"]
+    if isinstance(ms, bool) or not isinstance(ms, (int, float)) or not 1e-9 <= ms <= 1e9:
+        raise ValueError(f"its {mode} point {i} has measured_ms {ms!r:.40}, not a time a GPU "
+                         "measured (1e-9..1e9 ms)")
+    return float(ms)
 
 
 def _legacy_rl_lengths(rng: np.random.Generator, n: int, max_len: int) -> np.ndarray:
