@@ -11,6 +11,7 @@ import pytest
 
 from costmodel.calibration.correct import (
     MIN_RUNS,
+    Correction,
     Run,
     _judge,
     apply_correction,
@@ -21,7 +22,7 @@ from costmodel.calibration.correct import (
     validation_runs,
 )
 from costmodel.cli import main
-from costmodel.model import PARTS, load_cost_model
+from costmodel.model import PARTS, CostModel, load_cost_model
 
 PROFILE = "h200/qwen3-8b"
 # How a stack might differ from its calibration: overheads that overlap, a slower attention
@@ -127,6 +128,23 @@ def test_impossible_runs_are_refused(model, caplog):
     assert "bound" in caplog.text
     with pytest.raises(ValueError, match="impossible.*not of"):
         apply_correction(model, correction, source="test")
+
+
+def test_a_file_whose_own_curves_beat_the_peak_is_named_not_the_runs(tmp_path, model):
+    """Regression (an audit's): a hand-edited file whose attention runs faster than the GPU
+    loads (the FLOPs check runs at calibration), and `correct` said its runs "are not of"
+    the model, whatever they were; the file is at fault, and a slight correction shows it."""
+    doc = model.to_dict()
+    attention = doc["curves"]["train"]["attention"]
+    attention["ms"] = [attention["ms"][0]] * len(attention["ms"])  # flat: 32k as fast as 64
+    edited = CostModel.from_dict(doc, source="edited.json")
+    slight = Correction(scales={"train": {"overhead": 1.0, "attention": 1.1, "linear": 1.0,
+                                          "head": 1.0}})
+    with pytest.raises(ValueError, match=r"its own curves are impossible, before any "
+                       r"correction \(broken measurement.*\): recalibrate it") as err:
+        apply_correction(edited, slight, source="test")
+    assert "not of" not in str(err.value)
+    apply_correction(model, slight, source="test")  # the shipped curves pass
 
 
 def test_bad_fits_are_refused(model):

@@ -298,7 +298,14 @@ def apply_correction(model: CostModel, correction: Correction, *, source: str,
                                 "scales": total, "figures": correction.figures}
     doc["provenance"] = provenance
     corrected = CostModel.from_dict(doc, source=f"{model.label}, corrected")
-    _check_peak(corrected)
+    impossible = _beats_peak(corrected)
+    if impossible:
+        own = _beats_peak(model)
+        if own:  # the file's own curves (hand-edited?): no fault of the runs
+            raise ValueError(f"{model.label}: its own curves are impossible, before any "
+                             f"correction ({own}): recalibrate it, or restore the file")
+        raise ValueError(f"the corrected curves are impossible ({impossible}); the runs are "
+                         f"not of {model.label}: measure them on that GPU and model")
     if doc.get("validation") and correction.scales:
         block = revalidate(corrected, doc["validation"])
         if block is not None:
@@ -332,13 +339,13 @@ def _earlier_scales(block: Any, label: str) -> dict[str, dict[str, float]]:
     return total
 
 
-def _check_peak(model: CostModel) -> None:
-    """The FLOPs check of the corrected curves' knots: a factor that makes a part run
+def _beats_peak(model: CostModel) -> str | None:
+    """Why `model`'s knots fail the FLOPs check, or None: a factor that makes a part run
     faster than the GPU can came from runs of another model or GPU."""
     try:
         info = gpus.lookup_gpu(str(model.gpu_key))
     except ValueError:
-        return  # no peak to check against, as for a calibration on such a GPU
+        return None  # no peak to check against, as for a calibration on such a GPU
     records = []
     for mode in model.modes:
         c = model.curves[mode]
@@ -353,5 +360,5 @@ def _check_peak(model: CostModel) -> None:
         flops_check(records, model.rank_spec, peak_flops=info.peak_bf16_flops,
                     gpu_name=info.name, tolerance=DEFAULT_TOLERANCE)
     except ValueError as err:
-        raise ValueError(f"the corrected curves are impossible ({err}); the runs are not of "
-                         f"{model.label}: measure them on that GPU and model") from None
+        return str(err)
+    return None
