@@ -6,7 +6,9 @@ import argparse
 import dataclasses
 import decimal
 import fractions
+import json
 import logging
+from pathlib import Path
 
 import pytest
 
@@ -119,6 +121,19 @@ def test_cost_model_that_does_not_load(tmp_path, content):
     with pytest.raises((FileNotFoundError, ValueError), match="cm.json") as err:
         validate_args(args, spec=SPEC)
     assert str(err.value).startswith(f"--cost-model {path}") and "\n" not in str(err.value)
+
+
+def test_a_cost_model_without_the_train_pass_is_refused_before_training(tmp_path, cost_model_file):
+    """Regression (an audit's): a file of forward curves only (calibrated with --modes
+    forward, or its train fit dropped) passed validate_args, and every step's schedule
+    failed, advising a --mode flag training scripts do not have."""
+    doc = json.loads(Path(cost_model_file).read_text())
+    del doc["curves"]["train"]
+    path = tmp_path / "forward-only.json"
+    path.write_text(json.dumps(doc))
+    with pytest.raises(ValueError, match=r"^--cost-model .*forward-only\.json: it has curves for "
+                       r"forward only, and training balances the train pass .*--modes train"):
+        validate_args(parse([*FLOPS_ARGV, "--cost-model", str(path)]), spec=SPEC)
 
 
 def test_cost_model_needs_a_shape_to_check(cost_model_file):

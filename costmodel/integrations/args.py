@@ -190,7 +190,7 @@ def validate_args(
     - ``--cost-model`` is set without ``--balance-by-flops`` (it would be ignored);
     - ``--balance-by-flops`` is set and the model shape is neither given nor on ``args``;
     - the cost model does not load, or was calibrated for another model shape than ``spec``
-      (allowed only with ``--cost-model-allow-other-shape``);
+      (allowed only with ``--cost-model-allow-other-shape``), or has no train-pass curves;
     - an on/off flag is not true or false, or ``--cost-model`` is empty.
     FileNotFoundError (naming the flag) when the ``--cost-model`` file does not exist.
     Logs a warning when the cost model was measured on another GPU than the one in use
@@ -265,6 +265,11 @@ def validate_args(
         raise ValueError(f"--cost-model {cost_model_arg}: {message}") from None
     except FileNotFoundError as err:
         raise FileNotFoundError(f"--cost-model {cost_model_arg}: {err}") from None
+    if "train" not in model.modes:  # what scheduler_from_args balances: found at the first step
+        raise ValueError(f"--cost-model {cost_model_arg}: it has curves for "
+                         f"{', '.join(model.modes)} only, and training balances the train pass "
+                         "(forward + backward): calibrate it with `costmodel calibrate --modes "
+                         "train,forward` (the default)")
     _check_gpu(model, cost_model_arg)
     _check_tensor_parallel(model, args, cost_model_arg)
     setattr(args, _LOADED_ATTR, model)
