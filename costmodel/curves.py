@@ -112,7 +112,10 @@ class AttentionCurve:
         lo, hi = self.lengths[0], self.lengths[-1]
         below, above = lo > L, hi < L
         inside = ~(below | above)
-        out[inside] = portable.exp(self._pchip(portable.log(L[inside])))
+        # Within the end knots' times: exp(log(t)) can come back an ulp under t at the first
+        # knot, a step down from the constant just below it (the curve must never fall).
+        out[inside] = np.clip(portable.exp(self._pchip(portable.log(L[inside]))),
+                              self.ms[0], self.ms[-1])
         out[below] = self.ms[0] * portable.power(L[below] / lo, self.low_exponent)
         out[above] = self.ms[-1] * portable.power(L[above] / hi, self.tail_exponent)
         return out
