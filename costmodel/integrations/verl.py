@@ -144,7 +144,7 @@ def get_group_balanced_partitions(
     not contiguous into several).
 
     No ``cost``: balanced on the H200 profile's per-sample prices instead, the ranks'
-    packed step times under that profile came out 0.3-1.3% longer than on this proxy, at
+    packed step times under that profile came out 0.3-1.7% longer than on this proxy, at
     8-1,024 ranks (`benchmarks/bench_group_partitions.py`): a rank's time also steps with
     its number of micro-batches, which no per-sample price sees.
     """
