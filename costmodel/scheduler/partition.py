@@ -75,9 +75,10 @@ def karmarkar_karp(weights: ArrayLike, k: int, equal_size: bool = False, *,
     return as_lists(*members_of(labels, int(k)))
 
 
-def karmarkar_karp_labels(weights: ArrayLike, k: int, equal_size: bool = False) -> np.ndarray:
+def karmarkar_karp_labels(weights: ArrayLike, k: int, equal_size: bool = False, *,
+                          what: str = "weights") -> np.ndarray:
     """`karmarkar_karp` as a set number per item (0 = heaviest set)."""
-    w = _weights(weights)
+    w = _weights(weights, what)
     _check_k(k, w.size, equal_size)
     return _kk_labels(w, int(k), equal_size)
 
