@@ -575,6 +575,25 @@ def test_the_recount_checks_align_and_groups_too():
         _check_invariants(state([0, 0, 1, 2, 2, 3], 2), 1, groups)
 
 
+def test_the_recount_takes_a_fill_at_the_cap_and_refuses_one_token_over():
+    """The cap is inclusive: a micro-batch of exactly the cap passes the recount, one token
+    over it is an error (the test above overfilled by 2 tokens, so a recount off by one,
+    `tokens > cap + 1`, passed every test; a mutation run)."""
+    from costmodel.scheduler.costs import as_cost
+    from costmodel.scheduler.refine import BinState
+    from costmodel.scheduler.schedule import _check_invariants
+
+    def state(lengths):
+        lengths = np.array(lengths, dtype=np.int64)
+        return BinState(lengths, lengths.copy(), np.array([0, 0, 1, 1]), 1, 2, 10,
+                        as_cost("tokens"), 1.0)
+
+    _check_invariants(state([5, 5, 4, 6]), 1, None)  # 10 and 10 tokens: at the cap
+    with pytest.raises(RuntimeError, match=r"micro-batch 1 holds 2 samples of 11 tokens, over "
+                                           r"the cap of 10"):
+        _check_invariants(state([5, 5, 5, 6]), 1, None)
+
+
 # -- from a mutation check: each test fails when the code it names is broken ---------------
 
 
