@@ -226,6 +226,29 @@ def test_wrongly_typed_optional_fields_are_named(tmp_path, good_doc, field, valu
         load_cost_model(_write(tmp_path, json.dumps(good_doc)))
 
 
+@pytest.mark.parametrize("where, value, says", [
+    (("is_estimate",), "false", r"field 'is_estimate' has the wrong type str \(expected bool\)"),
+    (("is_estimate",), 0, r"field 'is_estimate' has the wrong type int \(expected bool\)"),
+    (("gpu", "name"), 5, r"field gpu\.'name' has the wrong type int \(expected a string\)"),
+    (("gpu", "name"), None, r"field gpu\.'name' has the wrong type NoneType"),
+])
+def test_wrongly_typed_required_fields_are_named(tmp_path, good_doc, where, value, says):
+    """A string "false" read as truthy would label a file's hand-edited estimate as
+    measured, a gpu name of 5 or null would load as "5" or "None": each is refused,
+    naming the field (a mutation run: dropping either check failed no test)."""
+    target = good_doc
+    for key in where[:-1]:
+        target = target[key]
+    target[where[-1]] = value
+    with pytest.raises(ValueError, match=rf"bad\.json: {says}"):
+        load_cost_model(_write(tmp_path, json.dumps(good_doc)))
+    del target[where[-1]]
+    missing = r"missing field\(s\) \['is_estimate'\]" if where == ("is_estimate",) else \
+        r"missing field gpu\.'name'"
+    with pytest.raises(ValueError, match=rf"bad\.json: {missing}"):
+        load_cost_model(_write(tmp_path, json.dumps(good_doc)))
+
+
 def test_wrong_schema(tmp_path, good_doc):
     good_doc["schema"] = "costmodel/2"
     with pytest.raises(ValueError, match=r"unsupported schema 'costmodel/2'.*reads 'costmodel/1'"):
