@@ -715,6 +715,18 @@ def test_the_baselines_layouts_are_pinned():
                                  variant="kk-samples") == [[[0], [1]]]
 
 
+def test_first_fit_gives_a_sample_over_the_cap_a_closed_micro_batch_of_its_own():
+    """slime's unbalanced path and the baselines pack by first fit: a sample of one token
+    over the cap opens a micro-batch no later sample joins, and a fill of exactly the cap
+    is full. Every caller's test had samples far from the cap, so first fit taking a
+    sample of cap + 1 as fitting (`length <= cap + 1`) failed none (a mutation run)."""
+    from costmodel.scheduler.baselines import first_fit_pack
+
+    # 600 | 1001 alone | 400 fills 600's to 1000 | 5 opens a third | 2000 alone | 10 joins 5
+    assert first_fit_pack([600, 1001, 400, 5, 2000, 10], 1000) == [[0, 2], [1], [3, 5], [4]]
+    assert first_fit_pack([1001, 1], 1000) == [[0], [1]]
+
+
 def test_the_baseline_refuses_what_it_cannot_build():
     """An unknown variant is an error, not the other variant; and no samples cannot make
     the positive multiple of dp_size × align micro-batches slime needs (`align_bins`).
