@@ -126,6 +126,12 @@ def test_rearrange_over_dp_ranks():
 def test_rearrange_rejects_a_sequence_over_the_cap():
     with pytest.raises(ValueError, match="over max_token_len=1000"):
         balanced_micro_batches([100, 5000, 200], 1000)
+    # One token over is refused in verl's terms too (a check off by one fell through to
+    # build_schedule's strict error, which names no verl parameter; a mutation run); a
+    # sequence of exactly the cap fits, alone.
+    with pytest.raises(ValueError, match=r"sequence 1 has 1001 tokens, over max_token_len=1000"):
+        balanced_micro_batches([100, 1001, 200], 1000)
+    assert [1] in balanced_micro_batches([100, 1000, 200], 1000)[0]
 
 
 @pytest.mark.parametrize("k, lengths", [(2.5, [1, 2, 3]), ("2", [1, 2, 3]), (2, None)])
