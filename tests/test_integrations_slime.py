@@ -443,3 +443,21 @@ def test_balance_data_with_part_of_a_model_shape_is_an_error():
     with pytest.raises(ValueError, match="balance_data balances analytic FLOPs"):
         build_dp_schedule(args, {"dp_size": 2}, [10] * 8, global_batch_size=8,
                           rollout_indices=list(range(8)))
+
+
+def test_static_micro_batches_are_balanced_past_karmarkar_karp():
+    from costmodel.integrations.slime import _static
+    from costmodel.scheduler.costs import as_cost
+    from costmodel.scheduler.partition import karmarkar_karp
+
+    lengths = generate_lengths(512, "rl", seed=2)  # 128 micro-batches of 4, 8 a rank
+    per_rank = _static(lengths, 16, 1, 4, "flops", "qwen3-8b", True)
+    cost = as_cost("flops", "qwen3-8b")
+    mb_cost = {tuple(mb): cost.microbatch_cost(lengths[mb]) for r in per_rank for mb in r}
+    loads = [sum(mb_cost[tuple(mb)] for mb in r) for r in per_rank]
+    weights = np.array([mb_cost[tuple(range(i, i + 4))] for i in range(0, 512, 4)])
+    kk = [weights[p].sum() for p in karmarkar_karp(weights, 16, equal_size=True)]
+    assert sorted(i for r in per_rank for mb in r for i in mb) == list(range(512))
+    assert all(len(r) == 8 for r in per_rank)
+    assert max(kk) / np.mean(kk) > 1.05  # Karmarkar-Karp alone
+    assert max(loads) / np.mean(loads) < 1.002

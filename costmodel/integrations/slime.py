@@ -71,10 +71,13 @@ from costmodel.integrations.args import (
     tensor_parallel_mismatch,
     warn_once,
 )
-from costmodel.scheduler import build_schedule, karmarkar_karp
+from costmodel.scheduler import build_schedule
 from costmodel.scheduler.baselines import align_bins, first_fit_pack
 from costmodel.scheduler.costs import as_cost
 from costmodel.scheduler.groups import first_appearance_ids
+from costmodel.scheduler.partition import karmarkar_karp_labels
+from costmodel.scheduler.set_swaps import balance_by_swaps
+from costmodel.scheduler.sorting import as_lists, members_of
 
 __all__ = ["build_dp_schedule"]
 
@@ -364,4 +367,7 @@ def _static(
     cost_obj = as_cost(cost, spec)
     offsets = np.concatenate([[0], np.cumsum([len(b) for b in bins])]).astype(np.int64)
     weights = cost_obj.evaluate(lengths.astype(np.int64), offsets)
-    return [[bins[k] for k in part] for part in karmarkar_karp(weights, dp, equal_size=True)]
+    # Karmarkar-Karp with equal sizes, then swaps: with a few micro-batches a rank it left
+    # ranks far apart (`set_swaps`).
+    ranks = balance_by_swaps(weights, karmarkar_karp_labels(weights, dp, equal_size=True), dp)
+    return [[bins[k] for k in part] for part in as_lists(*members_of(ranks, dp))]
