@@ -34,8 +34,10 @@ _REL_TOL = 2.5e-4
 # samples over 1,024 sets took 1,565 swaps to get from 8.7% over the mean to 0.24% (0.4 s),
 # the first 256 to 0.88%.
 _HEAVIEST_FIRST_ITEMS = 1 << 21
-# Float weights become integers at this many bits of their total: every sum stays exact.
-_BITS = 52
+# Weights become integers whose total is under 2**_BITS, as the scheduler's costs: every
+# sum stays exact, and `refine.swap_partners`' keys (pair x (largest + gap)) fit int64 for
+# up to ~2**17 pairs.
+_BITS = 44
 
 
 def balance_by_swaps(weights: np.ndarray, labels: np.ndarray, k: int) -> np.ndarray:
@@ -136,8 +138,8 @@ def _heaviest_first(q: np.ndarray, labels: np.ndarray, k: int) -> None:
 
 
 def _integers(w: np.ndarray) -> np.ndarray:
-    """The weights as int64 whose total fits 2**52, so that every sum is exact: integers as
-    they are where it fits, otherwise (and floats) scaled by a power of two and rounded."""
+    """The weights as int64 with a total under 2**_BITS: integers as they are where it
+    fits, otherwise (and floats) scaled by a power of two and rounded."""
     total = float(w.sum(dtype=np.float64))
     if w.dtype.kind in "iu" and total < 2.0**_BITS:
         return w.astype(np.int64)
