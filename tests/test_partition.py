@@ -185,3 +185,16 @@ def test_swaps_even_out_what_equal_size_karmarkar_karp_leaves_apart():
     assert np.bincount(floats, weights=groups, minlength=256).max() / sums.mean() < 1.001
     assert balance_by_swaps(np.array([5.0]), np.array([0]), 1).tolist() == [0]
     assert balance_by_swaps(np.zeros(4), np.array([0, 1, 0, 1]), 2).tolist() == [0, 1, 0, 1]
+
+
+@pytest.mark.parametrize("weight", [1e-300, 5e-324])
+def test_swaps_take_the_tiniest_float_weights(weight):
+    """Finite weights whose total lies under 2^-971 made the scale 2^(52 - exponent) past
+    the largest float: an OverflowError traceback from verl's drop-in, whatever the lists."""
+    from costmodel.integrations.verl import get_seqlen_balanced_partitions
+    from costmodel.scheduler.set_swaps import balance_by_swaps
+
+    labels = balance_by_swaps(np.array([weight, 2 * weight, 3 * weight, 4 * weight]),
+                              np.array([0, 0, 1, 1]), 2)
+    assert sorted(labels.tolist()) == [0, 0, 1, 1]
+    assert get_seqlen_balanced_partitions([weight] * 4, 2, equal_size=True) == [[1, 2], [0, 3]]

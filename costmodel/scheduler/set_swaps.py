@@ -145,5 +145,6 @@ def _integers(w: np.ndarray) -> np.ndarray:
         return w.astype(np.int64)
     if total <= 0:
         return np.zeros(w.size, dtype=np.int64)
-    # frexp, not log2: the same scale on every CPU (numpy's log2 may differ in the last bit).
-    return np.round(w.astype(np.float64) * 2.0 ** (_BITS - math.frexp(total)[1])).astype(np.int64)
+    # frexp, not log2: the same scale on every CPU (numpy's log2 may differ in the last bit);
+    # ldexp, not a factor 2.0**e: under a total of 2**-971 that factor is past the largest float.
+    return np.round(np.ldexp(w.astype(np.float64), _BITS - math.frexp(total)[1])).astype(np.int64)
