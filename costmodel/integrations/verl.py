@@ -4,9 +4,10 @@
   contract as verl's (k lists of indices, each sorted, none empty; Karmarkar-Karp), with a
   ValueError instead of an assertion on bad input, and swaps between heavy and light lists
   after Karmarkar-Karp (`costmodel.scheduler.set_swaps`). verl's workloads of RL-like
-  samples over 8-1,024 equal lists (5 seeds each): with 16 a list, 3-14% over the mean
-  from Karmarkar-Karp, 0.02% after; with 8 a list (the largest sample up to 0.89 of a
-  mean list), 2-41% before, 0.01-8.5% after; at most 94 ms (8,192 samples).
+  samples over 8, 64, 256 and 1,024 equal lists (5 seeds each): with 16 a list, 3-14% over
+  the mean from Karmarkar-Karp, 0.01-0.03% after; with 8 a list (the largest sample up to
+  0.89 of a mean list), 2-41% before, 0.03-8.5% after (over 32 lists up to 18%, where one
+  sample nears a mean list); at most 94 ms (8,192 samples; 110 ms for 4,096 over 512).
 - `rearrange_micro_batches(batch, max_token_len, dp_group=None, num_batches_divided_by=None,
   same_micro_num_in_dp=True, min_num_micro_batch=None, use_dynamic_bsz_balance=True,
   force_group_size=1)`:
@@ -151,7 +152,7 @@ def get_group_balanced_partitions(
     not contiguous into several).
 
     No ``cost``: balanced on the H200 profile's per-sample prices instead, the ranks'
-    packed step times under that profile came out 0.3-1.7% longer than on this proxy, at
+    packed step times under that profile came out 0.3-1.6% longer than on this proxy, at
     8-1,024 ranks (`benchmarks/bench_group_partitions.py`): a rank's time also steps with
     its number of micro-batches, which no per-sample price sees.
     """
