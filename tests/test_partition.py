@@ -185,6 +185,7 @@ def test_swaps_even_out_what_equal_size_karmarkar_karp_leaves_apart():
     assert np.bincount(floats, weights=groups, minlength=256).max() / sums.mean() < 1.001
     assert balance_by_swaps(np.array([5.0]), np.array([0]), 1).tolist() == [0]
     assert balance_by_swaps(np.zeros(4), np.array([0, 1, 0, 1]), 2).tolist() == [0, 1, 0, 1]
+    assert balance_by_swaps(np.zeros(0), np.zeros(0, dtype=np.int64), 3).tolist() == []  # no items
 
 
 @pytest.mark.parametrize("weight", [1e-300, 5e-324])

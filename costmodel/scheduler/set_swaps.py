@@ -108,7 +108,7 @@ def _heaviest_first(q: np.ndarray, labels: np.ndarray, k: int) -> None:
     and stopped 1.4% over the mean where this reaches 0.4% (256 groups of 16 bimodal
     samples over 64 sets)."""
     load = _loads(q, labels, k)
-    for _ in range(_HEAVIEST_FIRST_ITEMS // q.size + 1):
+    for _ in range(_HEAVIEST_FIRST_ITEMS // max(q.size, 1) + 1):
         if _even(load):
             return
         a = int(np.argmax(load))
