@@ -535,7 +535,11 @@ def load_cost_model(
     if readable:
         doc = read_document(p)
         return CostModel.from_dict(doc, source=str(p), spec=spec, allow_other_shape=allow_other_shape)
-    if p.suffix == ".json" or is_dir:
+    if is_dir:  # a calibration's output folder, say
+        inside = sorted(q.name for q in p.glob("*.json"))
+        raise FileNotFoundError(f"{text} is a folder, not a cost model file" + (
+            f": give the file in it, e.g. {p / inside[0]}" if inside else ""))
+    if p.suffix == ".json":
         raise FileNotFoundError(f"no cost model file at {text}")
     m = _NAME_RE.match(text.strip())
     if m:

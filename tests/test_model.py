@@ -464,6 +464,14 @@ def test_missing_file(tmp_path):
         load_cost_model(tmp_path / "nope.json")
 
 
+def test_a_folder_given_as_the_cost_model_names_the_file_in_it(tmp_path, model):
+    with pytest.raises(FileNotFoundError, match=r"is a folder, not a cost model file$"):
+        load_cost_model(tmp_path)
+    model.save(tmp_path / "calibrated.json")
+    with pytest.raises(FileNotFoundError, match=r"give the file in it, e\.g\. .*calibrated\.json$"):
+        load_cost_model(tmp_path)
+
+
 def test_atomic_write_leaves_nothing_when_interrupted(tmp_path, monkeypatch, model):
     target = tmp_path / "calibrated.json"
 
