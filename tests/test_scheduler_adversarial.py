@@ -310,6 +310,8 @@ def test_evaluate_schedule_counts_every_micro_batch_of_several_samples_over_the_
 @pytest.mark.parametrize("cost, says", [
     (lambda x: {}[1], r"failed on a micro-batch \(KeyError: 1\)"),  # passed through as is
     (lambda x: 1e-300, "too small to tell apart"),  # an OverflowError in the scale
+    (lambda x: "12.5", r"returned '12.5', not a number"),  # float() would read it
+    (lambda x: True, r"returned True, not a number"),
 ])
 def test_cost_callables_that_fail_or_vanish_are_value_errors(cost, says):
     with pytest.raises(ValueError, match=says):

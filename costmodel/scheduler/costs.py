@@ -338,7 +338,10 @@ class CallableCost(Cost):
         out = np.empty(offsets.size - 1, dtype=np.float64)
         for k in range(out.size):
             try:
-                out[k] = float(self.fn(lengths[offsets[k] : offsets[k + 1]]))
+                value = self.fn(lengths[offsets[k] : offsets[k + 1]])
+                if isinstance(value, (str, bytes, bool, np.bool_)):  # float() would take them
+                    raise TypeError(f"it returned {value!r:.40}, not a number")
+                out[k] = float(value)
             except _INPUT_ERRORS as err:
                 raise CostError(f"cost {self.name!r} failed on a micro-batch "
                                 f"({type(err).__name__}: {err})") from err
