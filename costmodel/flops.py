@@ -70,6 +70,9 @@ def on_host(values: Any, what: str) -> Any:
 def as_lengths(seqlens: ArrayLike, what: str = "sequence lengths") -> np.ndarray:
     """Validate lengths: a 1-D sequence of integers in 1..`MAX_LENGTH`, returned as int64."""
     seqlens = on_host(seqlens, what)
+    # np.asarray reads a masked array's hidden values as lengths: refused, not scheduled.
+    if isinstance(seqlens, np.ma.MaskedArray) and np.ma.is_masked(seqlens):
+        raise ValueError(f"{what} has masked entries: drop them (or fill them) first")
     try:
         arr = np.asarray(seqlens)
     except ValueError:  # ragged nesting: numpy's "inhomogeneous shape" says little

@@ -301,3 +301,11 @@ def test_mla_without_query_compression_by_hand():
     kv = 2 * h * (10 + 4) + 2 * 10 * nh * (8 + 6)
     o = 2 * nh * 6 * h
     assert attention_projection_flops_per_token(spec) == q + kv + o == 8000
+
+
+def test_masked_lengths_are_refused_not_read_through_the_mask():
+    from costmodel.flops import as_lengths
+
+    with pytest.raises(ValueError, match="has masked entries"):
+        as_lengths(np.ma.masked_array([5, 6, 7], mask=[0, 1, 0]))
+    assert as_lengths(np.ma.masked_array([5, 6, 7])).tolist() == [5, 6, 7]  # nothing masked
