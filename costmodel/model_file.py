@@ -79,7 +79,7 @@ def read_document(path: str | os.PathLike) -> dict[str, Any]:
     """Parse a cost model file, with errors that say which file and where."""
     p = Path(path)
     try:
-        text = p.read_text(encoding="utf-8")
+        text = p.read_text(encoding="utf-8-sig")  # a BOM, as some editors save it, is dropped
     except UnicodeDecodeError:
         raise _fail(str(p), "not a text file (binary data?), so not a cost model") from None
     if not text.strip():

@@ -818,3 +818,10 @@ def test_a_shard_name_finds_the_shipped_profile_of_that_shard(tmp_path, monkeypa
     for name in ("h200/qwen3-30b-a3b-tp4-etp01", "h200/qwen3-30b-a3b-TP0004-ETP1"):
         assert load_cost_model(name).extra["source"] == str(moe), name
     assert load_cost_model("h200/qwen3-30b-a3b-tp4").extra.get("source") is None  # experts TP 4: none shipped
+
+
+def test_a_file_saved_with_a_utf8_bom_loads(tmp_path, model):
+    path = tmp_path / "calibrated.json"
+    model.save(path)
+    path.write_bytes(b"\xef\xbb\xbf" + path.read_bytes())  # as some Windows editors save it
+    assert load_cost_model(path).to_dict() == model.to_dict()
