@@ -395,13 +395,17 @@ def from_document(
                 raise _fail(source, f"{key} must be a whole number in 1..{MAX_TENSOR_PARALLEL}, "
                             f"got {ways!r:.40}")
             optional[key] = ways
+    gpu_key = gpu.get("key")
+    if gpu_key is not None and not isinstance(gpu_key, str):  # `report` and `correct` read it
+        raise _fail(source, f"field gpu.'key' has the wrong type {type(gpu_key).__name__} "
+                    "(expected string, a key of costmodel.gpus such as 'h200')")
     extra = {k: doc.get(k) for k in _EXTRA_FIELDS}
     extra["source"] = source
     try:
         model = cls(
             spec=file_spec,
             gpu=gpu_name,
-            gpu_key=gpu.get("key"),
+            gpu_key=gpu_key,
             curves=curves,
             is_estimate=is_estimate,
             provenance=doc.get("provenance") or {},

@@ -825,3 +825,12 @@ def test_a_file_saved_with_a_utf8_bom_loads(tmp_path, model):
     model.save(path)
     path.write_bytes(b"\xef\xbb\xbf" + path.read_bytes())  # as some Windows editors save it
     assert load_cost_model(path).to_dict() == model.to_dict()
+
+
+@pytest.mark.parametrize("key", [5, ["h200"], {"k": 1}, True])
+def test_a_gpu_key_of_the_wrong_type_is_refused(tmp_path, good_doc, key):
+    good_doc["gpu"]["key"] = key
+    with pytest.raises(ValueError, match=r"bad\.json: field gpu\.'key' has the wrong type"):
+        load_cost_model(_write(tmp_path, json.dumps(good_doc)))
+    del good_doc["gpu"]["key"]  # absent (older files): loads
+    load_cost_model(_write(tmp_path, json.dumps(good_doc)))
