@@ -143,18 +143,25 @@ def _kk_labels(w: np.ndarray, k: int, equal_size: bool) -> np.ndarray:
         sb = sb[::-1]
         nb = nb[::-1]
         merged = sa + sb
-        both = (na >= 0) & (nb >= 0)
-        new_nodes = np.where(na >= 0, na, nb)
-        c = int(both.sum())
-        if c:
-            ids = np.arange(next_node, next_node + c, dtype=np.int64)
-            left[next_node - n : next_node - n + c] = na[both]
-            right[next_node - n : next_node - n + c] = nb[both]
-            new_nodes[both] = ids
-            next_node += c
-        # Heaviest first; among equal sums, non-empty sets before empty ones, so zero
-        # weights still fill every set (verl breaks such ties by item count the same way).
-        perm = np.lexsort((new_nodes < 0, -merged))
+        if equal_size:  # every set holds items: each pair of sets becomes a union node
+            left[next_node - n : next_node - n + k] = na
+            right[next_node - n : next_node - n + k] = nb
+            new_nodes = np.arange(next_node, next_node + k, dtype=np.int64)
+            next_node += k
+            perm = np.argsort(-merged, kind="stable")  # the lexsort below, with no empty set
+        else:
+            both = (na >= 0) & (nb >= 0)
+            new_nodes = np.where(na >= 0, na, nb)
+            c = int(both.sum())
+            if c:
+                ids = np.arange(next_node, next_node + c, dtype=np.int64)
+                left[next_node - n : next_node - n + c] = na[both]
+                right[next_node - n : next_node - n + c] = nb[both]
+                new_nodes[both] = ids
+                next_node += c
+            # Heaviest first; among equal sums, non-empty sets before empty ones, so zero
+            # weights still fill every set (verl breaks such ties by item count the same way).
+            perm = np.lexsort((new_nodes < 0, -merged))
         merged = merged[perm]
         new_nodes = new_nodes[perm]
         sums[counter] = merged
