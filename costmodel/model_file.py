@@ -395,10 +395,8 @@ def from_document(
                 raise _fail(source, f"{key} must be a whole number in 1..{MAX_TENSOR_PARALLEL}, "
                             f"got {ways!r:.40}")
             optional[key] = ways
-    gpu_key = gpu.get("key")
-    if gpu_key is not None and not isinstance(gpu_key, str):  # `report` and `correct` read it
-        raise _fail(source, f"field gpu.'key' has the wrong type {type(gpu_key).__name__} "
-                    "(expected string, a key of costmodel.gpus such as 'h200')")
+    # Optional (older files lack it), but `report` and `correct` read it as a string.
+    gpu_key = None if gpu.get("key") is None else _require(gpu, "key", str, source, "gpu.")
     extra = {k: doc.get(k) for k in _EXTRA_FIELDS}
     extra["source"] = source
     try:
