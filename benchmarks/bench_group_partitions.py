@@ -41,7 +41,7 @@ from costmodel.model import load_cost_model  # noqa: E402
 from costmodel.scheduler import build_schedule, generate_lengths  # noqa: E402
 from costmodel.scheduler.costs import ModelCost  # noqa: E402
 from costmodel.scheduler.partition import karmarkar_karp_labels  # noqa: E402
-from costmodel.scheduler.set_swaps import balance_by_swaps  # noqa: E402
+from costmodel.scheduler.set_swaps import karmarkar_karp_then_swaps  # noqa: E402
 from costmodel.scheduler.sorting import as_lists, members_of  # noqa: E402
 
 # (prompts, responses per prompt, dp): 8 to 64 prompts a rank.
@@ -63,8 +63,7 @@ def verl_partitions(lengths: np.ndarray, prompt: np.ndarray, dp: int) -> list[li
 def swapped_partitions(prices: np.ndarray, prompt: np.ndarray, dp: int) -> list[list[int]]:
     """The drop-in's method on other per-sample prices."""
     per_prompt = np.bincount(prompt, weights=prices)
-    labels = balance_by_swaps(per_prompt, karmarkar_karp_labels(per_prompt, dp, equal_size=True),
-                              dp)
+    labels = karmarkar_karp_then_swaps(per_prompt, dp)
     return as_lists(*members_of(labels[prompt], dp))
 
 

@@ -75,8 +75,7 @@ from costmodel.scheduler import build_schedule
 from costmodel.scheduler.baselines import align_bins, first_fit_pack
 from costmodel.scheduler.costs import as_cost
 from costmodel.scheduler.groups import first_appearance_ids
-from costmodel.scheduler.partition import karmarkar_karp_labels
-from costmodel.scheduler.set_swaps import balance_by_swaps
+from costmodel.scheduler.set_swaps import karmarkar_karp_then_swaps
 from costmodel.scheduler.sorting import as_lists, members_of
 
 __all__ = ["build_dp_schedule"]
@@ -369,5 +368,5 @@ def _static(
     weights = cost_obj.evaluate(lengths.astype(np.int64), offsets)
     # Karmarkar-Karp with equal sizes, then swaps: with a few micro-batches a rank it left
     # ranks far apart (`set_swaps`).
-    ranks = balance_by_swaps(weights, karmarkar_karp_labels(weights, dp, equal_size=True), dp)
+    ranks = karmarkar_karp_then_swaps(weights, dp)
     return [[bins[k] for k in part] for part in as_lists(*members_of(ranks, dp))]

@@ -81,8 +81,7 @@ from costmodel.scheduler.bounds import round_up
 from costmodel.scheduler.costs import AdditiveCost, ModelCost, as_cost
 from costmodel.scheduler.groups import first_appearance_ids
 from costmodel.scheduler.order import run_order
-from costmodel.scheduler.partition import karmarkar_karp_labels
-from costmodel.scheduler.set_swaps import balance_by_swaps
+from costmodel.scheduler.set_swaps import karmarkar_karp_then_swaps
 from costmodel.scheduler.sorting import as_lists, members_of
 
 __all__ = [
@@ -129,9 +128,7 @@ def get_seqlen_balanced_partitions(
     n = len(seqlen_list)
     if n < k_partitions:
         raise ValueError(f"number of items ({n}) < k_partitions ({k_partitions})")
-    labels = karmarkar_karp_labels(seqlen_list, k_partitions, equal_size=equal_size,
-                                   what="seqlen_list")
-    labels = balance_by_swaps(np.asarray(seqlen_list), labels, k_partitions)
+    labels = karmarkar_karp_then_swaps(seqlen_list, k_partitions, equal_size, what="seqlen_list")
     parts = as_lists(*members_of(labels, k_partitions))
     for i, p in enumerate(parts):
         if not p:  # pragma: no cover - KK leaves no set empty when n >= k; swaps keep counts
@@ -168,8 +165,7 @@ def get_group_balanced_partitions(
                          "every partition takes the same number of uids (verl: the batch size "
                          "a multiple of dp_size * rollout.n)")
     work = np.bincount(groups, weights=VERL_WORKLOAD.sample_costs(lengths), minlength=n_groups)
-    partition_of_group = balance_by_swaps(
-        work, karmarkar_karp_labels(work, k, equal_size=True), k)
+    partition_of_group = karmarkar_karp_then_swaps(work, k)
     return as_lists(*members_of(partition_of_group[groups], k))
 
 

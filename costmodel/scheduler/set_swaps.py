@@ -15,11 +15,13 @@ from __future__ import annotations
 import math
 
 import numpy as np
+from numpy.typing import ArrayLike
 
+from costmodel.scheduler.partition import karmarkar_karp_labels
 from costmodel.scheduler.refine import pair_ranks, swap_partners
 from costmodel.scheduler.sorting import first_min_per_pair
 
-__all__ = ["balance_by_swaps"]
+__all__ = ["balance_by_swaps", "karmarkar_karp_then_swaps"]
 
 _NONE = np.iinfo(np.int64).max
 _MAX_SWEEPS = 64
@@ -38,6 +40,14 @@ _HEAVIEST_FIRST_ITEMS = 1 << 21
 # sum stays exact, and `refine.swap_partners`' keys (pair x (largest + gap)) fit int64 for
 # up to ~2**17 pairs.
 _BITS = 44
+
+
+def karmarkar_karp_then_swaps(weights: ArrayLike, k: int, equal_size: bool = True, *,
+                              what: str = "weights") -> np.ndarray:
+    """A set 0..k-1 per item: `karmarkar_karp_labels` (its checks, ``what`` naming the
+    weights in an error), then `balance_by_swaps`."""
+    labels = karmarkar_karp_labels(weights, k, equal_size, what=what)
+    return balance_by_swaps(np.asarray(weights), labels, k)
 
 
 def balance_by_swaps(weights: np.ndarray, labels: np.ndarray, k: int) -> np.ndarray:
