@@ -120,6 +120,23 @@ def test_ties_are_broken_as_documented():
     assert karmarkar_karp([4, 2, 2], 2) == [[0], [1, 2]]
 
 
+@pytest.mark.parametrize(
+    "weights, k, expected",
+    [
+        ([2, 2, 2, 2, 1, 1, 1, 1, 3, 3], 3, [[1, 5, 8], [2, 6, 9], [0, 3, 4, 7]]),
+        ([1] * 12 + [2, 2, 2], 4, [[0, 1, 4, 8, 10], [5, 9, 11, 12], [3, 7, 13], [2, 6, 14]]),
+        ([5, 3, 3, 3, 2, 2, 2, 1, 1, 1, 1, 0, 0], 3, [[1, 4, 5, 8], [0, 6, 9], [2, 3, 7, 10, 11, 12]]),
+        ([4, 4, 2, 2, 2, 2, 1, 1, 1, 1, 1, 1], 5, [[3, 6, 9, 10], [2, 7, 8, 11], [4, 5], [1], [0]]),
+    ],
+)
+def test_equal_sums_keep_the_order_a_stable_sort_of_each_merge_gives(weights, k, expected):
+    """Pinned from the k-array method (each merge's k sums sorted stably), which the
+    list-based method with any set sizes replaced: which of two equal-sum sets meets which
+    partner decides the labels. Mutants: equal sums in reverse order in a full merge or in
+    a singleton's insertion; a set passed through a merge keeping its old place."""
+    assert karmarkar_karp(weights, k) == expected
+
+
 def test_deterministic_under_ties():
     w = [3] * 24
     assert karmarkar_karp(w, 4) == karmarkar_karp(list(w), 4)
