@@ -208,6 +208,17 @@ def test_one_rank_benchmark_quick_run(tmp_path, load_benchmark):
         assert case["ours"]["micro_batches"] <= case["ffd_micro_batches"]
 
 
+def test_partition_benchmark_quick_run(tmp_path, load_benchmark):
+    """Karmarkar-Karp against the list method (--quick): every case in the JSON, each
+    timed (the run itself checks that both give the same set sums)."""
+    bench = load_benchmark("bench_partition")
+    out = tmp_path / "partition.json"
+    assert bench.main(["--quick", "--json", str(out)]) == 0
+    cases = json.loads(out.read_text())["cases"]
+    assert len(cases) == sum(n <= 4096 for n, _, _ in bench.CASES)
+    assert all(c["ours_ms"] > 0 and c["lists_ms"] > 0 for c in cases)
+
+
 def test_near_equal_benchmark_quick_run(tmp_path, load_benchmark):
     """The near-equal benchmark end to end (--quick, 50,000 samples): swapping in bulk ends
     closer to the bound in far fewer changes than one change per pair and sweep, which the
