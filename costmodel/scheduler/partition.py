@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import bisect
 import heapq
-import itertools
 import math
+import operator
 
 import numpy as np
 from numpy.typing import ArrayLike
@@ -29,6 +29,8 @@ from costmodel.checks import true_or_false
 from costmodel.scheduler.sorting import as_lists, members_of
 
 __all__ = ["karmarkar_karp", "karmarkar_karp_labels", "lpt_partition", "partition_sums"]
+
+_first = operator.itemgetter(0)  # a set's negated sum, the sort key of a partial solution
 
 
 def _weights(weights: ArrayLike, what: str = "weights") -> np.ndarray:
@@ -142,9 +144,11 @@ def _kk_unequal_labels(weights: np.ndarray, k: int, order_arr: np.ndarray) -> np
     Items start as singletons {w, 0, ..., 0}. Most merges then join one singleton with a
     merged partial solution (61,716 of the 65,535 merges for 65,536 RL lengths over 256
     sets), which only changes its lightest set: a bisect into a sorted list instead of a
-    sort of k sums. A partial solution keeps its non-empty sets only, as (-sum, seq, node)
-    ascending: heaviest first, equal sums in the order a stable sort of the merged k sums
-    leaves them (seq numbers sets by position in the merge that made them).
+    sort of k sums. A partial solution keeps its non-empty sets only, as (-sum, node)
+    sorted by -sum: heaviest first, equal sums in the order a stable sort of the merged k
+    sums leaves them. A merge builds its sets in position order (slices of both lists where
+    a set meets an empty one, a Python loop only where two sets meet: n − 1 such in all)
+    and sorts them stably by sum, so it costs no Python step per set passed through.
     """
     n = weights.size
     w, order = weights.tolist(), order_arr.tolist()
@@ -156,7 +160,6 @@ def _kk_unequal_labels(weights: np.ndarray, k: int, order_arr: np.ndarray) -> np
     next_single = 0
     heap: list[tuple] = []
     states: dict[int, list[tuple]] = {}  # merged partial solutions; state < n: a singleton
-    seq = 0
 
     def pop() -> int:
         nonlocal next_single
@@ -172,7 +175,7 @@ def _kk_unequal_labels(weights: np.ndarray, k: int, order_arr: np.ndarray) -> np
 
     def sets_of(state: int) -> list[tuple]:
         if state < n:
-            return [(-w[order[state]], -1, order[state])]
+            return [(-w[order[state]], order[state])]
         return states.pop(state)
 
     counter = n
@@ -180,35 +183,32 @@ def _kk_unequal_labels(weights: np.ndarray, k: int, order_arr: np.ndarray) -> np
         a, b = pop(), pop()
         if a >= n and b < n:
             # A singleton joins the lightest set, which keeps its position last of all: a
-            # stable sort puts it after the sets of equal sums, so it takes the newest seq.
+            # stable sort puts it after the sets of equal sums.
             merged = states.pop(a)
             neg, item = -w[order[b]], order[b]
             if len(merged) == k:
-                last_neg, _, last = merged.pop()
+                last_neg, last = merged.pop()
                 neg, item = last_neg + neg, union(last, item)
-            bisect.insort(merged, (neg, seq, item))
-            seq += 1
+            bisect.insort_right(merged, (neg, item), key=_first)
         else:
             la, lb = sets_of(a), sets_of(b)
             p, q = len(la), len(lb)
-            merged = []
-            # Position i pairs set i of a with set k - 1 - i of b (empty past the lists).
-            for i in itertools.chain(range(p), range(max(p, k - q), k)):
+            # Position i pairs set i of a with set k - 1 - i of b (empty past the lists):
+            # a's sets alone, then the pairs (i from k - q to p), then b's sets alone from
+            # set min(k - p, q) - 1 down to set 0.
+            merged = la[: min(p, k - q)]
+            for i in range(k - q, p):
                 j = k - 1 - i
-                if i < p and j < q:
-                    neg, item = la[i][0] + lb[j][0], union(la[i][2], lb[j][2])
-                else:
-                    neg, _, item = la[i] if i < p else lb[j]
-                merged.append((neg, seq, item))
-                seq += 1
-            merged.sort()
+                merged.append((la[i][0] + lb[j][0], union(la[i][1], lb[j][1])))
+            merged += lb[: min(k - p, q)][::-1]
+            merged.sort(key=_first)  # stable: equal sums stay in position order
         states[counter] = merged
         # (-spread, -top, creation): sums are kept negated, an empty set weighs 0.
         neg_lightest = merged[-1][0] if len(merged) == k else 0
         heapq.heappush(heap, (merged[0][0] - neg_lightest, merged[0][0], counter))
         counter += 1
     final = sets_of(pop())
-    return _labels_of_items(np.array(up), n, np.array([item for _, _, item in final]))
+    return _labels_of_items(np.array(up), n, np.array([item for _, item in final]))
 
 
 def _labels_of_items(up: np.ndarray, n: int, final_nodes: np.ndarray) -> np.ndarray:
