@@ -92,6 +92,10 @@ def as_lengths(seqlens: ArrayLike, what: str = "sequence lengths") -> np.ndarray
         raise ValueError(f"{what} must be a 1-D list of integers, got shape {arr.shape}")
     if arr.size == 0:
         return np.zeros(0, dtype=np.int64)
+    if arr.dtype.kind == "O" and not isinstance(seqlens, (list, tuple)):
+        # An object array holds what a list would (Python ints, whole floats, a stray
+        # bool): read as that list, it gets the same checks and the same answer.
+        return as_lengths(arr.tolist(), what)
     if arr.dtype.kind == "O" and all(  # Python ints, maybe past int64
         isinstance(x, (int, np.integer)) and not isinstance(x, bool) for x in arr.tolist()
     ):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -211,6 +213,20 @@ def test_a_bool_among_lengths_is_refused_not_read_as_a_token(flagged):
     i = next(i for i, x in enumerate(flagged) if isinstance(x, (bool, np.bool_)))
     with pytest.raises(ValueError, match=rf"must be integers, got (np\.)?{flagged[i]}_? at index {i}"):
         as_lengths(flagged)
+
+
+@pytest.mark.parametrize("values", [[1.0, 2.0], [1, 2.0], [3, 10**6], [1.5, 2], [True, 2], [None, 1],
+                                    ["a", 1], [0, 5], [2**31, 1]])
+def test_an_object_array_of_lengths_reads_as_the_list_of_its_values(values):
+    """The same answer, or the same refusal, for the array as for the list (an object array
+    of whole floats said "must be integers, got dtype object" where the list passed)."""
+    try:
+        expected = as_lengths(values)
+    except ValueError as err:
+        with pytest.raises(ValueError, match=re.escape(str(err))):
+            as_lengths(np.array(values, dtype=object))
+    else:
+        np.testing.assert_array_equal(as_lengths(np.array(values, dtype=object)), expected)
 
 
 @pytest.mark.parametrize("too_long", [[2**31], [10**10], [1e20], [10**26, 5]])
