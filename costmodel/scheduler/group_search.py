@@ -43,10 +43,26 @@ def group_local_search(st: BinState, groups: np.ndarray) -> int:
     group id); returns the number of changes applied. Not for a generic cost: 0."""
     if not (st.additive or st.separable):
         return 0
-    by_group = stable_order(groups)  # samples by group, once: groups never change
+    gr = _groups_of(st, groups)
     st.tabulate_tokens()  # each sweep prices every group's pieces on the token curve
-    return local_search(st, lambda st_, tol, fold: _sweep(st_, groups, by_group, tol, fold),
+    return local_search(st, lambda st_, tol, fold: _sweep(st_, gr, tol, fold),
                         max_sweeps=_MAX_SWEEPS)
+
+
+class _Groups(NamedTuple):
+    """What every sweep of a search needs of the groups, which never change: worked out
+    once, not per sweep (at 65,536 samples each sweep re-sorted and re-summed them)."""
+
+    samples: np.ndarray  # sample ids by group (ascending within one)
+    group: np.ndarray  # per entry of ``samples``: its group
+    q: np.ndarray  # per group id: its samples' summed marginal costs (to find swap partners)
+
+
+def _groups_of(st: BinState, groups: np.ndarray) -> _Groups:
+    samples = stable_order(groups)
+    q = np.zeros(int(groups.max()) + 1 if groups.size else 0, dtype=np.int64)
+    np.add.at(q, groups, st.q)  # integer sums: exact, in any order
+    return _Groups(samples, groups[samples], q)
 
 
 class _Pieces(NamedTuple):
@@ -68,30 +84,35 @@ class _Pieces(NamedTuple):
         return np.diff(self.first)
 
 
-def _pieces(st: BinState, by_group: np.ndarray, groups: np.ndarray) -> _Pieces:
-    """The pieces of the groups whose samples ``by_group`` (ordered by group) lists."""
-    # Within a group, by micro-batch: nearly sorted already, which a stable sort runs through.
-    key = groups[by_group] * (st.dp * st.m) + st.bin_of[by_group]
-    samples = by_group[np.argsort(key, kind="stable")]
-    g, b = groups[samples], st.bin_of[samples]
-    new_group = run_starts(g)
-    new_piece = new_group | run_starts(b)
-    piece_start = np.flatnonzero(new_piece)
+def _pieces(st: BinState, gr: _Groups, paired_bin: np.ndarray) -> _Pieces:
+    """The pieces of the groups in micro-batches where ``paired_bin`` is True."""
+    bins = st.bin_of[gr.samples]
+    keep = paired_bin[bins]
+    # One integer key per sample, group then micro-batch: its runs are the pieces, so the
+    # groups and micro-batches of the pieces come from the key at their starts (no pass
+    # over every sample for them). Within a group, by micro-batch: nearly sorted already,
+    # which a stable sort runs through.
+    k = st.dp * st.m
+    key = gr.group[keep] * k + bins[keep]
+    order = np.argsort(key, kind="stable")
+    samples, key = gr.samples[keep][order], key[order]
+    piece_start = np.flatnonzero(run_starts(key))
+    group_id, bin_ = np.divmod(key[piece_start], k)
+    first = np.append(np.flatnonzero(run_starts(group_id)), piece_start.size)
     tokens = np.add.reduceat(st.lengths[samples], piece_start)
-    piece_group = np.cumsum(new_group)[piece_start] - 1
-    first = np.searchsorted(piece_group, np.arange(piece_group[-1] + 2))
+    piece_group = np.repeat(np.arange(first.size - 1), np.diff(first))  # 0, 1, ... by group
     return _Pieces(
         samples=samples,
         piece_start=np.append(piece_start, samples.size),
-        bin=b[piece_start],
+        bin=bin_,
         tokens=tokens,
         part=np.add.reduceat(st.part[samples], piece_start),
         count=np.diff(np.append(piece_start, samples.size)),
         # One integer key, nearly sorted already: by group, then most tokens (ties: first).
         by_size=np.argsort(piece_group * (int(tokens.max()) + 1) - tokens, kind="stable"),
         first=first,
-        rank=b[piece_start[first[:-1]]] // st.m,
-        q=np.add.reduceat(st.q[samples], piece_start[first[:-1]]),
+        rank=bin_[first[:-1]] // st.m,
+        q=gr.q[group_id[first[:-1]]],
     )
 
 
@@ -102,35 +123,52 @@ class _Side(NamedTuple):
     ok: np.ndarray
 
 
-def _side(
-    st: BinState,
-    slot_bin: np.ndarray,
-    slot_out: np.ndarray,
-    slot_start: np.ndarray,
-    in_slot: np.ndarray,
-    in_piece: np.ndarray,
-    pc: _Pieces,
-) -> _Side:
-    """Price one rank's side of each candidate. Candidate c owns the micro-batches
-    ``slot_bin[slot_start[c]:slot_start[c+1]]``; ``slot_out`` is the piece leaving each
-    (-1: none), and piece ``in_piece[e]`` comes into slot ``in_slot[e]``."""
-    def into(values: np.ndarray) -> np.ndarray:  # float sums of integers under 2**53: exact
-        return np.bincount(in_slot, weights=values[in_piece], minlength=slot_bin.size).astype(np.int64)
+class _Change(NamedTuple):
+    """Per slot, what its micro-batch gains (negative: loses) in tokens, summed parts
+    (`BinState.part`) and samples."""
 
-    d_tok, d_part, d_count = into(pc.tokens), into(pc.part), into(pc.count)
-    out = slot_out >= 0
-    d_tok[out] -= pc.tokens[slot_out[out]]
-    d_part[out] -= pc.part[slot_out[out]]
-    d_count[out] -= pc.count[slot_out[out]]
-    count = st.count[slot_bin] + d_count
+    tokens: np.ndarray
+    part: np.ndarray
+    count: np.ndarray  # type: ignore[assignment]  # shadows tuple.count, which no one calls
+
+
+def _carried(pc: _Pieces, pieces: np.ndarray) -> _Change:
+    """What ``pieces`` carry: gathered once a sweep for a side's pieces, which each kind of
+    change prices again."""
+    return _Change(pc.tokens[pieces], pc.part[pieces], pc.count[pieces])
+
+
+def _left(out: _Change) -> _Change:
+    """Each slot loses its piece, and nothing comes in."""
+    return _Change(-out.tokens, -out.part, -out.count)
+
+
+def _swapped(out: _Change, coming: _Change, in_slot: np.ndarray) -> _Change:
+    """Each slot loses its piece (``out``) and gains the pieces (``coming``) that go into it
+    (``in_slot``: each coming piece's slot; several may share one)."""
+    def into(values: np.ndarray) -> np.ndarray:  # float sums of integers under 2**53: exact
+        return np.bincount(in_slot, weights=values, minlength=out.tokens.size).astype(np.int64)
+
+    return _Change(into(coming.tokens) - out.tokens, into(coming.part) - out.part,
+                   into(coming.count) - out.count)
+
+
+def _side(st: BinState, slot_bin: np.ndarray, slots: _Slots, change: _Change) -> _Side:
+    """Price one rank's side of each candidate. Candidate c owns the micro-batches
+    ``slot_bin[slots.start[c]:slots.start[c+1]]``, each changing by ``change``."""
+    count = st.count[slot_bin] + change.count
     fill = st.fill[slot_bin]
+    d_tok = change.tokens
     legal = (count >= 1) & ((fill + d_tok <= st.cap) | (count == 1))
     # An illegal slot's price is never read (its candidate is dropped): price it at the cap,
     # on the token table, not on the curve.
     d_tok = np.where(legal, d_tok, np.minimum(d_tok, st.cap - fill))
-    delta = st.priced(slot_bin, d_tok, d_part) - st.bin_q[slot_bin]
-    starts = slot_start[:-1]
-    return _Side(np.add.reduceat(delta, starts), np.logical_and.reduceat(legal, starts))
+    delta = st.cost_change(slot_bin, fill, d_tok, change.part)
+    # Per candidate, from running sums (int64 differences: exact) and a count of its illegal
+    # slots (few): numpy's reduceat took 1.3x and 4x as long.
+    sums = np.diff(np.concatenate(([0], np.cumsum(delta)))[slots.start])
+    illegal = np.bincount(slots.group[~legal], minlength=sums.size)
+    return _Side(sums, illegal == 0)
 
 
 class _Slots(NamedTuple):
@@ -155,14 +193,13 @@ def _slots(pc: _Pieces, groups_: np.ndarray) -> _Slots:
                   np.append(0, np.cumsum(pc.size[groups_])), group, place)
 
 
-def _sweep(st: BinState, groups: np.ndarray, by_group: np.ndarray, tol: float, fold: bool) -> int:
+def _sweep(st: BinState, gr: _Groups, tol: float, fold: bool) -> int:
     """One sweep of group moves and swaps over all rank pairs; returns changes applied."""
     pairs = pair_ranks(st.load, tol, fold)
     if pairs is None:
         return 0
     a_ranks, b_ranks, gap, pair_a, pair_b = pairs
-    rank = st.bin_of[by_group] // st.m
-    pc = _pieces(st, by_group[(pair_a[rank] >= 0) | (pair_b[rank] >= 0)], groups)
+    pc = _pieces(st, gr, np.repeat((pair_a >= 0) | (pair_b >= 0), st.m))
     on_a = pair_a[pc.rank] >= 0
     pair_of = np.where(on_a, pair_a[pc.rank], pair_b[pc.rank])
     a = np.flatnonzero(on_a)
@@ -171,14 +208,13 @@ def _sweep(st: BinState, groups: np.ndarray, by_group: np.ndarray, tol: float, f
 
     # Group a leaves A (its pieces' micro-batches lose them): shared by moves and swaps.
     sa = _slots(pc, a)
-    none = np.zeros(0, dtype=np.int64)
-    leave = _side(st, pc.bin[sa.pieces], sa.pieces, sa.start, none, none, pc)
+    bin_a, out_a = pc.bin[sa.pieces], _carried(pc, sa.pieces)
+    leave = _side(st, bin_a, sa, _left(out_a))
 
     # Moves: a's i-th piece into B's i-th roomiest micro-batch.
     m = st.m
     roomy = np.argsort(st.fill.reshape(st.dp, m), axis=1, kind="stable") + (np.arange(st.dp) * m)[:, None]
-    move = _side(st, roomy[b_ranks[pa[sa.group]], sa.place], np.full(sa.pieces.size, -1),
-                 sa.start, np.arange(sa.pieces.size), sa.pieces, pc)
+    move = _side(st, roomy[b_ranks[pa[sa.group]], sa.place], sa, out_a)
     # Per kind of change (the move, then each swap partner), each group's new pair maximum.
     values = [np.where(leave.ok & move.ok,
                        np.maximum(load_a + leave.delta, load_b + move.delta), _NONE)]
@@ -188,10 +224,9 @@ def _sweep(st: BinState, groups: np.ndarray, by_group: np.ndarray, tol: float, f
     pair_b_of = np.where(on_a, -1, pair_of)
     for h in swap_partners(pa, pc.q[a], gap[pa], pair_b_of, pc.q, int(gap.max())):
         sh = _slots(pc, h)
-        into_a = _side(st, pc.bin[sa.pieces], sa.pieces, sa.start, sh.swapped_in(sa),
-                       sh.pieces, pc)
-        into_b = _side(st, pc.bin[sh.pieces], sh.pieces, sh.start, sa.swapped_in(sh),
-                       sa.pieces, pc)
+        out_h = _carried(pc, sh.pieces)
+        into_a = _side(st, bin_a, sa, _swapped(out_a, out_h, sh.swapped_in(sa)))
+        into_b = _side(st, pc.bin[sh.pieces], sh, _swapped(out_h, out_a, sa.swapped_in(sh)))
         ok = (pair_b_of[h] == pa) & into_a.ok & into_b.ok
         values.append(np.where(ok, np.maximum(load_a + into_a.delta, load_b + into_b.delta), _NONE))
         partners.append(h)
