@@ -29,7 +29,7 @@ from costmodel.scheduler.pack import MAX_ROUNDS, best_fit_pack, pack_tokens
 from costmodel.scheduler.pack_ranks import pack_each_rank
 from costmodel.scheduler.partition import karmarkar_karp_labels
 from costmodel.scheduler.refine import MAX_SWEEPS, pair_ranks, swap_partners
-from costmodel.scheduler.sorting import first_min_per_pair, longest_first, members_of
+from costmodel.scheduler.sorting import first_min_per_pair, longest_first, members_of, stable_order
 
 __all__ = ["first_appearance_ids", "place_groups"]
 
@@ -210,15 +210,15 @@ class _Seen:
     def __init__(self) -> None:
         self.tokens, self.short = 0, -1
 
-    def add(self, other: np.ndarray, totals: list[np.ndarray], counts: list[np.ndarray],
-            budget: int, min_count: int) -> np.ndarray:
+    def add(self, other: np.ndarray, most: np.ndarray, least: np.ndarray, budget: int,
+            min_count: int) -> np.ndarray:
         """Record one kind of change (``other``: its conditions that do not depend on the
-        budget or minimum); returns which are allowed."""
-        fits = other & np.logical_and.reduce([t <= budget for t in totals])
-        least = np.minimum.reduce(counts)
+        budget or minimum; ``most``: the larger token total of its two ranks after it,
+        ``least``: the smaller sample count); returns which are allowed."""
+        fits = other & (most <= budget)
         ok = fits & (least >= min_count)
         if ok.any():
-            self.tokens = max(self.tokens, int(np.maximum.reduce(totals)[ok].max()))
+            self.tokens = max(self.tokens, int(most[ok].max()))
         refused = fits & ~ok
         if refused.any():
             self.short = max(self.short, int(least[refused].max()))
@@ -234,9 +234,11 @@ def _sweep(
     tol: float,
     fold: bool,
     seen: _Seen,
+    by_cost: np.ndarray | None = None,
 ) -> int:
     """One sweep of group moves/swaps between paired ranks. Returns changes applied;
-    ``seen`` records its checks."""
+    ``seen`` records its checks. ``by_cost``: the groups by cost (`stable_order(units.cost)`),
+    for `swap_partners`."""
     uq, ut, uc = units
     load = np.bincount(rank_of_unit, weights=uq, minlength=dp).astype(np.int64)
     tok = np.bincount(rank_of_unit, weights=ut, minlength=dp).astype(np.int64)
@@ -252,20 +254,23 @@ def _sweep(
     qa, ta, ca = uq[ua], ut[ua], uc[ua]
     g = gap[pa]
     ra, rb = a_ranks[pa], b_ranks[pa]
-    best_err = np.full(ua.size, _NONE, dtype=np.int64)
-    best_v = np.full(ua.size, -1, dtype=np.int64)  # -1: a move
 
-    ok = seen.add((qa > 0) & (qa < g), [tok[rb] + ta], [cnt[ra] - ca], budget, min_count)
+    best_v = np.full(ua.size, -1, dtype=np.int64)  # -1: a move
+    # The two ranks' tokens and samples once the group has gone from A to B: shared by the
+    # move and the swaps (at 1-2k groups a sweep's time is mostly numpy calls).
+    tok_b, tok_a = tok[rb] + ta, tok[ra] - ta
+    cnt_a, cnt_b = cnt[ra] - ca, cnt[rb] + ca
+
+    ok = seen.add((qa > 0) & (qa < g), tok_b, cnt_a, budget, min_count)
     err = np.abs(2 * qa - g)
-    win = ok & (err < best_err)
-    best_err[win] = err[win]
+    best_err = np.where(ok, err, _NONE)
 
     pb_all = pair_b[rank_of_unit]
-    for v in swap_partners(pa, qa, g, pb_all, uq, int(gap.max())):
+    for v in swap_partners(pa, qa, g, pb_all, uq, int(gap.max()), by_cost):
         d = qa - uq[v]
-        ok = seen.add((pb_all[v] == pa) & (d > 0) & (d < g),
-                      [tok[rb] - ut[v] + ta, tok[ra] - ta + ut[v]],
-                      [cnt[ra] - ca + uc[v], cnt[rb] - uc[v] + ca], budget, min_count)
+        tv, cv = ut[v], uc[v]
+        ok = seen.add((pb_all[v] == pa) & (d > 0) & (d < g), np.maximum(tok_b - tv, tok_a + tv),
+                      np.minimum(cnt_a + cv, cnt_b - cv), budget, min_count)
         err = np.abs(2 * d - g)
         win = ok & (err < best_err)
         best_err[win] = err[win]
@@ -484,8 +489,9 @@ def _spread(units: _Units, dp: int, m: int, budget: int, by_count: bool) -> _Spr
         return None
     tol = _GROUP_REL_TOL * int(units.cost.sum()) / dp
     seen = _Seen()
+    by_cost = stable_order(units.cost)  # the same for every sweep (`swap_partners`)
     for sweep in range(MAX_SWEEPS):
-        if _sweep(rank_of_unit, units, dp, budget, m, tol, sweep % 2 == 0, seen) == 0:
+        if _sweep(rank_of_unit, units, dp, budget, m, tol, sweep % 2 == 0, seen, by_cost) == 0:
             break
     return _Spread(rank_of_unit, budget, m, max(seen.tokens, greedy_tokens), seen.short, reusable)
 

@@ -38,7 +38,7 @@ import numpy as np
 
 from costmodel.scheduler.costs import Cost, additive_bin_costs, quantise
 from costmodel.scheduler.refine_many import apply_batches, bulk_swaps
-from costmodel.scheduler.sorting import as_lists, first_min_per_pair, members_of
+from costmodel.scheduler.sorting import as_lists, first_min_per_pair, members_of, stable_order
 
 __all__ = ["BinState", "batch_search", "local_search", "pair_ranks", "swap_partners"]
 
@@ -319,21 +319,30 @@ def _pair_errors(n_pairs: int, pair: np.ndarray, err: np.ndarray) -> np.ndarray:
 
 def swap_partners(
     pa: np.ndarray, qa: np.ndarray, gap_a: np.ndarray, pair_b_of: np.ndarray, q: np.ndarray,
-    max_gap: int,
+    max_gap: int, by_cost: np.ndarray | None = None,
 ) -> list[np.ndarray]:
     """For each item of a heavy side (its pair ``pa``, cost ``qa``, its pair's gap
     ``gap_a``), the two light-side items whose costs lie either side of ``qa − gap/2``:
     the swaps that come closest to halving the gap. ``pair_b_of[x]`` is item x's pair on
     the light side (-1: not there). At a pair's ends a candidate may belong to the next
-    pair: callers check ``pair_b_of[j] == pa``. One sort and one `searchsorted` in all."""
-    ib = np.flatnonzero(pair_b_of >= 0)
-    if ib.size == 0:
+    pair: callers check ``pair_b_of[j] == pa``. One sort and one `searchsorted` in all.
+    ``by_cost``: all items by cost, ties by index, where the costs stay fixed over many
+    calls (`stable_order(q)`): the sort is then one by pair alone."""
+    if by_cost is None:
+        items_b = np.flatnonzero(pair_b_of >= 0)
+    else:
+        # By pair, then cost, then index, as the stable sort of the keys below: a stable
+        # sort by pair (small integers: a radix sort) of the light items in cost order.
+        ib = by_cost[pair_b_of[by_cost] >= 0]
+        items_b = ib[stable_order(pair_b_of[ib])]
+    if items_b.size == 0:
         return []
     span = int(q.max()) + max_gap + 2
-    key_b = pair_b_of[ib] * span + q[ib]
-    order_b = np.argsort(key_b, kind="stable")
-    items_b = ib[order_b]
-    pos = np.searchsorted(key_b[order_b], pa * span + np.clip(qa - gap_a // 2, 0, span - 1))
+    key_b = pair_b_of[items_b] * span + q[items_b]
+    if by_cost is None:
+        order_b = np.argsort(key_b, kind="stable")
+        items_b, key_b = items_b[order_b], key_b[order_b]
+    pos = np.searchsorted(key_b, pa * span + np.clip(qa - gap_a // 2, 0, span - 1))
     return [items_b[np.clip(pos + shift, 0, items_b.size - 1)] for shift in (-1, 0)]
 
 
