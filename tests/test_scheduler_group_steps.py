@@ -1,0 +1,251 @@
+"""The grouped path's steps against plain recomputations: what a step decides and books,
+worked out again from scratch in plain Python on small inputs."""
+
+from __future__ import annotations
+
+import bisect
+
+import numpy as np
+import pytest
+
+
+def _plain_spread_sweep(rank, units, dp, budget, min_count, tol, fold):
+    """`groups._sweep` from its definition: for each heavy/light pair of ranks, each of the
+    heavy rank's groups may move to the light rank, or swap with one of the light rank's
+    groups whose costs lie either side of (its cost - gap // 2) (by cost, then index), when
+    that leaves both ranks within the token budget and with ``min_count`` samples; the
+    change closest to halving the gap wins (ties: the move, then the lower partner, then
+    the lower group). Returns the new ranks and (the largest token total a check allowed,
+    the largest count left by a change refused for its count alone)."""
+    from costmodel.scheduler.refine import pair_ranks
+
+    uq, ut, uc = (x.tolist() for x in units)
+    rank = rank.tolist()
+    load, tok, cnt = [0] * dp, [0] * dp, [0] * dp
+    for u, r in enumerate(rank):
+        load[r] += uq[u]
+        tok[r] += ut[u]
+        cnt[r] += uc[u]
+    seen_tokens, seen_short = 0, -1
+    pairs = pair_ranks(np.array(load, dtype=np.int64), tol, fold)
+    if pairs is None:
+        return rank, (seen_tokens, seen_short)
+    a_ranks, b_ranks, gaps = (x.tolist() for x in pairs[:3])
+    changes = []
+    for ra, rb, g in zip(a_ranks, b_ranks, gaps):
+        light = sorted((u for u in range(len(rank)) if rank[u] == rb), key=lambda u: (uq[u], u))
+        light_q = [uq[u] for u in light]
+        best = None  # (error, group, partner or -1)
+        for u in (u for u in range(len(rank)) if rank[u] == ra):
+            qa, ta, ca = uq[u], ut[u], uc[u]
+            options = []
+            if 0 < qa < g:
+                options.append((-1, qa, tok[rb] + ta, cnt[ra] - ca))
+            pos = bisect.bisect_left(light_q, max(qa - g // 2, 0))
+            for v in light[max(pos - 1, 0) : pos + 1]:
+                d = qa - uq[v]
+                if 0 < d < g:
+                    options.append((v, d, max(tok[rb] + ta - ut[v], tok[ra] - ta + ut[v]),
+                                    min(cnt[ra] - ca + uc[v], cnt[rb] - uc[v] + ca)))
+            mine = None
+            for v, d, most, least in options:
+                if most > budget:
+                    continue
+                if least < min_count:
+                    seen_short = max(seen_short, least)
+                    continue
+                seen_tokens = max(seen_tokens, most)
+                if mine is None or abs(2 * d - g) < mine[0]:
+                    mine = (abs(2 * d - g), u, v)
+            if mine is not None and (best is None or mine[0] < best[0]):
+                best = mine
+        if best is not None:
+            changes.append((best, ra, rb))
+    for (_, u, v), ra, rb in changes:
+        rank[u] = rb
+        if v >= 0:
+            rank[v] = ra
+    return rank, (seen_tokens, seen_short)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_group_spread_sweeps_match_a_plain_recount(seed):
+    """Sweeps of `groups._sweep` (as `_spread` runs them, partners found from the groups'
+    cost order) against the plain sweep above, on groups of few cost levels (ties) and
+    token budgets and sample minimums the checks meet exactly."""
+    from costmodel.scheduler import groups
+    from costmodel.scheduler.sorting import stable_order
+
+    rng = np.random.default_rng(seed)
+    cases = 0
+    for _ in range(150):
+        dp = int(rng.integers(2, 7))
+        n = int(rng.integers(dp, 40))
+        units = groups._Units(rng.integers(0, 8, n).astype(np.int64) * 10,
+                              rng.integers(1, 6, n).astype(np.int64),
+                              rng.integers(1, 4, n).astype(np.int64))
+        rank = rng.integers(0, dp, n).astype(np.int64)
+        tok = np.bincount(rank, weights=units.tokens, minlength=dp).astype(np.int64)
+        cnt = np.bincount(rank, weights=units.count, minlength=dp).astype(np.int64)
+        budget = int(tok.max()) + int(rng.integers(0, 3))
+        min_count = max(int(cnt.min()) - int(rng.integers(0, 3)), 0)
+        by_cost = stable_order(units.cost)
+        seen = groups._Seen()
+        plain_rank, plain_seen = rank.copy(), (0, -1)
+        for sweep in range(4):
+            fold = sweep % 2 == 0
+            expected, checks = _plain_spread_sweep(plain_rank, units, dp, budget, min_count, 0.0, fold)
+            plain_seen = (max(plain_seen[0], checks[0]), max(plain_seen[1], checks[1]))
+            groups._sweep(rank, units, dp, budget, min_count, 0.0, fold, seen, by_cost)
+            assert rank.tolist() == expected, (seed, sweep)
+            assert (seen.tokens, seen.short) == plain_seen, (seed, sweep)
+            plain_rank = np.array(expected)
+            cases += 1
+    assert cases == 600
+
+
+def test_group_spreads_sweep_as_the_plain_sweep_does(monkeypatch):
+    """Every sweep `groups._spread` runs (with the groups' cost order it sorts once) is the
+    plain sweep: many groups of equal cost, whose order among themselves (by index) decides
+    which one a swap takes."""
+    from costmodel.scheduler import groups
+
+    real = groups._sweep
+    swept = []
+
+    def checked(rank_of_unit, units, dp, budget, min_count, tol, fold, seen, by_cost=None):
+        expected, _ = _plain_spread_sweep(rank_of_unit, units, dp, budget, min_count, tol, fold)
+        changed = real(rank_of_unit, units, dp, budget, min_count, tol, fold, seen, by_cost)
+        assert rank_of_unit.tolist() == expected
+        swept.append(changed)
+        return changed
+
+    monkeypatch.setattr(groups, "_sweep", checked)
+    rng = np.random.default_rng(0)
+    for _ in range(40):
+        dp = int(rng.integers(2, 9))
+        n = int(rng.integers(4 * dp, 120))
+        units = groups._Units(rng.choice([5, 7, 40, 90], n).astype(np.int64) * 1000,
+                              rng.integers(1, 6, n).astype(np.int64),
+                              rng.integers(1, 4, n).astype(np.int64))
+        budget = int(units.tokens.sum()) // dp + 8
+        groups._spread(units, dp, 2, budget, False)
+    assert sum(swept) > 50
+
+
+def _recounted(st, bin_of=None):
+    """``st`` recounted from scratch (its token table too), at ``bin_of`` if given."""
+    from costmodel.scheduler.refine import BinState
+
+    bin_of = st.bin_of if bin_of is None else bin_of
+    fresh = BinState(st.lengths, st.q, bin_of.copy(), st.dp, st.m, st.cap, st.cost, st.scale)
+    if st.token_table is not None:
+        fresh.tabulate_tokens()
+    return fresh
+
+
+def _plain_repack(st, groups, a, b):
+    """`pair_repack._repack` from its definition: every split of ranks ``a`` and ``b``'s
+    groups (bit j: the j-th lowest group id on ``a``) but the one placed, where each side
+    keeps ``m`` samples and room for them; the ``_SPLITS`` lowest by a level fill's cost
+    (ties: the lower mask), each side packed by `pack_tokens` in sample order, priced by a
+    recount from scratch. Returns the placement whose pair maximum is lowest and below
+    ``a``'s load (the first such), or None."""
+    from costmodel.scheduler.pair_repack import _SPLITS, MAX_POOLED, _level_cost, _pack_sides
+
+    m, cap = st.m, st.cap
+    rank = (st.bin_of // m).tolist()
+    samples = [i for i in range(len(rank)) if rank[i] in (a, b)]
+    ids = sorted({int(groups[i]) for i in samples})
+    if not 2 <= len(ids) <= MAX_POOLED:
+        return None
+    bit = {gid: j for j, gid in enumerate(ids)}
+    now = 0
+    for i in samples:
+        if rank[i] == a:
+            now |= 1 << bit[int(groups[i])]
+    lengths, part = st.lengths.tolist(), st.part.tolist()
+    splits = []
+    for mask in range(1 << len(ids)):
+        on_a = [i for i in samples if mask >> bit[int(groups[i])] & 1]
+        on_b = [i for i in samples if not mask >> bit[int(groups[i])] & 1]
+        if (mask == now or min(len(on_a), len(on_b)) < m
+                or max(sum(min(lengths[i], cap) for i in side) for side in (on_a, on_b)) > m * cap):
+            continue
+        est = max(float(_level_cost(st, np.array([float(sum(part[i] for i in side))]),
+                                    np.array([float(sum(lengths[i] for i in side))]))[0])
+                  for side in (on_a, on_b))
+        splits.append((est, mask))
+    best_max, best = int(st.load[a]), None
+    for _, mask in sorted(splits, key=lambda s: s[0])[:_SPLITS]:
+        to_a = np.array([mask >> bit[int(groups[i])] & 1 for i in samples], dtype=bool)
+        slot = _pack_sides(st.lengths[samples], to_a, m, cap)
+        if slot is None:
+            continue
+        trial = st.bin_of.copy()
+        trial[samples] = np.where(to_a, a * m, b * m) + slot
+        fresh = _recounted(st, trial)
+        pair_max = int(max(fresh.load[a], fresh.load[b]))
+        if pair_max < best_max:
+            best_max, best = pair_max, trial
+    return best
+
+
+@pytest.mark.parametrize("cost_name", ["fixed", "profile"])
+def test_a_re_split_is_the_plain_one_and_books_as_a_recount(cost_name):
+    """`pair_repack._repack` on random placements (lengths of few values: which of equal
+    samples goes where follows the sample order) against the plain re-split above: the
+    same placement, books equal to a recount from scratch, and each rank's samples
+    (`members`) as listed from scratch after it."""
+    from costmodel.model import load_cost_model
+    from costmodel.scheduler.costs import AdditiveCost, ModelCost
+    from costmodel.scheduler.pack import pack_tokens
+    from costmodel.scheduler.pair_repack import _repack
+    from costmodel.scheduler.partition import karmarkar_karp_labels
+    from costmodel.scheduler.refine import BinState
+    from costmodel.scheduler.sorting import members_of
+
+    cost = (ModelCost(load_cost_model("h200/qwen3-8b")) if cost_name == "profile"
+            else AdditiveCost("fixed", lambda L: L * 1e3 + L.astype(float) ** 2, fixed=5e6))
+    rng = np.random.default_rng(11)
+    applied = 0
+    for case in range(100):
+        dp, m, cap = int(rng.integers(2, 5)), int(rng.integers(1, 4)), 8192
+        n_groups = int(rng.integers(2 * dp, 5 * dp))
+        groups = np.repeat(np.arange(n_groups), rng.integers(1, 4, n_groups))
+        lengths = rng.choice([300, 700, 1200, 2000], groups.size).astype(np.int64)
+        if case % 2:  # groups balanced, packed as they come: the placed split, re-packed, helps
+            group_rank = karmarkar_karp_labels(np.bincount(groups, weights=lengths.astype(float) ** 2), dp)
+        else:
+            group_rank = np.concatenate([np.arange(dp), rng.integers(0, dp, n_groups - dp)])
+        bin_of = np.empty(groups.size, dtype=np.int64)
+        ok = True
+        for r in range(dp):
+            mine = np.flatnonzero(group_rank[groups] == r)
+            packed, _ = pack_tokens(lengths[mine], m, cap) if mine.size >= m else (None, 0)
+            if packed is None:
+                ok = False
+                break
+            if case % 2:
+                packed = np.concatenate([np.arange(m), rng.integers(0, m, mine.size - m)])
+            bin_of[mine] = r * m + packed
+        if not ok or np.bincount(bin_of, weights=lengths, minlength=dp * m).max() > cap:
+            continue
+        q = np.rint(cost.marginal_costs(lengths, 4096) * 2.0**30).astype(np.int64)
+        st_ = BinState(lengths, q, bin_of, dp, m, cap, cost, 2.0**30)
+        st_.tabulate_tokens()
+        a, b = int(np.argmax(st_.load)), int(np.argmin(st_.load))
+        expected = _plain_repack(st_, groups, a, b)
+        order, bounds = members_of(st_.bin_of // m, dp)
+        members = [order[bounds[r]:bounds[r + 1]] for r in range(dp)]
+        assert _repack(st_, groups, members, a, b) == (expected is not None), case
+        if expected is None:
+            continue
+        applied += 1
+        assert np.array_equal(st_.bin_of, expected), case
+        fresh = _recounted(st_)
+        for name in ("fill", "count", "bin_q", "load") + (("tok_q",) if st_.separable else ()):
+            assert np.array_equal(getattr(st_, name), getattr(fresh, name)), (case, name)
+        order, bounds = members_of(st_.bin_of // m, dp)
+        assert all(np.array_equal(members[r], order[bounds[r]:bounds[r + 1]]) for r in range(dp))
+    assert applied >= 40, applied  # 57 (fixed) and 69 (profile) of 100
