@@ -325,3 +325,11 @@ def test_masked_lengths_are_refused_not_read_through_the_mask():
     with pytest.raises(ValueError, match="has masked entries"):
         as_lengths(np.ma.masked_array([5, 6, 7], mask=[0, 1, 0]))
     assert as_lengths(np.ma.masked_array([5, 6, 7])).tolist() == [5, 6, 7]  # nothing masked
+
+
+def test_an_object_array_is_refused_under_the_callers_name():
+    """An object array is read as its list under the name the caller gave: its refusals name
+    that, not "sequence lengths" (the array and list answers compared above use the default)."""
+    for values in ([1.5, 2], [0, 5], [None, 1]):
+        with pytest.raises(ValueError, match="^prompt lengths "):
+            as_lengths(np.array(values, dtype=object), what="prompt lengths")
