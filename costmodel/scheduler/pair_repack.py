@@ -121,29 +121,12 @@ def _repack(st: BinState, groups: np.ndarray, members: list[np.ndarray], a: int,
             best_max, best = pair_max, (slot_bins, cost)
     if best is None:
         return False
-    _book(st, samples, *best, bins)
-    now_on_a = best[0] // m == a
+    new_bins, cost = best
+    st.bin_of[samples] = new_bins
+    st.recount(samples, bins, cost)
+    now_on_a = new_bins // m == a
     members[a], members[b] = samples[now_on_a], samples[~now_on_a]
     return True
-
-
-def _book(st: BinState, samples: np.ndarray, new_bins: np.ndarray, cost: np.ndarray,
-          bins: np.ndarray) -> None:
-    """Move ``samples`` into ``new_bins``, all of them in the two ranks' micro-batches
-    ``bins`` (rank a's, then b's), which then cost ``cost`` (as priced): the books
-    `BinState.refresh` would recount, for those micro-batches only (a recount of every one
-    took ~1 ms a re-split at 65,536 samples). The packer fills every one of them."""
-    st.bin_of[samples] = new_bins
-    m = st.m
-    local = np.where(new_bins // m == bins[0] // m, new_bins - bins[0], new_bins - bins[m] + m)
-    fill = np.bincount(local, weights=st.lengths[samples], minlength=bins.size).astype(np.int64)
-    st.fill[bins] = fill
-    st.count[bins] = np.bincount(local, minlength=bins.size)
-    if st.separable:
-        st.tok_q[bins] = st.token_q(fill)
-    st.bin_q[bins] = cost
-    st.load[bins[0] // m] = int(cost[:m].sum())
-    st.load[bins[m] // m] = int(cost[m:].sum())
 
 
 def _level_cost(st: BinState, part: np.ndarray, tokens: np.ndarray) -> np.ndarray:
