@@ -21,7 +21,7 @@ if torch is not None and not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")  # a loader, no state: hypothesis tests may take it too
 def load_benchmark():
     """Import a script of benchmarks/ (not a package) by name, e.g. "bench_mlp"."""
 

@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -14,17 +11,11 @@ from costmodel.scheduler import karmarkar_karp, lpt_partition
 from costmodel.scheduler.partition import karmarkar_karp_labels, partition_sums
 
 
-def _load_list_method():
+@pytest.fixture(scope="session")
+def list_karmarkar_karp(load_benchmark):
     """The benchmark's baseline: the same method on plain lists, written from its
     definition (new lists on every merge), with the tie rules documented here."""
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_partition.py"
-    spec = importlib.util.spec_from_file_location("bench_partition", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.list_karmarkar_karp
-
-
-list_karmarkar_karp = _load_list_method()
+    return load_benchmark("bench_partition").list_karmarkar_karp
 
 
 def _check_partition(parts: list[list[int]], n: int, k: int) -> None:
@@ -40,7 +31,7 @@ def _check_partition(parts: list[list[int]], n: int, k: int) -> None:
     st.one_of(st.lists(st.integers(0, 4), max_size=60), st.lists(st.integers(0, 10_000), max_size=60)),
     st.integers(1, 9),
 )
-def test_kk_is_a_partition_and_matches_the_plain_list_method(weights, k):
+def test_kk_is_a_partition_and_matches_the_plain_list_method(list_karmarkar_karp, weights, k):
     """The very same sets, in the same order, as the method on lists, ties included."""
     parts = karmarkar_karp(weights, k)
     _check_partition(parts, len(weights), k)
@@ -52,7 +43,7 @@ def test_kk_is_a_partition_and_matches_the_plain_list_method(weights, k):
 
 @settings(max_examples=100, deadline=None)
 @given(st.integers(1, 8), st.integers(1, 8), st.data())
-def test_kk_equal_size(k, per, data):
+def test_kk_equal_size(list_karmarkar_karp, k, per, data):
     top = data.draw(st.sampled_from([4, 5000]))
     weights = data.draw(st.lists(st.integers(0, top), min_size=k * per, max_size=k * per))
     parts = karmarkar_karp(weights, k, equal_size=True)
