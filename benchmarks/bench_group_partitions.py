@@ -44,7 +44,7 @@ from costmodel.scheduler.partition import karmarkar_karp_labels  # noqa: E402
 from costmodel.scheduler.set_swaps import karmarkar_karp_then_swaps  # noqa: E402
 from costmodel.scheduler.sorting import as_lists, members_of  # noqa: E402
 
-# (prompts, responses per prompt, dp): 8 to 64 prompts a rank.
+# (prompts, responses per prompt, dp): 8 prompts a rank (64 or 128 samples).
 CASES = (
     (64, 8, 8),
     (128, 16, 16),
