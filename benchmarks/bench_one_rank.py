@@ -34,12 +34,9 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from benchmarks.bench_scheduler import best_time, write_cases  # noqa: E402
-from costmodel.integrations.verl import (  # noqa: E402
-    balanced_micro_batches,
-    get_seqlen_balanced_partitions,
-)
+from costmodel.integrations.verl import balanced_micro_batches  # noqa: E402
 from costmodel.model import load_cost_model  # noqa: E402
-from costmodel.scheduler import generate_lengths  # noqa: E402
+from costmodel.scheduler import generate_lengths, karmarkar_karp  # noqa: E402
 from costmodel.scheduler.baselines import first_fit_pack  # noqa: E402
 
 SIZES = (64, 256, 1024, 4096, 16384)
@@ -54,10 +51,14 @@ def batch(dist: str, n: int, seed: int) -> np.ndarray:
 
 
 def verl_split(lengths: np.ndarray, cap: int) -> list[list[int]]:
-    """verl's rearrange_micro_batches rule (its count, its workload, Karmarkar-Karp)."""
+    """verl's rearrange_micro_batches rule (its count, its workload, Karmarkar-Karp).
+
+    Plain Karmarkar-Karp, as verl runs it: not the drop-in `get_seqlen_balanced_partitions`,
+    which swaps items between heavy and light sets afterwards.
+    """
     count = min(lengths.size, -(-int(lengths.sum()) // cap))
     workload = (24576 * lengths + lengths.astype(np.int64) ** 2).tolist()
-    return get_seqlen_balanced_partitions(workload, count, equal_size=False)
+    return karmarkar_karp(workload, count, equal_size=False)
 
 
 def ffd_count(lengths: np.ndarray, cap: int) -> int:
