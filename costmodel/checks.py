@@ -3,19 +3,28 @@
 from __future__ import annotations
 
 import contextlib
+import difflib
 import numbers
 import re
+from collections.abc import Iterable
 from decimal import Decimal
 from typing import Any, SupportsInt, cast
 
 import numpy as np
 
-__all__ = ["cost_model_choice", "import_torch", "on_off", "plain_scalar", "positive_int",
-           "signed_digits", "whole_number"]
+__all__ = ["cost_model_choice", "did_you_mean", "import_torch", "on_off", "plain_scalar",
+           "positive_int", "signed_digits", "whole_number"]
 
 # Past this many significant digits a number is no count or length; int() itself refuses
 # past 4,300 digits with a message naming its own limit.
 MAX_DIGITS = 100
+
+
+def did_you_mean(name: Any, choices: Iterable[str]) -> str:
+    """"did you mean 'x'? " for the choice nearest a misspelt name, else "" (for messages
+    that list every choice after it: the likely fix first)."""
+    close = difflib.get_close_matches(str(name).strip().lower(), list(choices), n=1)
+    return f"did you mean {close[0]!r}? " if close else ""
 
 
 def positive_int(value: Any, name: str) -> int:

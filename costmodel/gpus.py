@@ -18,6 +18,8 @@ import dataclasses
 import re
 from dataclasses import dataclass
 
+from costmodel.checks import did_you_mean
+
 __all__ = [
     "GPUS",
     "GpuInfo",
@@ -196,4 +198,4 @@ def lookup_gpu(name_or_key: str | GpuInfo) -> GpuInfo:
     if info is not None:
         return info
     known = ", ".join(f"{g.key} ({' / '.join(g.names)})" for g in GPUS.values())
-    raise ValueError(f"unknown GPU {name_or_key!r}; known GPUs: {known}")
+    raise ValueError(f"unknown GPU {name_or_key!r}; {did_you_mean(key, GPUS)}known GPUs: {known}")

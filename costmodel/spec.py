@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from costmodel.checks import positive_int
+from costmodel.checks import did_you_mean, positive_int
 
 _DTYPES = ("bf16", "fp16", "fp32")
 _ACTIVATIONS = ("swiglu",)
@@ -293,7 +293,8 @@ class ModelSpec:
                              f"presets: {', '.join(PRESETS)}")
         key = name.strip().lower()
         if key not in PRESETS:
-            raise ValueError(f"unknown model preset {name!r}; known presets: {', '.join(PRESETS)}")
+            raise ValueError(f"unknown model preset {name!r}; {did_you_mean(key, PRESETS)}known "
+                             f"presets: {', '.join(PRESETS)}")
         return PRESETS[key]
 
     @classmethod
@@ -323,7 +324,7 @@ class ModelSpec:
             return cls.from_hf_config(text)
         raise ValueError(
             f"{text!r} is neither a model preset nor an existing config.json path; "
-            f"known presets: {', '.join(PRESETS)}"
+            f"{did_you_mean(text, PRESETS)}known presets: {', '.join(PRESETS)}"
         )
 
 

@@ -20,6 +20,7 @@ from costmodel.checks import positive_int
 from costmodel.curves import MODES
 from costmodel.flops import MAX_LENGTH
 from costmodel.model_file import is_unknown_name
+from costmodel.scheduler.costs import builtin_hint
 from costmodel.scheduler.lengths import DISTRIBUTIONS, MAX_GENERATED, generate_lengths, read_lengths
 
 _DRAW_N = 4096  # samples drawn from --dist without --n
@@ -130,7 +131,8 @@ def resolve_cost(name: str, spec: Any, *, allow_other_shape: bool = False) -> An
     except (ValueError, FileNotFoundError) as err:
         if not is_unknown_name(err):
             raise ValueError(f"--cost {name!r}: {err}") from None  # there, but does not fit
-        raise ValueError(f"--cost {name!r} is not 'tokens', 'flops' or a cost model ({err})") from None
+        raise ValueError(f"--cost {name!r} is not 'tokens', 'flops'{builtin_hint(name)} or a cost "
+                         f"model ({err})") from None
 
 
 def cost_label(cost: Any) -> str:

@@ -36,6 +36,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import ArrayLike
 
+from costmodel.checks import did_you_mean
 from costmodel.curves import checked_mode
 
 logger = logging.getLogger(__name__)
@@ -46,6 +47,7 @@ __all__ = [
     "Cost",
     "ModelCost",
     "as_cost",
+    "builtin_hint",
     "quantise",
 ]
 
@@ -389,6 +391,16 @@ def _check_shape(model: Any, spec: Any) -> None:
     )
 
 
+def builtin_hint(name: str) -> str:
+    """" (did you mean 'tokens'?)" for a near miss of a built-in cost name, else "".
+
+    A typo such as "token" is otherwise looked up as a cost model file and as a GPU name,
+    and the error that says so lists every known GPU before the fix shows.
+    """
+    hint = did_you_mean(name, ("tokens", "flops"))
+    return f" ({hint.strip()})" if hint else ""
+
+
 def as_cost(cost: Any = "tokens", spec: Any = None, mode: str = "train") -> Cost:
     """Turn what a caller passed as ``cost`` into a `Cost` (see the module docstring).
 
@@ -419,7 +431,9 @@ def as_cost(cost: Any = "tokens", spec: Any = None, mode: str = "train") -> Cost
         except (FileNotFoundError, ValueError) as err:
             if not is_unknown_name(err):
                 raise  # a cost model that is there but does not load says why itself
-            raise ValueError(f"cost {cost!r} is not 'tokens' or 'flops', and {err}") from None
+            raise ValueError(
+                f"cost {cost!r} is not 'tokens' or 'flops'{builtin_hint(cost)}, and {err}"
+            ) from None
         return ModelCost(model, mode)
     if hasattr(cost, "microbatch_costs") or hasattr(cost, "microbatch_cost"):
         _check_shape(cost, spec)
