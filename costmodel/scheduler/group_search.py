@@ -245,12 +245,12 @@ def _sweep(st: BinState, pc: _Pieces, tol: float, fold: bool) -> int:
                pc.bin[sh.pieces[sg.swapped_in(sh)]]]
         changed += [g, h]
     _send(st, pc, np.concatenate(sent), np.concatenate(to))
-    st.refresh()
     pc.cut(st, np.unique(np.concatenate(changed)))
     return int(win.size)
 
 
 def _send(st: BinState, pc: _Pieces, pieces: np.ndarray, to: np.ndarray) -> None:
-    """Put each piece's samples into micro-batch ``to`` (books: `BinState.refresh`)."""
+    """Put each piece's samples into micro-batch ``to``, and book it."""
     seg, j = segments(pc.count[pieces])
     st.bin_of[pc.samples[pc.piece_start[pieces][seg] + j]] = to[seg]
+    st.shift(pc.bin[pieces], to, pc.tokens[pieces], pc.count[pieces], pc.part[pieces])

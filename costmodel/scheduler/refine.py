@@ -137,6 +137,27 @@ class BinState:
         ranks = np.unique(bins // self.m)
         self.load[ranks] = self.bin_q.reshape(self.dp, self.m)[ranks].sum(axis=1)
 
+    def shift(self, src: np.ndarray, dst: np.ndarray, tokens: np.ndarray, count: np.ndarray,
+              part: np.ndarray) -> None:
+        """Book moves of ``tokens`` tokens, ``count`` samples and summed parts ``part``
+        (`part`) each from micro-batch ``src`` to ``dst`` (micro-batches may repeat; none
+        may be left empty; the samples' ``bin_of`` is the caller's): what `refresh` would
+        count, for the micro-batches changed alone (a recount of every one took a tenth of
+        a group sweep at 65,536 samples). Additive and separable costs only."""
+        bins, at = np.unique(np.concatenate([src, dst]), return_inverse=True)
+
+        def net(values: np.ndarray) -> np.ndarray:  # float sums of integers under 2**53: exact
+            return np.bincount(at, weights=np.concatenate([-values, values]),
+                               minlength=bins.size).astype(np.int64)
+
+        d_tokens = net(tokens)
+        self.bin_q[bins] += self.cost_change(bins, self.fill[bins], d_tokens, net(part))
+        self.fill[bins] += d_tokens
+        self.count[bins] += net(count)
+        if self.separable:
+            self.tok_q[bins] = self.token_q(self.fill[bins])
+        self.load = self.bin_q.reshape(self.dp, self.m).sum(axis=1)  # int64: exact
+
     def book(
         self, src: np.ndarray, dst: np.ndarray, tokens: np.ndarray, count: np.ndarray,
         src_q: np.ndarray, dst_q: np.ndarray,
