@@ -65,7 +65,7 @@ from costmodel.scheduler.counts import (
 )
 from costmodel.scheduler.group_search import group_local_search
 from costmodel.scheduler.groups import first_appearance_ids
-from costmodel.scheduler.order import ORDERS, run_order
+from costmodel.scheduler.order import ORDERS, run_orders
 from costmodel.scheduler.pair_repack import pair_repack
 from costmodel.scheduler.refine import MAX_SWEEPS, BinState, batch_search, local_search
 from costmodel.scheduler.sorting import as_lists, longest_first, members_of
@@ -568,8 +568,7 @@ def _finish(
     # By the costs the schedule reports, not the quantised ones: a quantum is the batch's
     # summed cost / 2^44, milliseconds beside one sample of 2^31 tokens, and a separable
     # cost's micro-batch sums several rounded parts: costs 1e-3 apart came out of order.
-    per_rank = [[r * m + k for k in run_order(bin_costs[r * m : (r + 1) * m], order)]
-                for r in range(dp)]
+    per_rank = (run_orders(bin_costs.reshape(dp, m), order) + (np.arange(dp) * m)[:, None]).tolist()
     return Schedule.from_microbatches(
         per_rank, as_lists(flat, offsets), bin_costs.tolist(), st.fill.tolist(), lower_bound=lb,
         cap=st.cap, cost_name=cost.name, stats=stats,
