@@ -249,3 +249,54 @@ def test_a_re_split_is_the_plain_one_and_books_as_a_recount(cost_name):
         order, bounds = members_of(st_.bin_of // m, dp)
         assert all(np.array_equal(members[r], order[bounds[r]:bounds[r + 1]]) for r in range(dp))
     assert applied >= 40, applied  # 57 (fixed) and 69 (profile) of 100
+
+
+def test_group_search_sweeps_keep_pieces_and_books_as_a_recount(monkeypatch):
+    """After every sweep of `group_search` (which re-cuts only the groups it moved and books
+    only the micro-batches they left and entered), its pieces are those of a cut of every
+    group from scratch, and the books (fills, counts, costs, loads) those of a recount.
+    Under the profile: under FLOPs the placement leaves the search little to change."""
+    from costmodel.model import load_cost_model
+    from costmodel.scheduler import build_schedule, group_search
+
+    real = group_search._sweep
+    changes = []
+
+    def checked(st, pc, tol, fold):
+        changed = real(st, pc, tol, fold)
+        fresh_pc, fresh = group_search._Pieces(st, st_groups[0]), _recounted(st)
+        for name in ("fill", "count", "bin_q", "load") + (("tok_q",) if st.separable else ()):
+            assert np.array_equal(getattr(st, name), getattr(fresh, name)), name
+        assert np.array_equal(pc.size, fresh_pc.size) and np.array_equal(pc.rank, fresh_pc.rank)
+        for g in range(pc.size.size):
+            slots = slice(pc.start[g], pc.start[g] + pc.size[g])
+            for name in ("bin", "tokens", "part", "count"):
+                assert np.array_equal(getattr(pc, name)[slots], getattr(fresh_pc, name)[slots]), name
+            for piece in range(pc.start[g], pc.start[g] + pc.size[g]):  # samples, in any order
+                ours = pc.samples[pc.piece_start[piece]:pc.piece_start[piece] + pc.count[piece]]
+                theirs = fresh_pc.samples[
+                    fresh_pc.piece_start[piece]:fresh_pc.piece_start[piece] + fresh_pc.count[piece]]
+                assert sorted(ours.tolist()) == sorted(theirs.tolist())
+        changes.append(changed)
+        return changed
+
+    real_search = group_search.group_local_search
+    st_groups = [None]
+
+    def search(st, groups):
+        st_groups[0] = groups
+        return real_search(st, groups)
+
+    monkeypatch.setattr(group_search, "_sweep", checked)
+    monkeypatch.setattr("costmodel.scheduler.schedule.group_local_search", search)
+    model = load_cost_model("h200/qwen3-8b")
+    rng = np.random.default_rng(5)
+    for _ in range(40):
+        dp = int(rng.integers(2, 9))
+        n_groups = int(rng.integers(2 * dp, 6 * dp))
+        ids = np.repeat(np.arange(n_groups), rng.integers(1, 9, n_groups))
+        lengths = rng.choice([200, 900, 1500, 3000, 7000], ids.size) + rng.integers(0, 50, ids.size)
+        cap = int(rng.choice([4096, 8192, 16384]))
+        build_schedule(np.minimum(lengths, cap), dp_size=dp, max_tokens_per_microbatch=cap, cost=model,
+                       spec="qwen3-8b", group_ids=ids)
+    assert sum(changes) > 40, sum(changes)  # 89 changes applied
