@@ -523,6 +523,23 @@ def test_run_order_breaks_ties_by_position():
     assert run_order(np.array([1, 3, 3, 2]), "longest-first") == [1, 2, 3, 0]
 
 
+@pytest.mark.parametrize("order", ["none", "longest-first", "pipeline"])
+def test_run_orders_of_every_rank_at_once_are_each_ranks_own(order):
+    """`run_orders` (all ranks in one numpy pass) row by row against the order of each
+    rank's costs sorted in plain Python: costliest first, ties by position."""
+    from costmodel.scheduler.order import run_orders
+
+    rng = np.random.default_rng(3)
+    for ranks, m in [(1, 1), (3, 1), (5, 2), (7, 5), (16, 8)]:
+        costs = rng.choice([1.0, 2.0, 2.5, 7.0], size=(ranks, m))  # many ties
+        got = run_orders(costs, order)
+        for r in range(ranks):
+            desc = sorted(range(m), key=lambda k: (-costs[r, k], k))
+            expected = {"none": list(range(m)), "longest-first": desc,
+                        "pipeline": desc[::2][::-1] + desc[1::2]}[order]
+            assert got[r].tolist() == expected, (ranks, m, r)
+
+
 @pytest.mark.filterwarnings("ignore")
 def test_run_order_follows_the_reported_costs_beside_a_giant_sample(caplog):
     """Found by fuzzing: the order sorted the quantised costs, whose unit (the batch's summed
