@@ -179,7 +179,7 @@ def _plain_repack(st, groups, a, b):
     best_max, best = int(st.load[a]), None
     for _, mask in sorted(splits, key=lambda s: s[0])[:_SPLITS]:
         to_a = np.array([mask >> bit[int(groups[i])] & 1 for i in samples], dtype=bool)
-        slot = _pack_sides(st.lengths[samples], to_a, m, cap)
+        slot = _pack_sides(st.lengths[samples], to_a, m, cap, {})  # nothing packed before
         if slot is None:
             continue
         trial = st.bin_of.copy()
@@ -238,7 +238,7 @@ def test_a_re_split_is_the_plain_one_and_books_as_a_recount(cost_name):
         expected = _plain_repack(st_, groups, a, b)
         order, bounds = members_of(st_.bin_of // m, dp)
         members = [order[bounds[r]:bounds[r + 1]] for r in range(dp)]
-        assert _repack(st_, groups, members, a, b) == (expected is not None), case
+        assert _repack(st_, groups, members, a, b, {}) == (expected is not None), case
         if expected is None:
             continue
         applied += 1

@@ -52,6 +52,10 @@ def pair_repack(st: BinState, groups: np.ndarray) -> int:
         return 0
     changed = tries = 0
     members: list[np.ndarray] | None = None  # each rank's samples, ascending (`_by_rank`)
+    # Each side packed so far, by its lengths (samples ascending): a heavy rank's tries with
+    # its partners pack the same side again and again (at n 16-65k, groups of 16, 40-50% of
+    # the packings were repeats). A packing depends on the lengths, ``m`` and cap alone.
+    packed: dict[bytes, np.ndarray | None] = {}
     while tries < _MAX_TRIES and st.load.max() * st.dp > st.load.sum() * (1 + _BALANCED):
         by_load = np.lexsort((np.arange(st.dp), -st.load))
         heavy = int(by_load[0])
@@ -61,7 +65,7 @@ def pair_repack(st: BinState, groups: np.ndarray) -> int:
             return changed  # with any partner's group, too many to list the splits of
         for light in by_load[::-1][: min(_PARTNERS, st.dp - 1)].tolist():
             tries += 1
-            if _repack(st, groups, members, heavy, light):
+            if _repack(st, groups, members, heavy, light, packed):
                 changed += 1
                 break
         else:
@@ -77,9 +81,11 @@ def _by_rank(st: BinState) -> tuple[np.ndarray, np.ndarray]:
     return order, bounds[1:-1]
 
 
-def _repack(st: BinState, groups: np.ndarray, members: list[np.ndarray], a: int, b: int) -> bool:
+def _repack(st: BinState, groups: np.ndarray, members: list[np.ndarray], a: int, b: int,
+            packed: dict[bytes, np.ndarray | None]) -> bool:
     """Apply the best re-split of ranks ``a`` and ``b`` (``members``: each rank's samples,
-    ascending; kept up to date) if it lowers ``a``'s load."""
+    ascending; kept up to date) if it lowers ``a``'s load. ``packed``: the sides packed
+    before (`_pack_sides`), added to."""
     m, cap = st.m, st.cap
     samples = np.sort(np.concatenate([members[a], members[b]]))
     local, group_of = np.unique(groups[samples], return_inverse=True)
@@ -111,7 +117,7 @@ def _repack(st: BinState, groups: np.ndarray, members: list[np.ndarray], a: int,
     best_max, best = int(st.load[a]), None  # best: (each sample's micro-batch, their costs)
     for mask in cheapest.tolist():
         to_a = ((mask >> group_of) & 1).astype(bool)
-        new_bin = _pack_sides(lengths, to_a, m, cap)
+        new_bin = _pack_sides(lengths, to_a, m, cap, packed)
         if new_bin is None:
             continue
         slot_bins = np.where(to_a, a * m, b * m) + new_bin
@@ -146,16 +152,22 @@ def _mask_of(group_of: np.ndarray, on_a: np.ndarray) -> int:
     return int((bits << np.arange(bits.size)).sum())
 
 
-def _pack_sides(lengths: np.ndarray, to_a: np.ndarray, m: int, cap: int) -> np.ndarray | None:
-    """Each sample's micro-batch slot (0..m-1) on its side, or None if a side does not pack."""
+def _pack_sides(lengths: np.ndarray, to_a: np.ndarray, m: int, cap: int,
+                packed: dict[bytes, np.ndarray | None]) -> np.ndarray | None:
+    """Each sample's micro-batch slot (0..m-1) on its side, or None if a side does not pack.
+    ``packed``: each side's slots (None: it does not pack) by its lengths' bytes, added to."""
     slot = np.empty(lengths.size, dtype=np.int64)
     for side in (to_a, ~to_a):
-        packed, _ = pack_tokens(lengths[side], m, cap, max_rounds=_ROUNDS)
-        if packed is None:  # fewer rounds can fail where more succeed
-            packed, _ = pack_tokens(lengths[side], m, cap)
-        if packed is None:
+        mine = lengths[side]
+        key = mine.tobytes()
+        if key not in packed:
+            packed[key], _ = pack_tokens(mine, m, cap, max_rounds=_ROUNDS)
+            if packed[key] is None:  # fewer rounds can fail where more succeed
+                packed[key], _ = pack_tokens(mine, m, cap)
+        slots = packed[key]
+        if slots is None:
             return None
-        slot[side] = packed
+        slot[side] = slots
     return slot
 
 
