@@ -141,7 +141,8 @@ class BinState:
               part: np.ndarray) -> None:
         """Book moves of ``tokens`` tokens, ``count`` samples and summed parts ``part``
         (`part`) each from micro-batch ``src`` to ``dst`` (micro-batches may repeat; none
-        may be left empty; the samples' ``bin_of`` is the caller's): what `refresh` would
+        may be left empty or start empty: a micro-batch's fixed cost is not booked or
+        unbooked here; the samples' ``bin_of`` is the caller's): what `refresh` would
         count, for the micro-batches changed alone (a recount of every one took a tenth of
         a group sweep at 65,536 samples). Additive and separable costs only."""
         bins, at = np.unique(np.concatenate([src, dst]), return_inverse=True)
