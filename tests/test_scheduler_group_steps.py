@@ -300,3 +300,33 @@ def test_group_search_sweeps_keep_pieces_and_books_as_a_recount(monkeypatch):
         build_schedule(np.minimum(lengths, cap), dp_size=dp, max_tokens_per_microbatch=cap, cost=model,
                        spec="qwen3-8b", group_ids=ids)
     assert sum(changes) > 40, sum(changes)  # 89 changes applied
+
+
+def test_a_shift_that_would_empty_or_fill_an_empty_micro_batch_is_refused():
+    """`BinState.shift` books token and part differences only: a micro-batch emptied (or
+    one filled from empty) would keep (or miss) its fixed cost, so it refuses both."""
+    from costmodel.model import load_cost_model
+    from costmodel.scheduler.costs import ModelCost
+    from costmodel.scheduler.refine import BinState
+
+    cost = ModelCost(load_cost_model("h200/qwen3-8b"))
+    lengths = np.array([1000, 2000, 3000, 500], dtype=np.int64)
+    q = np.rint(cost.marginal_costs(lengths, 8192) * 2.0**30).astype(np.int64)
+
+    def state(bin_of):
+        st = BinState(lengths, q, np.array(bin_of), 1, 3, 8192, cost, 2.0**30)
+        st.tabulate_tokens()
+        return st
+
+    st = state([0, 0, 1, 2])  # sample 0 (1000 tokens) from micro-batch 0 to 1: fine
+    st.shift(np.array([0]), np.array([1]), np.array([1000]), np.array([1]), st.part[[0]])
+    st.bin_of[0] = 1
+    fresh = _recounted(st)
+    assert all(np.array_equal(getattr(st, k), getattr(fresh, k))
+               for k in ("fill", "count", "bin_q", "load", "tok_q"))
+    st = state([0, 1, 1, 2])  # micro-batch 0 would be left empty
+    with pytest.raises(RuntimeError, match="empties or starts empty"):
+        st.shift(np.array([0]), np.array([1]), np.array([1000]), np.array([1]), st.part[[0]])
+    st = state([0, 0, 1, 1])  # micro-batch 2 empty: filling it would miss its fixed cost
+    with pytest.raises(RuntimeError, match="empties or starts empty"):
+        st.shift(np.array([0]), np.array([2]), np.array([1000]), np.array([1]), st.part[[0]])

@@ -140,8 +140,8 @@ class BinState:
     def shift(self, src: np.ndarray, dst: np.ndarray, tokens: np.ndarray, count: np.ndarray,
               part: np.ndarray) -> None:
         """Book moves of ``tokens`` tokens, ``count`` samples and summed parts ``part``
-        (`part`) each from micro-batch ``src`` to ``dst`` (micro-batches may repeat; none
-        may be left empty or start empty: a micro-batch's fixed cost is not booked or
+        (`part`) each from micro-batch ``src`` to ``dst`` (micro-batches may repeat; one
+        left empty or starting empty is a RuntimeError: its fixed cost is not booked or
         unbooked here; the samples' ``bin_of`` is the caller's): what `refresh` would
         count, for the micro-batches changed alone (a recount of every one took a tenth of
         a group sweep at 65,536 samples). Additive and separable costs only."""
@@ -151,10 +151,14 @@ class BinState:
             return np.bincount(at, weights=np.concatenate([-values, values]),
                                minlength=bins.size).astype(np.int64)
 
-        d_tokens = net(tokens)
+        d_tokens, d_count = net(tokens), net(count)
+        if not ((self.count[bins] > 0).all() and (self.count[bins] + d_count > 0).all()):
+            # A micro-batch's fixed cost would be missed: a wrong book, not a slow one.
+            raise RuntimeError("BinState.shift cannot book a micro-batch that empties or "
+                               "starts empty; use refresh")
         self.bin_q[bins] += self.cost_change(bins, self.fill[bins], d_tokens, net(part))
         self.fill[bins] += d_tokens
-        self.count[bins] += net(count)
+        self.count[bins] += d_count
         if self.separable:
             self.tok_q[bins] = self.token_q(self.fill[bins])
         self.load = self.bin_q.reshape(self.dp, self.m).sum(axis=1)  # int64: exact
