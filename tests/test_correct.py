@@ -159,9 +159,13 @@ def test_bad_fits_are_refused(model):
         "train": model.to_dict()["curves"]["train"]}, "validation": None})
     with pytest.raises(ValueError, match="forward passes"):
         fit_correction(train_only, _runs(model, TRUTH, mode="forward"))
-    for bad in ({"microbatches": (), "ms": 1.0}, {"microbatches": ((5,),), "ms": 0.0},
-                {"microbatches": ((5,),), "ms": 1.0, "mode": "eval"}):
-        with pytest.raises(ValueError):
+    # Each refusal by its own message (a bare ValueError let one check stand in for another),
+    # and an empty micro-batch among others: dropping that half of the check passed.
+    for bad, says in (({"microbatches": (), "ms": 1.0}, "at least one micro-batch"),
+                      ({"microbatches": ((5,), ()), "ms": 1.0}, "each of one sequence or more"),
+                      ({"microbatches": ((5,),), "ms": 0.0}, "ms must be a positive number"),
+                      ({"microbatches": ((5,),), "ms": 1.0, "mode": "eval"}, "'eval'")):
+        with pytest.raises(ValueError, match=says):
             Run(**bad)
 
 
