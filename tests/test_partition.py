@@ -160,9 +160,16 @@ def test_equal_sums_keep_the_order_a_stable_sort_of_each_merge_gives(weights, k,
 
 
 def test_deterministic_under_ties():
+    """All weights equal: the sets are pinned (the same call twice in one process agreed
+    with itself whatever the tie rule), for a list, an array and floats alike."""
     w = [3] * 24
-    assert karmarkar_karp(w, 4) == karmarkar_karp(list(w), 4)
-    assert karmarkar_karp(w, 4, equal_size=True) == karmarkar_karp(np.array(w), 4, equal_size=True)
+    unequal = [[0, 6, 10, 14, 18, 22], [1, 7, 11, 15, 19, 23], [3, 5, 9, 13, 17, 21],
+               [2, 4, 8, 12, 16, 20]]
+    equal = [[3, 4, 8, 12, 16, 20], [2, 5, 9, 13, 17, 21], [1, 6, 10, 14, 18, 22],
+             [0, 7, 11, 15, 19, 23]]
+    for weights in (w, np.array(w), np.array(w, dtype=float)):
+        assert karmarkar_karp(weights, 4) == unequal
+        assert karmarkar_karp(weights, 4, equal_size=True) == equal
 
 
 @pytest.mark.parametrize(
