@@ -201,9 +201,18 @@ def test_quadratic_term_and_monotone(L, spec):
     assert f(L + 1) > f(L)
 
 
-@pytest.mark.parametrize("bad", [[0], [-3], [1.5], [float("nan")], [[1, 2]], ["a"], [[1, 2], [3]]])
-def test_bad_lengths_rejected(bad):
-    with pytest.raises(ValueError):
+@pytest.mark.parametrize(("bad", "says"), [
+    ([0], r"must be positive \(>= 1 token\), got 0 at index 0"),
+    ([-3], r"must be positive \(>= 1 token\), got -3 at index 0"),
+    ([1.5], r"must be whole numbers of tokens, got .*1\.5.* at index 0"),
+    ([float("nan")], r"must be whole numbers of tokens, got .*nan.* at index 0"),
+    ([[1, 2]], r"must be a 1-D list of integers, got shape \(1, 2\)"),
+    (["a"], r"must be integers, got dtype <U1"),
+    # numpy's own ValueError ("inhomogeneous shape") passed a bare pytest.raises(ValueError)
+    ([[1, 2], [3]], r"must be a flat list of integers, got nested lists of different lengths"),
+])
+def test_bad_lengths_rejected(bad, says):
+    with pytest.raises(ValueError, match=r"^sequence lengths " + says):
         calculate_fwd_flops(bad, ModelSpec.from_preset("qwen3-0.6b"))
 
 
