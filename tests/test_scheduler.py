@@ -963,10 +963,15 @@ def test_the_schedule_depends_on_the_grouping_not_the_ids():
         base = np.repeat(np.arange(n), rng.integers(1, 6, n))[:n]
         names = [base, rng.permutation(base.max() + 1)[base], [f"prompt-{g}" for g in base],
                  (1000 - base).astype(np.int32)]
-        digests = {build_schedule(lengths, dp_size=4, max_tokens_per_microbatch=8192,
-                                  cost="h200/qwen3-8b", spec="qwen3-8b", group_ids=ids).digest()
-                   for ids in names}
+        kw = dict(dp_size=4, max_tokens_per_microbatch=8192, cost="h200/qwen3-8b", spec="qwen3-8b")
+        digests = {build_schedule(lengths, group_ids=ids, **kw).digest() for ids in names}
         assert len(digests) == 1, case
+        # ...and it is the grouping's: each group on one rank, a schedule other than the
+        # ungrouped one (which splits some group in every case here). Ids ignored altogether
+        # gave one digest for the four namings as well.
+        s = build_schedule(lengths, group_ids=base, **kw)
+        check_schedule(s, lengths, dp=4, cap=8192, group_ids=base)
+        assert s.digest() != build_schedule(lengths, **kw).digest(), case
 
 
 def test_a_spread_of_groups_is_reused_only_where_it_is_the_same(monkeypatch):
