@@ -109,7 +109,7 @@ def as_lengths(seqlens: ArrayLike, what: str = "sequence lengths") -> np.ndarray
         bad = ~np.isfinite(arr) | (arr != np.floor(arr))
         if bad.any():
             i = int(np.flatnonzero(bad)[0])
-            raise ValueError(f"{what} must be whole numbers of tokens, got {arr[i]!r} at index {i}")
+            raise ValueError(f"{what} must be whole numbers of tokens, got {arr[i].item()!r} at index {i}")
     elif arr.dtype.kind not in "iu":
         raise ValueError(f"{what} must be integers, got dtype {arr.dtype}")
     bad = (arr < 1) | (arr > MAX_LENGTH)  # before the int64 cast, which would wrap around

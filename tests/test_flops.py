@@ -204,8 +204,8 @@ def test_quadratic_term_and_monotone(L, spec):
 @pytest.mark.parametrize(("bad", "says"), [
     ([0], r"must be positive \(>= 1 token\), got 0 at index 0"),
     ([-3], r"must be positive \(>= 1 token\), got -3 at index 0"),
-    ([1.5], r"must be whole numbers of tokens, got .*1\.5.* at index 0"),
-    ([float("nan")], r"must be whole numbers of tokens, got .*nan.* at index 0"),
+    ([1.5], r"must be whole numbers of tokens, got 1\.5 at index 0"),
+    ([float("nan")], r"must be whole numbers of tokens, got nan at index 0"),
     ([[1, 2]], r"must be a 1-D list of integers, got shape \(1, 2\)"),
     (["a"], r"must be integers, got dtype <U1"),
     # numpy's own ValueError ("inhomogeneous shape") passed a bare pytest.raises(ValueError)
