@@ -524,6 +524,9 @@ def load_cost_model(
         raise ValueError(f"a cost model is a file path or a name like 'h200/qwen3-8b', got "
                          f"{path_or_name!r:.60}")
     text = os.fspath(path_or_name)
+    if not text.strip():  # Path("") is the current folder: "'' is a folder" misled
+        raise UnknownCostModel(f"the cost model is empty ({text!r}): give a cost model file or "
+                               "a name like 'h200/qwen3-8b'")
     p = Path(text)
     try:
         is_dir = p.is_dir()

@@ -390,3 +390,16 @@ def test_report_png_without_matplotlib_fails_before_the_report(tmp_path, capsys,
     captured = capsys.readouterr()
     assert captured.out == "" and not out.exists()
     assert captured.err.count("\n") == 1 and "pip install 'costmodel[plot]'" in captured.err
+
+
+def test_an_empty_cost_model_is_named_as_empty(tmp_path, capsys, monkeypatch):
+    """`report ''` and the rest read "" as the current folder: "is a folder, not a cost
+    model file: give the file in it, e.g. ..." named some unrelated JSON file there."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "lengths.json").write_text("[1, 2]")
+    for argv in (["report", ""], ["validate", "", "--no-save"], ["correct", "", "-o", "x.json"],
+                 ["schedule", "--n", "8", "--dp", "1", "--cost", ""]):
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "the cost model is empty ('')" in err, argv
+    assert not (tmp_path / "x.json").exists()

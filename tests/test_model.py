@@ -472,6 +472,19 @@ def test_a_folder_given_as_the_cost_model_names_the_file_in_it(tmp_path, model):
         load_cost_model(tmp_path)
 
 
+def test_an_empty_cost_model_name_says_so(tmp_path, monkeypatch):
+    """"" is Path("."): it was refused as "is a folder, not a cost model file", naming no
+    fix (and build_schedule(cost="") said the same of the current folder)."""
+    from costmodel.scheduler import build_schedule
+
+    monkeypatch.chdir(tmp_path)
+    for empty in ("", "  "):
+        with pytest.raises(ValueError, match=r"^the cost model is empty \('\s*'\): give a cost model file"):
+            load_cost_model(empty)
+        with pytest.raises(ValueError, match=r"the cost model is empty"):
+            build_schedule([5, 6], dp_size=1, max_tokens_per_microbatch=16, cost=empty)
+
+
 def test_atomic_write_leaves_nothing_when_interrupted(tmp_path, monkeypatch, model):
     target = tmp_path / "calibrated.json"
 

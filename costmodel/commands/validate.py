@@ -68,7 +68,7 @@ def run(args: argparse.Namespace) -> int:
 
     path = Path(args.path)
     if path.is_file() or path.is_dir():  # a folder: load_cost_model names the file in it
-        model = load_cost_model(path)
+        model = load_cost_model(args.path)  # as typed: Path("") is ".", a folder
     elif args.no_save and "/" in args.path and not args.path.endswith(".json"):
         model = load_cost_model(args.path)  # a shipped profile, checked on this GPU, not stored
     else:
