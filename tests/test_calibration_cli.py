@@ -783,6 +783,16 @@ def test_refit_takes_a_shipped_profile_by_name(tmp_path, capsys):
     assert "or a shipped profile's name such as h200/qwen3-8b" in capsys.readouterr().err
 
 
+def test_an_empty_refit_says_it_is_empty(tmp_path, capsys):
+    """`--refit ''` said "--model is required ... unless --refit" (an empty flag read as
+    unset), then, with --model, calibrated as if no --refit had been given."""
+    out = tmp_path / "o.json"
+    for source in ("", " "):
+        assert main(["calibrate", "--refit", source, "-o", str(out)]) == 2
+        assert "--refit is empty: give a calibrated" in capsys.readouterr().err
+    assert not out.exists()
+
+
 def test_refit_refuses_measuring_flags_and_other_schemas(tmp_path, capsys):
     """A calibration walkthrough: --gpu/--max-len/--quick were silently ignored by --refit,
     and a file of an unknown schema was refitted into a costmodel/1 file."""

@@ -392,6 +392,13 @@ def test_simulate_judges_with_the_h200_model_of_model_s_shape_by_default(capsys)
     assert "already a row of the table" in capsys.readouterr().err
 
 
+def test_simulate_refuses_an_empty_cost_model(tmp_path, capsys):
+    """`--cost-model ''` was read as unset: the default H200 model judged, without a word."""
+    out = tmp_path / "sim.json"
+    assert main(["simulate", "--n", "64", "--cost-model", "", "--json", str(out)]) == 2
+    assert "the cost model is empty ('')" in capsys.readouterr().err and not out.exists()
+
+
 def test_context_parallel_prices_one_gpu_of_each_split_micro_batch(tmp_path, capsys):
     """--context-parallel 4: schedule and simulate's cost-model row balance, and simulate
     judges every policy by, what one of the 4 GPUs of a micro-batch runs."""

@@ -101,7 +101,7 @@ def run(args: argparse.Namespace) -> int:
 
     output = check_output_path(args.output, "-o")
     command = shlex.join(["costmodel", *args.argv])
-    if args.refit:
+    if args.refit is not None:  # `--refit ''` too: "--model is required ... unless --refit" misled
         if args.model:
             raise ValueError("--refit fits FILE's measurements for the model they were taken "
                              "on; drop --model (calibrate again to measure another model)")
@@ -188,6 +188,9 @@ def _refit(source: str, output: Path, command: str) -> int:
     from costmodel.model_file import read_document
     from costmodel.profiles import profile_path
 
+    if not source.strip():
+        raise ValueError("--refit is empty: give a calibrated or .partial.json file, or a "
+                         "shipped profile's name such as h200/qwen3-8b")
     path = Path(source)
     gpu, _, model_name = source.strip().partition("/")
     shipped = profile_path(gpu, model_name) if model_name and not path.exists() else None

@@ -80,8 +80,9 @@ def run(args: argparse.Namespace) -> int:
                          f"file or a name such as h200/{spec.name} ({args.cost_model} balance is "
                          "already a row of the table)")
     # "h200" with the spec: that GPU's profile of this shape, whatever the model's name
-    # (a config folder's name may be no valid "gpu/model" name)
-    model = load_cost_model(args.cost_model or "h200", spec=spec,
+    # (a config folder's name may be no valid "gpu/model" name); an empty --cost-model is
+    # refused there, not taken as unset
+    model = load_cost_model("h200" if args.cost_model is None else args.cost_model, spec=spec,
                             allow_other_shape=args.cost_model_allow_other_shape)
     # What one GPU of a micro-batch split over --context-parallel GPUs runs.
     judge = model.for_context_parallel(positive_int(args.context_parallel, "--context-parallel"))
