@@ -185,6 +185,9 @@ def test_deterministic_under_ties():
         ([1, 2], True, False, "k"),  # a bool is not a count (True ran as 1 set)
         ([1, 2], 3, True, "multiple"),  # fewer items than sets: 2 sets of 1 and one empty
         ([True, False], 2, False, "numbers"),
+        # Each finite, their sum inf: sets summed to inf, the swaps' integer weights were
+        # int64's minimum (overflow warnings, then a partition by garbage).
+        ([1e308, 1e308, 1.0], 2, False, "add up past the largest float"),
     ],
 )
 def test_kk_bad_input(weights, k, equal_size, match):
@@ -245,3 +248,16 @@ def test_swaps_take_the_tiniest_float_weights(weight):
                               np.array([0, 0, 1, 1]), 2)
     assert sorted(labels.tolist()) == [0, 0, 1, 1]
     assert get_seqlen_balanced_partitions([weight] * 4, 2, equal_size=True) == [[1, 2], [0, 3]]
+
+
+def test_weights_summing_past_the_largest_float_are_refused_before_any_partition():
+    """verl's drop-in and the LPT baseline share the check (it warned of overflow in
+    ldexp and a cast, then returned lists balanced on nothing)."""
+    from costmodel.integrations.verl import get_seqlen_balanced_partitions
+
+    huge = [1e308, 1e308, 1.0, 1.0]
+    with pytest.raises(ValueError, match=r"^seqlen_list add up past the largest float"):
+        get_seqlen_balanced_partitions(huge, 2, equal_size=True)
+    with pytest.raises(ValueError, match="add up past the largest float"):
+        lpt_partition(huge, 2)
+    assert sorted(map(len, karmarkar_karp([1e307] * 4, 2, True))) == [2, 2]  # a finite sum runs

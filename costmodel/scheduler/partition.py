@@ -43,6 +43,11 @@ def _weights(weights: ArrayLike, what: str = "weights") -> np.ndarray:
         arr = arr.astype(np.float64)
         if not np.all(np.isfinite(arr)):
             raise ValueError(f"{what} must be finite, got {arr[~np.isfinite(arr)][0].item()!r}")
+        with np.errstate(over="ignore"):
+            total = float(arr.sum())
+        if not math.isfinite(total):  # set sums would be inf, the swaps' integer weights garbage
+            raise ValueError(f"{what} add up past the largest float (the largest is "
+                             f"{arr.max().item():g}); give them in smaller units")
     else:
         # Integer weights stay exact while their total fits in int64.
         big = arr.size and (int(arr.max()) > 2**62 // max(arr.size, 1))
