@@ -88,6 +88,15 @@ def test_validate_rejects_with_what_to_change(argv, needle):
 FLOPS_ARGV = ["--use-dynamic-batch-size", "--max-tokens-per-gpu", "4096", "--balance-by-flops"]
 
 
+@pytest.mark.parametrize("args", [None, {"use_dynamic_batch_size": True, "max_tokens_per_gpu": 0}])
+def test_validate_and_scheduler_from_args_take_a_namespace_only(args):
+    """A config dict read every flag as unset (its cap of 0 passed), then raised
+    AttributeError where the loaded cost model is kept on args."""
+    for call in (validate_args, scheduler_from_args):
+        with pytest.raises(TypeError, match=r"^args must be the parsed flags \(an argparse\.Namespace\)"):
+            call(args)
+
+
 def test_cost_model_of_another_shape_is_an_error_unless_opted_in(cost_model_file):
     args = parse([*FLOPS_ARGV, "--cost-model", cost_model_file])
     with pytest.raises(ValueError, match="--cost-model-allow-other-shape") as err:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -204,6 +205,11 @@ def validate_args(
     ``args`` (hidden_size, num_layers, ...) are used. The loaded model is kept on ``args``
     so `scheduler_from_args` does not load it again.
     """
+    if args is None or isinstance(args, Mapping):
+        # A config dict's keys are no attributes: every flag read as unset, then an
+        # AttributeError where the loaded model is kept on args.
+        raise TypeError(f"args must be the parsed flags (an argparse.Namespace), got "
+                        f"{type(args).__name__}: pass argparse.Namespace(**config) for a dict")
     shape = as_spec(spec) if spec is not None else None  # a preset name or config.json path too
     dynamic = _switch(args, "use_dynamic_batch_size")
     by_flops = _switch(args, "balance_by_flops")
