@@ -56,11 +56,18 @@ BREAKDOWN_KEYS = (
 _BOOLS = frozenset({bool, np.bool_})
 
 
-def on_host(values: Any, what: str) -> Any:
+def on_host(values: Any, what: str, *, nested: bool = False) -> Any:
     """A torch tensor, even one that requires grad or lives on a GPU, as a CPU tensor numpy
     can read; anything else as it is. A half-precision one is refused (numpy cannot even
-    take bfloat16, and neither holds every length)."""
+    take bfloat16, and neither holds every length), as are a meta tensor and, unless
+    ``nested`` (rows of different lengths expected), a nested one."""
     if hasattr(values, "detach") and hasattr(values, "cpu"):
+        # torch's own errors here say "no data" (meta) or "Internal error" (nested)
+        kind = "meta" if getattr(values, "is_meta", False) else (
+            "nested" if getattr(values, "is_nested", False) and not nested else None)
+        if kind:
+            raise ValueError(f"{what} is a {kind} tensor, which holds no list of lengths to "
+                             "read: give one length per sample as a 1-D tensor or list")
         values = values.detach().cpu()
         if values.is_floating_point() and values.element_size() < 4:
             _refuse_half(what, values.dtype)

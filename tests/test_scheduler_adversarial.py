@@ -149,6 +149,22 @@ def test_half_precision_lengths_are_refused():
             build_schedule(lengths, dp_size=1, max_tokens_per_microbatch=1000)
 
 
+def test_meta_and_nested_tensors_of_lengths_are_refused():
+    """torch's NotImplementedError ("Cannot copy out of meta tensor") and RuntimeError
+    ("Internal error ... Please file an issue") leaked out of build_schedule before."""
+    torch = pytest.importorskip("torch")
+    from costmodel.integrations.verl import get_seqlen_balanced_partitions
+
+    nested = torch.nested.nested_tensor([torch.tensor([1, 2]), torch.tensor([3])],
+                                        layout=torch.jagged)
+    for kind, lengths in (("meta", torch.empty(4, dtype=torch.long, device="meta")),
+                          ("nested", nested)):
+        with pytest.raises(ValueError, match=rf"^lengths is a {kind} tensor, which holds no"):
+            build_schedule(lengths, dp_size=1, max_tokens_per_microbatch=1000)
+        with pytest.raises(ValueError, match=rf"^seqlen_list is a {kind} tensor"):
+            get_seqlen_balanced_partitions(lengths, 1, equal_size=False)
+
+
 def test_a_cost_too_steep_to_quantise_is_refused_not_wrapped():
     """A micro-batch costing e^700 wrapped to a negative int64 weight (a fuzz)."""
     lengths = np.random.default_rng(0).integers(1, 50, 4000)

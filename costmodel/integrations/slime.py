@@ -177,7 +177,7 @@ def _given_steps(step_sample_indices: Any, n: int) -> list[list[int]]:
     tensor: a step a row). Samples in no step are dropped, with a warning, as slime does."""
     shape = getattr(step_sample_indices, "shape", None)
     if shape is not None and len(shape) == 2 and shape[0] and shape[1]:
-        step_sample_indices = list(on_host(step_sample_indices, "step_sample_indices"))
+        step_sample_indices = list(on_host(step_sample_indices, "step_sample_indices", nested=True))
     if isinstance(step_sample_indices, (str, bytes)) or not isinstance(step_sample_indices, Sequence) \
             or not step_sample_indices:
         got = (f"an array of shape {tuple(shape)}" if shape is not None  # its repr spans lines
