@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -205,9 +204,10 @@ def validate_args(
     ``args`` (hidden_size, num_layers, ...) are used. The loaded model is kept on ``args``
     so `scheduler_from_args` does not load it again.
     """
-    if args is None or isinstance(args, Mapping):
-        # A config dict's keys are no attributes: every flag read as unset, then an
-        # AttributeError where the loaded model is kept on args.
+    if args is None or isinstance(args, dict):
+        # A plain dict's keys are no attributes: every flag read as unset, then an
+        # AttributeError where the loaded model is kept on args. (Not every Mapping: an
+        # OmegaConf DictConfig is one, and reads its keys as attributes.)
         raise TypeError(f"args must be the parsed flags (an argparse.Namespace), got "
                         f"{type(args).__name__}: pass argparse.Namespace(**config) for a dict")
     shape = as_spec(spec) if spec is not None else None  # a preset name or config.json path too
