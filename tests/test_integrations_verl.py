@@ -231,6 +231,15 @@ def test_a_plain_dict_batch_with_nested_input_ids():
         assert rows["score"].tolist() == [lengths[i] for i in mb]
 
 
+def test_an_empty_row_of_nested_input_ids_is_named_as_such():
+    """It blamed "an all-zero attention_mask", which a nested batch does not have."""
+    torch = pytest.importorskip("torch")
+    ids = torch.nested.nested_tensor([torch.arange(n) for n in (3, 0, 5)], layout=torch.jagged)
+    with pytest.raises(ValueError, match=r"row 1 of the batch has no tokens \(an empty row of "
+                                         r"the nested input_ids; 1 such rows\)"):
+        rearrange_micro_batches({"input_ids": ids}, 8, same_micro_num_in_dp=False)
+
+
 _TWO_RANKS = """
 import json
 import sys

@@ -423,7 +423,8 @@ def _effective_lengths(batch: Any) -> np.ndarray:
     # keys(): membership on a TensorDict itself is not supported in every release
     keys = set(batch.keys()) if callable(getattr(batch, "keys", None)) else set()
     input_ids = batch["input_ids"] if "input_ids" in keys else None
-    if input_ids is not None and getattr(input_ids, "is_nested", False):
+    nested = input_ids is not None and bool(getattr(input_ids, "is_nested", False))
+    if input_ids is not None and nested:
         lengths = input_ids.offsets().diff()
     else:
         mask = batch["attention_mask"] if "attention_mask" in keys else None
@@ -442,8 +443,9 @@ def _effective_lengths(batch: Any) -> np.ndarray:
     lengths = np.asarray(lengths.tolist(), dtype=np.int64)
     empty = np.flatnonzero(lengths < 1)
     if empty.size:
-        raise ValueError(f"row {int(empty[0])} of the batch has no tokens (an all-zero "
-                         f"attention_mask; {empty.size} such rows): drop empty rows before "
+        what = "an empty row of the nested input_ids" if nested else "an all-zero attention_mask"
+        raise ValueError(f"row {int(empty[0])} of the batch has no tokens ({what}; "
+                         f"{empty.size} such rows): drop empty rows before "
                          "rearrange_micro_batches")
     return lengths
 
