@@ -351,6 +351,9 @@ def test_sample_is_multimodal_is_accepted_as_slime_passes_it():
     assert flagged == plain
     with pytest.raises(ValueError, match="sample_is_multimodal has 3 entries for 16 samples"):
         build_dp_schedule(make_args(), config(dp=2), lengths, sample_is_multimodal=[True] * 3, **kw)
+    # a bare TypeError ("object of type 'int' has no len()") named no argument
+    with pytest.raises(ValueError, match="sample_is_multimodal must be one flag per sample .* got int"):
+        build_dp_schedule(make_args(), config(dp=2), lengths, sample_is_multimodal=5, **kw)
 
 
 @pytest.mark.parametrize("flags", [dict(), dict(balance_data=True), dict(use_dynamic_batch_size=False,

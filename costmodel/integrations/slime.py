@@ -57,7 +57,7 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence, Sized
 from typing import Any
 
 import numpy as np
@@ -233,6 +233,9 @@ def build_dp_schedule(
     align = group if vpp > 1 else 1
     lengths = as_lengths(total_lengths, "total_lengths")
 
+    if sample_is_multimodal is not None and not isinstance(sample_is_multimodal, Sized):
+        raise ValueError(f"sample_is_multimodal must be one flag per sample (a list), got "
+                         f"{type(sample_is_multimodal).__name__}")
     if sample_is_multimodal is not None and len(sample_is_multimodal) != lengths.size:
         raise ValueError(
             f"sample_is_multimodal has {len(sample_is_multimodal)} entries for {lengths.size} "
