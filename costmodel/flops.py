@@ -117,6 +117,11 @@ def as_lengths(seqlens: ArrayLike, what: str = "sequence lengths") -> np.ndarray
         if bad.any():
             i = int(np.flatnonzero(bad)[0])
             raise ValueError(f"{what} must be whole numbers of tokens, got {arr[i].item()!r} at index {i}")
+    elif arr.dtype.kind == "O":  # a list mixing ints with other things: name the first
+        i, x = next((i, x) for i, x in enumerate(arr.tolist())
+                    if not isinstance(x, (int, np.integer)) or isinstance(x, bool))
+        raise ValueError(f"{what} must be integers, got {x!r:.40} ({type(x).__name__}) at "
+                         f"index {i}")
     elif arr.dtype.kind not in "iu":
         raise ValueError(f"{what} must be integers, got dtype {arr.dtype}")
     bad = (arr < 1) | (arr > MAX_LENGTH)  # before the int64 cast, which would wrap around

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from fractions import Fraction
 
 import numpy as np
 import pytest
@@ -208,6 +209,9 @@ def test_quadratic_term_and_monotone(L, spec):
     ([float("nan")], r"must be whole numbers of tokens, got nan at index 0"),
     ([[1, 2]], r"must be a 1-D list of integers, got shape \(1, 2\)"),
     (["a"], r"must be integers, got dtype <U1"),
+    # an object list: the first entry that is no integer, named ("got dtype object" before)
+    ([3, None], r"must be integers, got None \(NoneType\) at index 1"),
+    ([Fraction(3)], r"must be integers, got Fraction\(3, 1\) \(Fraction\) at index 0"),
     # numpy's own ValueError ("inhomogeneous shape") passed a bare pytest.raises(ValueError)
     ([[1, 2], [3]], r"must be a flat list of integers, got nested lists of different lengths"),
 ])
