@@ -412,6 +412,48 @@ def test_ranks_that_disagree_all_stop_before_training_with_the_reason(tmp_path, 
     assert "step 1/" not in done.stdout
 
 
+def test_a_rank_that_fails_its_checks_alone_stops_the_others_without_a_launcher(tmp_path):
+    """Regression: rank 1 alone lacked its --cost-model file (its node's copy, say) and
+    stopped before joining the process group; rank 0 waited for it in the rendezvous for
+    gloo's 30 minutes where no launcher stopped it (ranks started by hand, torchrun on
+    several nodes). Two plain processes here, meeting through a file: both stop, saying why."""
+    script = tmp_path / "rank.py"
+    script.write_text(
+        "import sys\n"
+        f"sys.path[:0] = [{str(REPO)!r}, {str(REPO / 'examples')!r}]\n"
+        "import costmodel.training.trainer as trainer\n"
+        "import train_varlen\n"
+        "real = trainer.train\n"
+        "def train(args):\n"
+        f"    setattr(args, trainer.RENDEZVOUS_ATTR, {(tmp_path / 'rdzv').as_uri()!r})\n"
+        "    return real(args)\n"
+        "trainer.train = train\n"
+        "sys.exit(train_varlen.main(sys.argv[1:]))\n"
+    )
+    flags = [*FAST, "--steps", "1", "--device", "cpu"]
+    missing = tmp_path / "nowhere.json"
+    ranks = []
+    for rank, extra in ((0, []), (1, ["--balance-by-flops", "--cost-model", str(missing)])):
+        env = {**_env(), "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": "2"}
+        env.pop("MASTER_PORT", None)
+        ranks.append(subprocess.Popen([sys.executable, str(script), *flags, *extra], env=env,
+                                      cwd=tmp_path, stdout=subprocess.PIPE,
+                                      stderr=subprocess.PIPE, text=True))
+    try:
+        done = [process.communicate(timeout=90) for process in ranks]
+    finally:
+        for process in ranks:
+            if process.poll() is None:
+                process.kill()
+                process.communicate()
+    assert [process.returncode for process in ranks] == [2, 2]
+    (out0, err0), (out1, err1) = done
+    assert f"error (rank 1): --cost-model {missing}: no cost model file" in err1
+    assert (f"error (rank 0): rank 1 stopped before training: --cost-model {missing}: no cost "
+            "model file") in err0
+    assert "step 1/" not in out0 + out1
+
+
 @pytest.mark.parametrize("flag", ["--log-json", "--record-runs"])
 def test_log_json_that_cannot_be_written_stops_before_any_process_starts(tmp_path, capsys, flag):
     """Regression: rank 0 failed to open it after the process group started."""

@@ -3,7 +3,11 @@
 One process per rank (launched by `torchrun` or by `costmodel train-demo`). Each rank:
 
 1. validates the flags and builds every step's schedule on its own (`config.prepare`),
-   before the process group even exists, so bad input never stops a run mid-step;
+   before any training, so bad input never stops a run mid-step; then all-gathers whether
+   that went well, so that a rank whose flags or files fail alone (a cost model or lengths
+   file missing on its node) stops every rank with its reason, instead of leaving them
+   waiting for it in the group's rendezvous (under a launcher that does not stop them for
+   it: ranks started by hand, torchrun on several nodes);
 2. before anything else, all-gathers a fingerprint of the whole run (model shape, seed,
    learning rate, every step's schedule) and stops on every rank if any differs: ranks
    started with different flags or lengths files, caught before a weight is shared (they
@@ -239,12 +243,6 @@ def train(args: argparse.Namespace) -> TrainResult:
     world = _env_int("WORLD_SIZE", 1)
     local_rank = _env_int("LOCAL_RANK", rank)
     device, backend, dtype, spec_dtype, attention = _resolve_device(args, local_rank)
-    plan = prepare(args, world, dtype=spec_dtype)  # every check, before any communication
-
-    from costmodel.kernels.attention import get_attention
-
-    get_attention(attention, device.type)  # unusable on this device: fails here, saying how to fix it
-
     own_group = not dist.is_initialized()
     if own_group:
         init_method = getattr(args, RENDEZVOUS_ATTR, None)  # None: torchrun's env://
@@ -259,6 +257,11 @@ def train(args: argparse.Namespace) -> TrainResult:
         else:
             dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=world)
     try:
+        # Every check, before any training; a rank that fails tells the others (they would
+        # wait for it in the group's first collective, or in its rendezvous had it stopped
+        # before joining it).
+        plan = _prepare_on_every_rank(args, world, dtype_name=spec_dtype, attention=attention,
+                                      device=device)
         result = _train_loop(args, plan, device=device, dtype=dtype, attention=attention)
         if own_group and world > 1:
             # Leave together: a rank that tears gloo down while its peer still talks to it
@@ -271,6 +274,43 @@ def train(args: argparse.Namespace) -> TrainResult:
     finally:
         if own_group and dist.is_initialized():
             dist.destroy_process_group()
+
+
+def _prepare_on_every_rank(args: argparse.Namespace, world: int, *, dtype_name: str,
+                           attention: str, device) -> Plan:
+    """`config.prepare` and the attention backend's check on this rank, then one all-gather
+    of how they went. A rank that failed raises its own error; the others a RuntimeError
+    naming it and its error, so every rank stops before training with the reason (a rank
+    that stopped before joining the group left the others waiting for it: 30 minutes, gloo's
+    default timeout, where no launcher stopped them)."""
+    import torch.distributed as dist
+
+    from costmodel.kernels.attention import get_attention
+
+    error: Exception | None = None
+    try:
+        plan = prepare(args, world, dtype=dtype_name)
+        get_attention(attention, device.type)  # unusable on this device: says how to fix it
+    except Exception as exc:  # any: the other ranks must hear of it, not wait
+        error = exc
+    failed: list[tuple[int, str]] = []
+    if world > 1:
+        said: list[Any] = [None] * world
+        dist.all_gather_object(said, None if error is None else _one_line(error))
+        failed = [(r, m) for r, m in enumerate(said) if m is not None]
+    if error is not None:
+        raise error
+    if failed:
+        rank, message = failed[0]
+        more = f" (rank(s) {[r for r, _ in failed[1:]]} failed too)" if len(failed) > 1 else ""
+        raise RuntimeError(f"rank {rank} stopped before training: {message}{more}")
+    return plan
+
+
+def _one_line(error: BaseException) -> str:
+    """``error`` as one line: its message, else its type's name."""
+    text = " ".join(str(error).split())
+    return text or type(error).__name__
 
 
 def _all_gather_int(value: int, world: int, device) -> list[int]:
