@@ -899,6 +899,16 @@ def test_the_parent_checks_the_dp_size_and_gpus_before_spawning(monkeypatch):
         launch.launch(build_parser().parse_args(["train-demo", "--samples-per-step", "8"]), 2)
 
 
+def test_a_worker_that_exits_on_its_own_is_not_said_to_die_of_signal_none():
+    """Regression: a worker that exited with a code of its own (os._exit(3), a library's
+    exit) was reported as 'exited with code 3 (signal None)'."""
+    from costmodel.training.launch import _exited_message
+
+    assert _exited_message(1, 3, None) == "rank 1 exited with code 3 before finishing"
+    assert (_exited_message(0, -9, "SIGKILL")
+            == "rank 0 exited with code -9 (signal SIGKILL) before finishing")
+
+
 def test_a_chained_workers_error_names_the_exception_it_ended_with():
     from costmodel.training.launch import _worker_error
 

@@ -139,11 +139,16 @@ def launch(args: argparse.Namespace, nproc: int) -> list[dict[str, Any]]:
             logger.info("rank %d failed:\n%s", err.error_index, err)  # the traceback, with -v
             raise RuntimeError(f"rank {err.error_index} failed: {_worker_error(str(err))}") from None
         except mp.ProcessExitedException as err:
-            raise RuntimeError(
-                f"rank {err.error_index} exited with code {err.exit_code} (signal "
-                f"{err.signal_name}) before finishing"
-            ) from None
+            message = _exited_message(err.error_index, err.exit_code, err.signal_name)
+            raise RuntimeError(message) from None
         return json.loads(Path(out).read_text())
+
+
+def _exited_message(rank: int, exit_code: int, signal_name: str | None) -> str:
+    """What to say of a worker that exited without raising: its code, and the signal that
+    killed it if one did (an exit of its own, os._exit(3), has none: it said 'signal None')."""
+    killed = f" (signal {signal_name})" if signal_name else ""
+    return f"rank {rank} exited with code {exit_code}{killed} before finishing"
 
 
 def _start(args: argparse.Namespace, nproc: int, out: str):
