@@ -767,6 +767,36 @@ def test_flag_values_that_cannot_train_are_refused_before_any_step(argv, needle)
         prepare(_trainer_args("--samples-per-step", "8", *argv), 2)
 
 
+def test_an_output_that_is_another_output_or_an_input_is_refused(tmp_path, tiny_cost_model):
+    """Regression: --log-json and --record-runs on one file kept the runs alone (the log,
+    renamed first, was replaced), and either on the --lengths-file or --cost-model file
+    replaced it at the end of the run. A link is replaced, not what it points to: allowed."""
+    import shutil
+
+    from costmodel.training.config import prepare
+
+    lengths = tmp_path / "lengths.txt"
+    lengths.write_text("100\n200\n300\n50\n")
+    model = tmp_path / "model.json"
+    shutil.copy(tiny_cost_model, model)
+    (tmp_path / "link.json").symlink_to(model)
+    flags = ["--samples-per-step", "4", "--steps", "1"]
+    flops = [*flags, "--balance-by-flops", "--cost-model", str(model)]
+    for argv, needle in (
+        ([*flags, "--log-json", str(tmp_path / "o.jsonl"), "--record-runs",
+          f"{tmp_path}/./o.jsonl"], "--log-json and --record-runs are the same file"),
+        ([*flags, "--lengths-file", str(lengths), "--record-runs", str(lengths)],
+         "--record-runs .* is the --lengths-file file"),
+        ([*flops, "--log-json", f"{tmp_path}/../{tmp_path.name}/model.json"],
+         "--log-json .* is the --cost-model file"),
+        ([*flags, "--balance-by-flops", "--cost-model", str(tmp_path / "link.json"),
+          "--record-runs", str(model)], "--record-runs .* is the --cost-model file"),
+    ):
+        with pytest.raises(ValueError, match=needle):
+            prepare(_trainer_args(*argv), 2)
+    prepare(_trainer_args(*flops, "--log-json", str(tmp_path / "link.json")), 2)
+
+
 def test_a_step_of_one_token_samples_is_refused_before_training(tmp_path):
     """A step whose samples are all 1 token long has no target token: the loss would be
     divided by zero at that step, mid-run. Refused by prepare, naming the step."""

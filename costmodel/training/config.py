@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import logging
 import math
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -164,6 +165,35 @@ def _check_run_flags(args: argparse.Namespace, dp_size: int) -> None:
         check_output_path(args.log_json, "--log-json")
     if getattr(args, "record_runs", None) is not None:  # (a script's own parser may lack it)
         check_output_path(args.record_runs, "--record-runs")
+    _check_outputs_are_not_inputs(args)
+
+
+def _check_outputs_are_not_inputs(args: argparse.Namespace) -> None:
+    """ValueError when --log-json and --record-runs name one file (the second written at
+    the end replaced the first), or either names the --lengths-file or --cost-model file
+    (replaced, at the end of the run, by its log)."""
+    record_runs = getattr(args, "record_runs", None)
+    outputs = [(flag, value) for flag, value in (("--log-json", args.log_json),
+                                                ("--record-runs", record_runs))
+               if value is not None]
+    inputs = [(flag, value) for flag, value in (("--lengths-file", args.lengths_file),
+                                               ("--cost-model", getattr(args, "cost_model", None)))
+              if isinstance(value, (str, os.PathLike)) and os.path.isfile(value)]
+    if len(outputs) == 2 and _replaced(outputs[0][1]) == _replaced(outputs[1][1]):
+        raise ValueError(f"--log-json and --record-runs are the same file {outputs[0][1]}: "
+                         "give each its own path")
+    for out_flag, out in outputs:
+        for in_flag, path in inputs:
+            if _replaced(out) == os.path.realpath(path):
+                raise ValueError(f"{out_flag} {out} is the {in_flag} file: the run would "
+                                 f"replace it; write {out_flag} elsewhere")
+
+
+def _replaced(output: str | os.PathLike) -> str:
+    """The file a write to ``output`` replaces (`atomic_output` renames onto the name: a
+    link there is replaced, not the file it points to)."""
+    folder, name = os.path.split(os.path.abspath(output))
+    return os.path.join(os.path.realpath(folder), name)
 
 
 def prepare(args: argparse.Namespace, dp_size: int, *, dtype: str = "fp32") -> Plan:
