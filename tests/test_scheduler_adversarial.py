@@ -12,6 +12,7 @@ import pytest
 from test_scheduler import check_schedule
 
 from costmodel.scheduler import build_schedule, generate_lengths
+from costmodel.scheduler.costs import AdditiveCost
 
 
 def _schedule_quietly(lengths, **kw):
@@ -1018,3 +1019,24 @@ def test_grouped_counts_grow_faster_after_failures_and_bisect_back(monkeypatch):
     check_schedule(s, lengths, dp=256, cap=65536)
     assert s.num_microbatches == 73 and len(tries) <= 18, tries
     assert s.makespan_over_lower_bound <= 1.012
+
+
+@pytest.mark.parametrize("cost", [lambda lengths: 1.0, lambda lengths: 0.0,
+                                  lambda lengths: 1e6 / (1.0 + float(np.sum(lengths))),
+                                  AdditiveCost("fixed only", np.zeros_like, fixed=5.0)])
+def test_groups_under_a_cost_with_no_price_per_sample_spread_by_tokens(cost):
+    """A cost by micro-batch only (or one that falls as tokens grow) gives every sample a
+    marginal cost of 0: the group greedy's loads all tied, and by rank index alone rank 0
+    took every group up to the token budget, then rank 1, ... ; ranks of samples over the
+    cap then did not pack at any count, and groups of one or two samples were refused
+    after a long search (2.3 s at 500 samples, dp 64) that tokens place at once."""
+    lengths = [7, 1, 2, 2, 2, 5, 3, 4, 2, 7, 5, 5, 1, 2, 7, 3, 7, 6, 1, 4, 4, 4, 1, 6, 2, 3,
+               3, 3, 4, 6, 4, 6, 7, 2, 2, 4, 2, 5, 5, 5, 7, 3, 7, 7, 7, 3, 1, 7, 7, 3, 5, 2,
+               7, 6, 3, 6, 2, 7, 6, 6, 5, 1, 6, 5, 2, 7, 1, 3, 6, 6, 1, 2, 7, 4, 1, 3, 5, 1]
+    group_ids = [0, 0, 1, 1] + list(range(4, len(lengths)))
+    s = _schedule_quietly(lengths, dp_size=8, max_tokens_per_microbatch=4, cost=cost,
+                          group_ids=group_ids)
+    check_schedule(s, lengths, dp=8, cap=4, group_ids=group_ids)
+    tokens = _schedule_quietly(lengths, dp_size=8, max_tokens_per_microbatch=4,
+                               group_ids=group_ids)
+    assert s.num_microbatches == tokens.num_microbatches

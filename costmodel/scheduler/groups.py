@@ -114,16 +114,24 @@ class _Units(NamedTuple):
 
 def _greedy(units: _Units, dp: int, budget: int) -> tuple[np.ndarray, bool]:
     """Costliest group first, to the least-loaded rank with token room (else the roomiest).
-    Also returns whether some rank lacked room for a group (the budget bound)."""
+    Also returns whether some rank lacked room for a group (the budget bound).
+
+    Where no group costs anything (a cost by the micro-batch alone, or one that falls as
+    tokens grow: every marginal cost is 0), to the rank with the fewest tokens instead: by
+    the tied loads, ties by rank index, rank 0 took every group up to the token budget,
+    then rank 1, ...; ranks of samples over the cap then packed at no count, and groups of
+    one or two samples were refused after seconds of search."""
     uq, ut, _ = units
     loads = [0] * dp
-    uq_l = uq.tolist()
+    uq_l, ut_l = uq.tolist(), ut.tolist()
+    if not uq.any():
+        uq_l = ut_l  # every cost 0: the tokens spread groups instead
 
     def add(r: int, u: int) -> None:
         loads[r] += uq_l[u]
 
     order = np.lexsort((np.arange(uq.size), -ut, -uq)).tolist()
-    return _least_with_room(order, ut.tolist(), dp, budget, loads.__getitem__, add, True)
+    return _least_with_room(order, ut_l, dp, budget, loads.__getitem__, add, True)
 
 
 def _greedy_by_count(units: _Units, dp: int, budget: int) -> np.ndarray:
