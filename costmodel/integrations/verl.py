@@ -423,10 +423,11 @@ def _effective_lengths(batch: Any) -> np.ndarray:
     # keys(): membership on a TensorDict itself is not supported in every release
     keys = set(batch.keys()) if callable(getattr(batch, "keys", None)) else set()
     input_ids = batch["input_ids"] if "input_ids" in keys else None
-    nested = input_ids is not None and bool(getattr(input_ids, "is_nested", False))
-    if input_ids is not None and nested:
+    if input_ids is not None and getattr(input_ids, "is_nested", False):
         lengths = input_ids.offsets().diff()
+        empty_row = "an empty row of the nested input_ids"
     else:
+        empty_row = "an all-zero attention_mask"
         mask = batch["attention_mask"] if "attention_mask" in keys else None
         if mask is None or getattr(mask, "ndim", 0) != 2 or not hasattr(mask, "sum"):
             found = (f"an attention_mask of shape {tuple(getattr(mask, 'shape', ()))}"
@@ -443,8 +444,7 @@ def _effective_lengths(batch: Any) -> np.ndarray:
     lengths = np.asarray(lengths.tolist(), dtype=np.int64)
     empty = np.flatnonzero(lengths < 1)
     if empty.size:
-        what = "an empty row of the nested input_ids" if nested else "an all-zero attention_mask"
-        raise ValueError(f"row {int(empty[0])} of the batch has no tokens ({what}; "
+        raise ValueError(f"row {int(empty[0])} of the batch has no tokens ({empty_row}; "
                          f"{empty.size} such rows): drop empty rows before "
                          "rearrange_micro_batches")
     return lengths
