@@ -26,6 +26,7 @@ __all__ = [
     "find_gpu_by_device_name",
     "gpu_keys",
     "lookup_gpu",
+    "same_gpu_words",
 ]
 
 _H100_DATASHEET = (
@@ -166,12 +167,29 @@ def _normalise(text: str) -> str:
     return re.sub(r"\s+", " ", text.strip()).lower()
 
 
+# Words a device name may carry after a registered name and still be that GPU: its memory
+# size and kind ("141GB", "48G", "HBM3e", "DDR5") and the "PG" board tag. Any other word
+# may name another SKU of the same chip with fewer SMs or lower clocks ("NVIDIA GeForce
+# RTX 4090 D" has 114 SMs to the 4090's 128, a "... RTX 4090 Laptop GPU" is another chip,
+# "... MIG 1g.10gb" a slice): such a name is not in the registry, and gets no peak.
+_SAME_GPU_WORD = re.compile(r"\d+(?:\.\d+)?(?:g|gb|t|tb)|hbm\d*e?|g?ddr\d*x?|pg")
+
+
+def same_gpu_words(words: str) -> bool:
+    """Whether the words a device name has beyond a GPU's name leave it that GPU (memory
+    size and kind only, as `_SAME_GPU_WORD` says); "" is."""
+    return all(_SAME_GPU_WORD.fullmatch(w) for w in _normalise(words).split())
+
+
 def find_gpu_by_device_name(device_name: str, *, allow_suffix: bool = False) -> GpuInfo | None:
     """The registry entry whose exact names include `device_name` (case/space-insensitive).
 
     With `allow_suffix`, a name no entry has exactly may also be a registered name plus
-    words ("NVIDIA H200 144GB" -> h200; the longest such name wins; "NVIDIA H20" never
-    matches "NVIDIA H200", whole words only). Callers should say when that happened.
+    memory-size or memory-kind words ("NVIDIA H200 144GB" -> h200; "NVIDIA GeForce RTX
+    4090 48G DDR5" -> rtx4090; the longest such name wins; "NVIDIA H20" never matches
+    "NVIDIA H200", whole words only). Other words make it another GPU ("NVIDIA GeForce RTX
+    4090 D", "... Laptop GPU", a MIG slice): None. Callers should say when a suffix was
+    taken.
     """
     if not isinstance(device_name, str):
         raise ValueError(f"a GPU's device name is a string, got {device_name!r}")
@@ -179,9 +197,9 @@ def find_gpu_by_device_name(device_name: str, *, allow_suffix: bool = False) -> 
     for info in GPUS.values():
         if any(_normalise(n) == wanted for n in info.names):
             return info
-    if allow_suffix and " mig " not in f" {wanted} ":  # a MIG slice is not the whole GPU
+    if allow_suffix:
         prefixes = [(len(n), info) for info in GPUS.values() for n in map(_normalise, info.names)
-                    if wanted.startswith(n + " ")]
+                    if wanted.startswith(n + " ") and same_gpu_words(wanted[len(n):])]
         if prefixes:
             return max(prefixes, key=lambda p: p[0])[1]
     return None

@@ -1186,3 +1186,15 @@ def test_calibrate_one_tensor_parallel_rank(tmp_path, monkeypatch, capsys):
     assert json.loads(refitted.read_text())["tensor_parallel"] == 2
     assert main(["calibrate", "--refit", str(out), "--tensor-parallel", "4", "-o", str(refitted)]) == 2
     assert "--tensor-parallel would be ignored" in capsys.readouterr().err
+
+
+def test_a_cut_down_sku_is_not_calibrated_as_its_full_gpu():
+    """An RTX 4090 D (114 SMs) is not the RTX 4090 (128): --gpu rtx4090 there is refused
+    naming what was found, and --gpu auto takes it as a GPU outside the registry (no peak
+    of another GPU to check against)."""
+    found = {"name": "NVIDIA GeForce RTX 4090 D"}
+    with pytest.raises(ValueError, match=r"'NVIDIA GeForce RTX 4090 D' \(not in the registry\)"):
+        resolve_gpu("rtx4090", found)
+    key, info = resolve_gpu("auto", found)
+    assert key == "geforce-rtx-4090-d" and info is None
+    assert resolve_gpu("rtx4090", {"name": "NVIDIA GeForce RTX 4090 48G DDR5"})[0] == "rtx4090"

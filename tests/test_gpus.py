@@ -272,3 +272,16 @@ def test_keys_in_any_case_and_a_name_that_is_no_string():
     assert lookup_gpu("H100-PCIe").key == "h100-pcie"
     with pytest.raises(ValueError, match="device name is a string, got None"):
         find_gpu_by_device_name(None)
+
+
+def test_only_memory_words_after_a_registered_name_keep_it_that_gpu():
+    """A registered name plus its memory size or kind is that GPU; any other word may be
+    another SKU with fewer SMs (an RTX 4090 D has 114 to the 4090's 128, a 4090 Laptop GPU
+    is another chip): no entry, so no peak of the wrong GPU."""
+    for name, key in (("NVIDIA GeForce RTX 4090 48G DDR5", "rtx4090"),
+                      ("NVIDIA H20 141GB HBM3e", "h20"), ("NVIDIA H200 144GB", "h200")):
+        assert find_gpu_by_device_name(name, allow_suffix=True).key == key, name
+    for name in ("NVIDIA GeForce RTX 4090 D", "NVIDIA GeForce RTX 4090 D 48G DDR5",
+                 "NVIDIA GeForce RTX 4090 Laptop GPU", "NVIDIA H100 80GB HBM3 MIG 1g.10gb",
+                 "NVIDIA A100-SXM4-40GB MIG 1g.5gb", "NVIDIA H200 MIG 1g.18gb"):
+        assert find_gpu_by_device_name(name, allow_suffix=True) is None, name
