@@ -578,3 +578,29 @@ def test_the_tensor_parallel_advice_names_a_model_calibrate_takes():
     moe = dataclasses.replace(ModelSpec.from_preset("qwen3-30b-a3b"), name="my-moe")
     why = tensor_parallel_mismatch(estimate_cost_model(moe, "h200", tensor_parallel=4), 4, 1)
     assert why is not None and "--model <its HF config.json> --tensor-parallel 4 " in why
+
+
+@pytest.mark.parametrize("model_gpu, device", [
+    ("NVIDIA H100 PCIe", "NVIDIA H100"),  # an H100 the registry cannot place is no PCIe one
+    ("NVIDIA GeForce RTX 4090", "NVIDIA GeForce RTX 4090 D"),  # 114 SMs to 128
+    ("NVIDIA GeForce RTX 4090", "NVIDIA GeForce RTX 4090 Laptop GPU"),
+    ("NVIDIA GeForce RTX 3090", "NVIDIA GeForce RTX 3090 Ti"),  # neither registered
+    ("NVIDIA GeForce RTX 4080", "NVIDIA GeForce RTX 4080 SUPER"),
+    ("Tesla V100-SXM2-32GB", "Tesla V100-SXM2-32GB MIG 1g.4gb"),
+])
+def test_another_sku_of_the_same_chip_is_another_gpu(model_gpu, device):
+    """A cost model of one SKU on another (fewer SMs, another chip, a slice) is warned
+    about, both ways round: a word more than the other name's is another GPU unless it is
+    a brand or a memory size or kind."""
+    assert not cm_args._same_gpu(model_gpu, device)
+    assert not cm_args._same_gpu(device, model_gpu)
+
+
+@pytest.mark.parametrize("model_gpu, device", [
+    ("NVIDIA GeForce RTX 4090", "NVIDIA GeForce RTX 4090 48G DDR5"),
+    ("RTX 3090", "NVIDIA GeForce RTX 3090"),
+    ("Tesla V100-SXM2-32GB", "NVIDIA Tesla V100-SXM2-32GB"),
+    ("NVIDIA GeForce RTX 3090", "NVIDIA GeForce RTX 3090 24GB"),
+])
+def test_a_brand_or_memory_size_more_is_the_same_gpu(model_gpu, device):
+    assert cm_args._same_gpu(model_gpu, device) and cm_args._same_gpu(device, model_gpu)

@@ -333,10 +333,12 @@ def tensor_parallel_mismatch(model: Any, tensor_parallel: int,
 def _same_gpu(model_gpu: str, device_name: str) -> bool:
     """Whether a cost model's GPU label names the device in use.
 
-    Uses the GPU registry when it can resolve both names; otherwise compares the
-    normalised short name (``h200``) against the device name (``NVIDIA H200``).
+    Uses the GPU registry when it can resolve both names; otherwise compares the names'
+    words: one name's words in the other's, where the other adds only a brand ("geforce",
+    "tesla", "quadro") or its memory size or kind ("rtx 4090" is the GeForce RTX 4090).
+    "NVIDIA GeForce RTX 4090 D" is no RTX 4090, nor a MIG slice its whole GPU.
     """
-    from costmodel.gpus import find_gpu_by_device_name, lookup_gpu
+    from costmodel.gpus import find_gpu_by_device_name, lookup_gpu, same_gpu_words
 
     def registry_key(name: str) -> str | None:
         try:
@@ -356,11 +358,11 @@ def _same_gpu(model_gpu: str, device_name: str) -> bool:
         return " ".join(name.split())
 
     # Every word of one name in the other ("rtx 4090" in "geforce rtx 4090"); a shared
-    # first word ("geforce", "tesla") made an RTX 3090 the same GPU as an RTX 4090.
+    # first word ("geforce", "tesla") made an RTX 3090 the same GPU as an RTX 4090, and a
+    # word more ("ti", "super", "d", "mig 1g.10gb") another SKU the same GPU.
     a, b = set(norm(model_gpu).split()), set(norm(device_name).split())
-    if ("mig" in a) != ("mig" in b):  # a MIG slice is not the whole GPU (nor the reverse)
-        return False
-    return bool(a and b) and (a <= b or b <= a)
+    extra = (a ^ b) - {"geforce", "tesla", "quadro"}
+    return bool(a and b) and (a <= b or b <= a) and same_gpu_words(" ".join(extra))
 
 
 def _check_gpu(model, label: str) -> None:
