@@ -1198,3 +1198,15 @@ def test_a_cut_down_sku_is_not_calibrated_as_its_full_gpu():
     key, info = resolve_gpu("auto", found)
     assert key == "geforce-rtx-4090-d" and info is None
     assert resolve_gpu("rtx4090", {"name": "NVIDIA GeForce RTX 4090 48G DDR5"})[0] == "rtx4090"
+
+
+def test_an_unregistered_gpu_never_gets_a_registry_key():
+    """'NVIDIA H100' (a name some H100s report, which the registry cannot place as SXM or
+    PCIe) is outside the registry: --gpu auto must not key it 'h100', which `refit`,
+    `report`, `correct` and the profiles folder read as the H100 SXM and its peak."""
+    from costmodel.gpus import GPUS
+
+    for name in ("NVIDIA H100", "NVIDIA A800", "h200", "NVIDIA GeForce RTX 4090 D"):
+        key, info = resolve_gpu("auto", {"name": name})
+        assert info is None and key not in GPUS, name
+    assert resolve_gpu("auto", {"name": "NVIDIA H100"})[0] == "h100-unregistered"

@@ -21,7 +21,7 @@ from typing import Any
 import costmodel
 from costmodel.calibration.software import flash_attn_version
 from costmodel.checks import import_torch
-from costmodel.gpus import GpuInfo, find_gpu_by_device_name, gpu_keys, lookup_gpu
+from costmodel.gpus import GPUS, GpuInfo, find_gpu_by_device_name, gpu_keys, lookup_gpu
 
 __all__ = ["device_fingerprint", "require_cuda", "resolve_gpu", "settle_gpu"]
 
@@ -125,8 +125,8 @@ def device_fingerprint(index: int | None = None) -> dict[str, Any]:
 def resolve_gpu(requested: str, fingerprint: Mapping[str, Any]) -> tuple[str, GpuInfo | None]:
     """(registry key, entry) for `--gpu requested` on the device described by `fingerprint`.
 
-    `auto` takes the device as found (an unregistered GPU gets a key derived from its name
-    and no entry: the FLOPs check then has no peak). A key or name must match the device.
+    `auto` takes the device as found (an unregistered GPU gets a key derived from its name,
+    never a registry key, and no entry: the FLOPs check then has no peak). A key or name must match the device.
     A device name that is a registered name plus words (a memory-size suffix) counts as
     that GPU, with a warning.
     """
@@ -139,6 +139,8 @@ def resolve_gpu(requested: str, fingerprint: Mapping[str, Any]) -> tuple[str, Gp
         if found_info is not None:
             return found_info.key, found_info
         key = re.sub(r"[^a-z0-9]+", "-", found.lower().replace("nvidia", "")).strip("-") or "gpu"
+        while key in GPUS:  # "NVIDIA H100" is no registered GPU, so its key is not "h100":
+            key += "-unregistered"  # refit, report and profiles read a key as the registry's
         logger.warning("GPU %r is not in the registry: no peak FLOP/s to check against", found)
         return key, None
     info = lookup_gpu(requested)  # ValueError listing the known GPUs
