@@ -750,3 +750,18 @@ def test_the_layer_timed_is_the_shard_the_cost_model_prices(name, heads, expert_
     with pytest.raises(Stop):
         bench_schedule.run(args)
     assert (timed[0].num_heads, timed[0].moe_intermediate_size) == (heads, expert_width)
+
+
+@pytest.mark.parametrize("device, key", [
+    ("NVIDIA H200 NVL 141GB", "h200-nvl"),  # not the H200 SXM's measured profile
+    ("NVIDIA H200", "h200"),
+    ("NVIDIA GeForce RTX 4090 D", None),  # outside the registry
+    (None, None),  # no GPU
+])
+def test_cost_model_auto_reads_the_device_name_as_calibrate_does(monkeypatch, device, key):
+    """--cost-model auto names this GPU as `calibrate --gpu auto` does: a registered name
+    plus its memory size is that GPU."""
+    from costmodel.calibration import device as device_mod
+
+    monkeypatch.setattr(device_mod, "current_gpu_name", lambda start_cuda=True: device)
+    assert bench_schedule._detected_gpu_key() == key

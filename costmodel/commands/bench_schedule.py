@@ -108,8 +108,8 @@ def _detected_gpu_key() -> str | None:
     from costmodel.calibration.device import current_gpu_name
     from costmodel.gpus import find_gpu_by_device_name
 
-    name = current_gpu_name()
-    info = find_gpu_by_device_name(name) if name else None
+    name = current_gpu_name()  # a memory-size suffix is that GPU, as calibrate reads it
+    info = find_gpu_by_device_name(name, allow_suffix=True) if name else None
     return info.key if info else None
 
 
