@@ -201,6 +201,13 @@ class ModelSpec:
         parallelism (experts spread over ranks, tokens exchanged) and what the ranks
         exchange are not in it: a shard is what one GPU computes.
 
+        Every token of the micro-batch goes through the shard's routed experts. That is
+        Megatron's work per rank only where `expert_tensor_parallel` equals TP: a MoE model
+        at TP > 1 trains with sequence parallelism, so T / TP tokens enter a rank's MoE
+        layer and are gathered over the expert-TP group (T x ETP / TP, in balance under
+        expert parallelism too). With ETP != TP the shard's routed experts do TP / ETP times
+        a rank's FLOPs (ETP 1 at TP 4: 4x).
+
         The counts of the result are per rank (a shape to time kernels on), not per model."""
         tp = positive_int(tensor_parallel, "tensor_parallel")
         etp = self.expert_split(tp, expert_tensor_parallel)
