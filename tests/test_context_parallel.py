@@ -117,28 +117,3 @@ def test_slime_warns_once_when_the_cost_model_timed_another_tp_shard(tmp_path, m
                             rollout_indices=list(range(64)))
     assert "tensor parallelism" not in caplog.text
 
-
-def _zigzag_rank_pairs(length: int, cp: int) -> list[int]:
-    """Causal query-key pairs each rank computes when a sequence (padded to a multiple of
-    2·cp, as Megatron and slime pad it) is cut into 2·cp chunks and rank r takes chunks r
-    and 2·cp-1-r: counted query by query (query q sees keys 0..q) up to the true length."""
-    chunk = -(-length // (2 * cp))
-    pairs = []
-    for r in range(cp):
-        mine = [q for j in (r, 2 * cp - 1 - r) for q in range(j * chunk, (j + 1) * chunk)]
-        pairs.append(sum(q + 1 for q in mine if q < length))
-    return pairs
-
-
-@pytest.mark.parametrize("cp", [2, 3, 4, 8])
-def test_the_load_balanced_split_gives_every_rank_its_share_of_the_pairs(cp):
-    """What `ContextParallelCost.sequence_costs` (attention / cp) stands on: the 2·cp-chunk
-    split gives each rank exactly L(L+1) / 2cp pairs where 2·cp divides L; otherwise (the
-    padding not priced) the ranks still sum to L(L+1)/2, even for L < 2·cp and L = 1."""
-    from costmodel.flops import causal_pairs
-
-    for length in [*range(1, 4 * cp + 3), 1001, 4096, 4097]:
-        pairs = _zigzag_rank_pairs(length, cp)
-        assert sum(pairs) == causal_pairs([length])[0] == length * (length + 1) // 2
-        if length % (2 * cp) == 0:
-            assert pairs == [length * (length + 1) // (2 * cp)] * cp
