@@ -49,4 +49,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from costmodel.training.trainer import exit_rank
+
+    exit_rank(main())  # not sys.exit: torch's teardown at shutdown can abort a finished rank

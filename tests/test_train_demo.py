@@ -88,7 +88,7 @@ def test_torchrun_two_ranks_balanced_by_the_cost_model(tmp_path, tiny_cost_model
         "    torch.save(result.model.state_dict(), f'{RANK}.pt')\n"
         "    return result\n"
         "trainer.train = keep\n"
-        "sys.exit(train_varlen.main(sys.argv[1:]))",
+        "trainer.exit_rank(train_varlen.main(sys.argv[1:]))",
         *flags, "--log-json", str(log), "--record-runs", str(tmp_path / "runs.jsonl"),
     )
     assert done.returncode == 0, done.stdout + done.stderr
@@ -404,7 +404,7 @@ def test_update_does_not_depend_on_the_partition():
      "step 1: the ranks built different schedules"),
 ])
 def test_ranks_that_disagree_all_stop_before_training_with_the_reason(tmp_path, patch, reason):
-    done = _torchrun_script(tmp_path, patch + "sys.exit(train_varlen.main(sys.argv[1:]))",
+    done = _torchrun_script(tmp_path, patch + "trainer.exit_rank(train_varlen.main(sys.argv[1:]))",
                             *FAST, "--steps", "2", "--device", "cpu")
     assert done.returncode != 0
     for rank in (0, 1):  # every rank says why; none waits
@@ -428,7 +428,7 @@ def test_a_rank_that_fails_its_checks_alone_stops_the_others_without_a_launcher(
         f"    setattr(args, trainer.RENDEZVOUS_ATTR, {(tmp_path / 'rdzv').as_uri()!r})\n"
         "    return real(args)\n"
         "trainer.train = train\n"
-        "sys.exit(train_varlen.main(sys.argv[1:]))\n"
+        "trainer.exit_rank(train_varlen.main(sys.argv[1:]))\n"
     )
     flags = [*FAST, "--steps", "1", "--device", "cpu"]
     missing = tmp_path / "nowhere.json"

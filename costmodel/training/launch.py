@@ -32,6 +32,7 @@ from costmodel.training.trainer import (
     LOG_TEMP_NOTE_ATTR,
     RENDEZVOUS_ATTR,
     device_kind,
+    exit_rank,
     run_settings,
 )
 
@@ -46,6 +47,7 @@ def _worker(local_rank: int, args: argparse.Namespace, nproc: int, out: str) -> 
     # log: the parent interrupts its workers when it is stopped itself (`_stop`).
     with signals_interrupt():
         _train_one_rank(local_rank, args, nproc, out)
+    exit_rank(0)  # finished: no interpreter shutdown to abort it (`exit_rank`)
 
 
 def _train_one_rank(local_rank: int, args: argparse.Namespace, nproc: int, out: str) -> None:
