@@ -349,6 +349,9 @@ def test_a_mask_of_other_values_and_an_index_map_that_is_no_permutation_are_refu
     batch = FakeTensorDict(attention_mask=mask, input_ids=batch["input_ids"])
     with pytest.raises(ValueError, match="attention_mask must hold 0 and 1 only"):
         rearrange_micro_batches(batch, 8, same_micro_num_in_dp=False)
+    meta = FakeTensorDict(attention_mask=torch.ones(4, 8, dtype=torch.long, device="meta"))
+    with pytest.raises(ValueError, match="attention_mask is a meta tensor, which holds no tokens"):
+        rearrange_micro_batches(meta, 8, same_micro_num_in_dp=False)
     for bad in ([0, 0], [-1, 0], [5], [0.0], [True, False], [torch.tensor([1]), torch.tensor([0])]):
         with pytest.raises(ValueError, match="idx_map must be a permutation of 0"):
             get_reverse_idx(bad)

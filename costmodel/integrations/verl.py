@@ -437,6 +437,9 @@ def _effective_lengths(batch: Any) -> np.ndarray:
                 f"attention_mask (batch × sequence) or a nested input_ids; got "
                 f"{type(batch).__name__} with {found}"
             )
+        if getattr(mask, "is_meta", False):  # torch's own error: "item() ... meta tensors"
+            raise ValueError("attention_mask is a meta tensor, which holds no tokens to count: "
+                             "give the batch with its real attention_mask")
         if bool(((mask != 0) & (mask != 1)).any()):  # 0.5 or -1 summed to a wrong length
             raise ValueError("attention_mask must hold 0 and 1 only (1: a token of the "
                              "sequence); got other values")
