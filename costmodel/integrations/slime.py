@@ -175,6 +175,10 @@ def _given_steps(step_sample_indices: Any, n: int) -> list[list[int]]:
     """The steps a caller split itself (slime's ``custom_rollout_step_split``), checked: a
     non-empty list of lists of sample positions in range, none in two steps (a 2-D array or
     tensor: a step a row). Samples in no step are dropped, with a warning, as slime does."""
+    if getattr(step_sample_indices, "is_nested", False):  # a step a row; torch's default
+        # (strided) layout has no shape to read: "Internal error ... Please file an issue"
+        step_sample_indices = list(on_host(step_sample_indices, "step_sample_indices",
+                                           nested=True).unbind())
     shape = getattr(step_sample_indices, "shape", None)
     if shape is not None and len(shape) == 2 and shape[0] and shape[1]:
         step_sample_indices = list(on_host(step_sample_indices, "step_sample_indices", nested=True))
