@@ -97,6 +97,31 @@ def test_validate_and_scheduler_from_args_take_a_namespace_only(args):
             call(args)
 
 
+class _AttrDict(dict):
+    """EasyDict / addict style: a dict whose keys read and set as attributes."""
+
+    def __getattr__(self, name):
+        try:
+            return self[name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+    def __setattr__(self, name, value):
+        self[name] = value
+
+
+def test_a_dict_that_reads_its_keys_as_attributes_is_taken():
+    """Refused with the plain dicts ('args must be the parsed flags'), though its flags read
+    as a namespace's do (as an OmegaConf DictConfig's, which is taken)."""
+    flags = {"use_dynamic_batch_size": True, "max_tokens_per_gpu": 4096, "balance_by_flops": True}
+    assert validate_args(_AttrDict(flags), spec=SPEC) is None
+    assert scheduler_from_args(_AttrDict(flags), spec=SPEC)["cost"] == "flops"
+    with pytest.raises(ValueError, match="--max-tokens-per-gpu"):  # its flags are read
+        validate_args(_AttrDict(flags, max_tokens_per_gpu=0), spec=SPEC)
+    with pytest.raises(TypeError, match=r"^args must be the parsed flags"):
+        validate_args(type("Config", (dict,), {})(flags), spec=SPEC)  # keys no attributes
+
+
 def test_cost_model_of_another_shape_is_an_error_unless_opted_in(cost_model_file):
     args = parse([*FLOPS_ARGV, "--cost-model", cost_model_file])
     with pytest.raises(ValueError, match="--cost-model-allow-other-shape") as err:

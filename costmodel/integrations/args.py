@@ -179,6 +179,13 @@ def _spec_from_args(args: argparse.Namespace) -> ModelSpec | None:
     return None
 
 
+def _keys_are_attributes(args: dict) -> bool:
+    """Whether a dict subclass reads its keys as attributes (EasyDict, addict.Dict), as the
+    flags are read here; a plain dict never does."""
+    keys = [k for k in args if isinstance(k, str) and k.isidentifier() and not hasattr(dict, k)]
+    return type(args) is not dict and all(getattr(args, k, args) is args[k] for k in keys)
+
+
 def validate_args(
     args: argparse.Namespace, spec: ModelSpec | str | Path | None = None
 ) -> CostModel | None:
@@ -204,10 +211,11 @@ def validate_args(
     ``args`` (hidden_size, num_layers, ...) are used. The loaded model is kept on ``args``
     so `scheduler_from_args` does not load it again.
     """
-    if args is None or isinstance(args, dict):
+    if args is None or isinstance(args, dict) and not _keys_are_attributes(args):
         # A plain dict's keys are no attributes: every flag read as unset, then an
         # AttributeError where the loaded model is kept on args. (Not every Mapping: an
-        # OmegaConf DictConfig is one, and reads its keys as attributes.)
+        # OmegaConf DictConfig is one, and reads its keys as attributes, as do the dicts
+        # of EasyDict and addict.)
         raise TypeError(f"args must be the parsed flags (an argparse.Namespace), got "
                         f"{type(args).__name__}: pass argparse.Namespace(**config) for a dict")
     shape = as_spec(spec) if spec is not None else None  # a preset name or config.json path too
