@@ -118,8 +118,13 @@ def as_lengths(seqlens: ArrayLike, what: str = "sequence lengths") -> np.ndarray
             i = int(np.flatnonzero(bad)[0])
             raise ValueError(f"{what} must be whole numbers of tokens, got {arr[i].item()!r} at index {i}")
     elif arr.dtype.kind == "O":  # a list mixing ints with other things: name the first
-        i, x = next((i, x) for i, x in enumerate(arr.tolist())
-                    if not isinstance(x, (int, np.integer)) or isinstance(x, bool))
+        # that is no length (a whole float is one, as in a list of floats: [2.0, None] blamed 2.0)
+        items = arr.tolist()
+        bad = next(((i, x) for i, x in enumerate(items) if not _whole_float(x) and (
+            not isinstance(x, (int, np.integer)) or isinstance(x, bool))), None)
+        if bad is None:  # whole floats among ints past int64 ([4.0, 2**70]): the range check
+            return as_lengths([int(x) for x in items], what)
+        i, x = bad
         raise ValueError(f"{what} must be integers, got {x!r:.40} ({type(x).__name__}) at "
                          f"index {i}")
     elif arr.dtype.kind not in "iu":
@@ -129,6 +134,10 @@ def as_lengths(seqlens: ArrayLike, what: str = "sequence lengths") -> np.ndarray
         i = int(np.flatnonzero(bad)[0])
         raise _length_out_of_range(what, arr[i].item(), i)
     return arr.astype(np.int64)
+
+
+def _whole_float(x: Any) -> bool:
+    return isinstance(x, (float, np.floating)) and bool(np.isfinite(x)) and x == int(x)
 
 
 def _refuse_half(what: str, dtype: object) -> None:

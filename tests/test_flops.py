@@ -212,6 +212,9 @@ def test_quadratic_term_and_monotone(L, spec):
     # an object list: the first entry that is no integer, named ("got dtype object" before)
     ([3, None], r"must be integers, got None \(NoneType\) at index 1"),
     ([Fraction(3)], r"must be integers, got Fraction\(3, 1\) \(Fraction\) at index 0"),
+    # a whole float is a length ([2.0, 3] is taken), not the entry to blame
+    ([2.0, None], r"must be integers, got None \(NoneType\) at index 1"),
+    ([4.0, 2**70], r"must be at most 2,147,483,647 tokens .* at index 1"),
     # numpy's own ValueError ("inhomogeneous shape") passed a bare pytest.raises(ValueError)
     ([[1, 2], [3]], r"must be a flat list of integers, got nested lists of different lengths"),
 ])
