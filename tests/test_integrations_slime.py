@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from types import SimpleNamespace
 
 import numpy as np
@@ -373,7 +374,9 @@ def test_steps_given_as_sample_lists_schedule_like_rollout_steps(flags, caplog):
     # a nested tensor, a step a row, in either layout (the default strided one has no shape:
     # torch's "Internal error ... Please file an issue" leaked)
     for layout in (torch.strided, torch.jagged):
-        rows = torch.nested.nested_tensor([torch.tensor(s) for s in steps], layout=layout)
+        with warnings.catch_warnings():  # torch: the strided layout is a prototype
+            warnings.simplefilter("ignore", UserWarning)
+            rows = torch.nested.nested_tensor([torch.tensor(s) for s in steps], layout=layout)
         assert build_dp_schedule(args, cfg, lengths, step_sample_indices=rows) == by_rollouts
     # unequal steps: each step's size is its own sample count; left-out samples warned about
     uneven = [list(range(0, 32)), np.arange(32, 80)]  # multiples of 16 for fixed-size batches
