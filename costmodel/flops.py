@@ -103,9 +103,7 @@ def as_lengths(seqlens: ArrayLike, what: str = "sequence lengths") -> np.ndarray
         # An object array holds what a list would (Python ints, whole floats, a stray
         # bool): read as that list, it gets the same checks and the same answer.
         return as_lengths(arr.tolist(), what)
-    if arr.dtype.kind == "O" and all(  # Python ints, maybe past int64
-        isinstance(x, (int, np.integer)) and not isinstance(x, bool) for x in arr.tolist()
-    ):
+    if arr.dtype.kind == "O" and all(map(_is_int, arr.tolist())):  # Python ints, maybe past int64
         i = next((i for i, x in enumerate(arr.tolist()) if not 1 <= x <= MAX_LENGTH), None)
         if i is not None:
             raise _length_out_of_range(what, arr[i], i)
@@ -120,8 +118,8 @@ def as_lengths(seqlens: ArrayLike, what: str = "sequence lengths") -> np.ndarray
     elif arr.dtype.kind == "O":  # a list mixing ints with other things: name the first
         # that is no length (a whole float is one, as in a list of floats: [2.0, None] blamed 2.0)
         items = arr.tolist()
-        bad = next(((i, x) for i, x in enumerate(items) if not _whole_float(x) and (
-            not isinstance(x, (int, np.integer)) or isinstance(x, bool))), None)
+        bad = next(((i, x) for i, x in enumerate(items)
+                    if not (_is_int(x) or _whole_float(x))), None)
         if bad is None:  # whole floats among ints past int64 ([4.0, 2**70]): the range check
             return as_lengths([int(x) for x in items], what)
         i, x = bad
@@ -134,6 +132,10 @@ def as_lengths(seqlens: ArrayLike, what: str = "sequence lengths") -> np.ndarray
         i = int(np.flatnonzero(bad)[0])
         raise _length_out_of_range(what, arr[i].item(), i)
     return arr.astype(np.int64)
+
+
+def _is_int(x: Any) -> bool:
+    return isinstance(x, (int, np.integer)) and not isinstance(x, bool)
 
 
 def _whole_float(x: Any) -> bool:
