@@ -16,7 +16,14 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from costmodel.estimate import estimate_cost_model
-from costmodel.scheduler import Schedule, build_schedule, generate_lengths
+from costmodel.flops import sequence_fwd_flops
+from costmodel.scheduler import (
+    Schedule,
+    baseline_microbatches,
+    build_schedule,
+    evaluate_schedule,
+    generate_lengths,
+)
 from costmodel.scheduler.costs import AdditiveCost
 from costmodel.spec import ModelSpec
 
@@ -463,6 +470,51 @@ def test_balance_with_a_non_additive_callable():
     # The reported costs are the callable's own.
     mb = s.microbatches[0][0]
     assert s.microbatch_costs[0][0] == pytest.approx(cost(np.asarray(lengths)[mb]))
+
+
+class _SteppedModel:
+    """A cost model shaped like a calibrated one (fixed + attention per sequence + a price of
+    the token count, each part given: the scheduler prices moves exactly, in bulk) whose
+    token price has a step where level fills land, as GEMM waves make them."""
+
+    def __init__(self, cap):
+        self.cap = cap
+
+    def fixed_cost(self, mode="train"):
+        return 50.0
+
+    def sequence_costs(self, lengths, mode="train"):
+        return np.asarray(lengths, dtype=np.float64) ** 2 * 1e-8
+
+    def token_costs(self, tokens, mode="train"):
+        t = np.asarray(tokens, dtype=np.float64)
+        return t * np.where((0.75 * self.cap < t) & (t < 0.95 * self.cap), 1.15, 1.0) * 1e-2
+
+    def microbatch_costs(self, lengths, offsets, mode="train"):
+        k = np.repeat(np.arange(offsets.size - 1), np.diff(offsets))
+        tokens = np.bincount(k, weights=lengths, minlength=offsets.size - 1)
+        seq = np.bincount(k, weights=self.sequence_costs(lengths), minlength=offsets.size - 1)
+        return self.fixed_cost() + seq + self.token_costs(tokens)
+
+
+@pytest.mark.parametrize("separable", [False, True], ids=["callable", "cost-model"])
+@pytest.mark.parametrize("seed, dp", [(0, 4), (2, 16), (4, 8)])
+def test_a_cost_that_prices_fill_gets_full_and_split_micro_batches_where_they_are_cheaper(
+        seed, dp, separable):
+    """A token price with a step where level fills land: the baseline's shape, full
+    micro-batches and a few split ones, costs less there, and the scheduler must find it
+    too (from level fills alone it ended 3-9% above the baseline)."""
+    cap = 16384
+    model = _SteppedModel(cap)
+    cost = model if separable else (lambda lengths: model.microbatch_costs(
+        lengths, np.array([0, lengths.size])).item())
+    lengths = generate_lengths(dp * 48, "rl", seed=seed)
+    s = build_schedule(lengths, dp_size=dp, max_tokens_per_microbatch=cap, cost=cost)
+    check_schedule(s, lengths, dp=dp, cap=cap)
+    baseline = baseline_microbatches(lengths, dp_size=dp, max_tokens_per_microbatch=cap,
+                                     sample_flops=sequence_fwd_flops(lengths, "qwen3-8b"))
+    judged = evaluate_schedule(baseline, lengths, max_tokens_per_microbatch=cap, cost=cost)
+    assert s.makespan < judged.makespan
 
 
 def test_cost_model_objects_with_and_without_a_vectorised_method():

@@ -15,8 +15,10 @@ How (each step justified by ``benchmarks/bench_scheduler.py``):
    asked for unless packing fails, in which case ``m`` grows by about 1%.
 2. Without groups (`pack`): pack all samples by tokens into ``dp × m`` level micro-batches,
    give each rank ``m`` of them balancing their true costs (also from fewer micro-batches
-   where levelling missed them: best fit's own count, or a count that ties in total; the
-   search below runs from each start and keeps the best), then (`refine`) move and swap
+   where levelling missed them: best fit's own count, or a count that ties in total; and,
+   under a cost that prices how full a micro-batch is, from best fit's full micro-batches,
+   the fullest split to the count, where those fills cost less in all; the search below
+   runs from each start and keeps the best), then (`refine`) move and swap
    single samples (or batches of small ones) between paired ranks, judged by the true cost
    of the micro-batches they change; where that ends over 0.5% above the ranks' mean (away
    from the bound), the same at up to two more micro-batches per rank, kept where shorter
