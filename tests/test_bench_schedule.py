@@ -176,6 +176,12 @@ def test_lengths_file_and_fixed_batch(tmp_path, capsys):
         (["--cap", "0"], "--cap"),
         (["--samples", "4", "--dp", "8", "--policies", "tokens"], "larger than the 4 samples"),
         (["--lengths", "no-such-file.txt"], "neither a built-in distribution"),
+        (["--align", "0"], "--align must be an integer >= 1, got 0"),
+        (["--mode", "fwd", "--policies", "tokens"], "--mode 'fwd': did you mean 'forward'?"),
+        (["--samples", "8", "--dp", "4", "--align", "3", "--policies", "tokens"],
+         "DP size 4 x align 3 (micro-batches per rank) is larger than the 8 samples"),
+        (["--samples-per-rank", "2", "--dp", "4", "--align", "3", "--policies", "tokens"],
+         "smaller --dp or --align"),
     ],
 )
 def test_bad_input_is_one_line(argv, needle, capsys, monkeypatch):
@@ -446,6 +452,7 @@ def test_a_cost_model_without_train_curves_is_refused_before_the_gpu(tmp_path, c
                  "--cost-model", str(forward_only)]) == 2
     err = capsys.readouterr().err
     assert "has curves for forward only" in err and "--modes train" in err
+    assert "pick --mode forward" in err
 
 
 def test_policies_are_interleaved_within_each_dp_size():
@@ -765,3 +772,126 @@ def test_cost_model_auto_reads_the_device_name_as_calibrate_does(monkeypatch, de
 
     monkeypatch.setattr(device_mod, "current_gpu_name", lambda start_cuda=True: device)
     assert bench_schedule._detected_gpu_key() == key
+
+
+# -- --mode forward and --align: the case simulate --mode forward --align 2 predicts --------
+
+
+def fake_forward(lengths) -> float:
+    """A stand-in GPU timing forward passes: the estimate's forward curves, 3% slower."""
+    return 1.03 * TRUTH.stack_cost(list(lengths), "forward", num_layers=1, head=False)
+
+
+def test_forward_mode_balances_and_predicts_by_the_forward_curves(tmp_path, capsys):
+    """Every policy is built for a forward pass and judged by the forward curves: the
+    calibrated schedule is the one the forward curves balance (not the train one, which
+    differs on these batches), its predictions and own costs are forward ones."""
+    from costmodel.scheduler import build_schedule, generate_lengths
+
+    out = tmp_path / "forward.json"
+    assert _run([*SMALL, "--policies", ALL, "--mode", "forward", "-o", str(out)],
+                measure=fake_forward) == 0
+    text = capsys.readouterr().out
+    assert "qwen3-8b: one layer, mode forward (forward only, under no_grad), align 1" in text
+    assert "one layer's forward time over its micro-batches" in text
+    doc = json.loads(out.read_text())
+    assert (doc["config"]["mode"], doc["config"]["align"]) == ("forward", 1)
+    one = bench.OneLayerCost(TRUTH, moe=False)
+    for r in doc["runs"]:  # forward predictions of forward measurements: 3% low everywhere
+        assert np.allclose(r["rank_error_pct"], 100 * (1 / 1.03 - 1)), r["policy"]
+        if r["policy"] != "calibrated":
+            continue
+        dp = r["dp_size"]
+        lengths = generate_lengths(8 * dp, "rl", seed=0)
+        built = {mode: build_schedule(lengths, dp_size=dp, max_tokens_per_microbatch=16384,
+                                      cost=one, mode=mode).microbatches
+                 for mode in ("forward", "train")}
+        as_lengths = {mode: [[[int(lengths[i]) for i in mb] for mb in rank] for rank in sched]
+                      for mode, sched in built.items()}
+        assert r["microbatch_lengths"] == as_lengths["forward"] != as_lengths["train"]
+        own = [sum(one.microbatch_cost(mb, "forward") for mb in rank)
+               for rank in r["microbatch_lengths"]]
+        assert r["own_cost_per_rank"] == pytest.approx(own, rel=1e-12)
+
+
+def test_align_reaches_every_policy(tmp_path, capsys):
+    """--align 3: every policy's ranks hold a multiple of 3 micro-batches (2 each without
+    it, on these batches), the baseline's too; recorded and printed."""
+    out = tmp_path / "aligned.json"
+    assert _run([*SMALL, "--policies", ALL, "--align", "3", "-o", str(out)]) == 0
+    assert "mode train (forward+backward), align 3" in capsys.readouterr().out
+    doc = json.loads(out.read_text())
+    assert (doc["config"]["mode"], doc["config"]["align"]) == ("train", 3)
+    assert {r["policy"] for r in doc["runs"]} == set(bench.POLICIES)
+    for r in doc["runs"]:
+        assert all(n > 0 and n % 3 == 0 for n in r["microbatches_per_rank"]), r["policy"]
+    with pytest.raises(RuntimeError, match="a rank has 2 micro-batches, not a multiple of align 3"):
+        bench.check_schedule([[[0], [1]], [[2], [3], [4]]], 5, 100, np.ones(5, int), "p", 3)
+
+
+def test_layer_timer_runs_forward_only_in_forward_mode():
+    """mode="forward": the layer runs under no_grad and no backward runs (no parameter
+    gradient), as calibration timed the forward curves; "train" runs both."""
+    torch = pytest.importorskip("torch")
+    tiny, _ = _tiny_cpu_timer()
+    for mode in ("forward", "train"):
+        timer = timer_mod.LayerTimer(tiny, attention="sdpa", dtype="fp32", device="cpu", mode=mode)
+        grad_enabled: list[bool] = []
+        timer.layer.register_forward_hook(
+            lambda *_, seen=grad_enabled: seen.append(torch.is_grad_enabled()))
+        assert timer([40, 7]) > 0 and timer.measure_rank([[40, 7], [12]]) > 0
+        grads = [p.grad is not None for p in timer.layer.parameters()]
+        assert timer.describe()["mode"] == mode
+        if mode == "forward":
+            assert not any(grad_enabled) and not any(grads)
+        else:
+            assert all(grad_enabled) and all(grads)
+    with pytest.raises(ValueError, match="mode must be one of"):
+        timer_mod.LayerTimer(tiny, attention="sdpa", dtype="fp32", device="cpu", mode="fwd")
+
+
+def test_the_command_times_the_layer_in_its_mode(monkeypatch):
+    """--mode forward reaches the GPU timer; a measurer timing another pass is refused."""
+    built = []
+
+    class Stop(Exception):
+        pass
+
+    def fake_timer(spec, **kwargs):
+        built.append(kwargs)
+        raise Stop
+
+    monkeypatch.setattr(timer_mod, "LayerTimer", fake_timer)
+    args = build_parser().parse_args(["bench-schedule", *_with_truth(SMALL), "--mode", "forward"])
+    with pytest.raises(Stop):
+        bench_schedule.run(args)
+    assert built[0]["mode"] == "forward"
+
+    class TrainTimer:
+        mode = "train"
+
+        def __call__(self, lengths):
+            return fake_forward(lengths)
+
+    with pytest.raises(ValueError, match="the measurer times 'train' passes but the schedules"):
+        _run([*SMALL, "--mode", "forward"], measure=TrainTimer())
+
+
+def test_a_cost_model_without_the_modes_curves_is_refused_before_the_gpu(tmp_path, capsys,
+                                                                        monkeypatch):
+    """--mode forward with a train-only cost model: one line naming what the file has and
+    both fixes, before a timer is built."""
+    def no_gpu_work(*args, **kwargs):
+        raise AssertionError("a timer was built before the cost model was checked")
+
+    monkeypatch.setattr(timer_mod, "LayerTimer", no_gpu_work)
+    doc = json.loads(Path(_truth_file()).read_text())
+    del doc["curves"]["forward"]
+    train_only = tmp_path / "train.json"
+    train_only.write_text(json.dumps(doc))
+    assert main(["bench-schedule", "--samples-per-rank", "8", "--dp", "4", "--mode", "forward",
+                 "--cost-model", str(train_only)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1, err
+    assert "has curves for train only; --mode forward times forward only" in err
+    assert "calibrate with --modes forward" in err and "pick --mode train" in err

@@ -18,15 +18,16 @@ dtypes, arguments) for tests and for checking a change before a GPU session.
 
 "forward" runs under `torch.no_grad()` (log-prob passes); "train" runs forward then
 backward, accumulating parameter gradients as gradient accumulation does (but not the
-inputs' gradients, which in a model flow on to the previous layer). Modules are
-built once and cached; inputs are built per point (outside the timed region).
-Only imported when calibrating (it imports torch through costmodel.kernels).
+inputs' gradients, which in a model flow on to the previous layer): `packed_pass`, which
+`bench-schedule`'s `LayerTimer` runs too. Modules are built once and cached; inputs are
+built per point (outside the timed region). Only imported when timing (it imports torch
+through costmodel.kernels).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import costmodel
@@ -40,9 +41,10 @@ from costmodel.calibration.timer import (
     time_cuda,
     timing_for,
 )
+from costmodel.curves import checked_mode
 from costmodel.spec import ModelSpec
 
-__all__ = ["KernelTimer"]
+__all__ = ["KernelTimer", "packed_pass"]
 
 logger = logging.getLogger(__name__)
 
@@ -184,8 +186,6 @@ class KernelTimer:
         torch = self.torch
         train = point.mode == "train"
         spec = self.spec
-        from costmodel.kernels.layer import packed_inputs
-
         if point.kind == "attention":
             T, d_qk = point.tokens, spec.qk_head_dim
             mk = lambda h, d: torch.randn(T, h, d, device=self.device, dtype=self.dtype,
@@ -231,27 +231,9 @@ class KernelTimer:
             count = point.num_layers if point.kind == "stack" else 1
             layers = [self._layer(attention, point.moe, i) for i in range(count)]
             head = self._head() if point.kind == "stack" else None
-            x, cu, max_len = packed_inputs(list(point.lengths), spec, device=self.device,
-                                           dtype=self.dtype, requires_grad=train)
-            targets = head.random_targets(point.tokens) if head is not None else None
+            fn, x = packed_pass(layers, point.lengths, spec, mode=point.mode, device=self.device,
+                                dtype=self.dtype, head=head)
             ws = self._param_bytes(*layers) + 16 * x.numel() * x.element_size()
-
-            def run():
-                h = x
-                for layer in layers:
-                    h = layer(h, cu, max_len)
-                return head(h, targets) if head is not None else h
-
-            if train:
-                gout = None if head is not None else torch.randn_like(x)
-
-                def fn():
-                    x.grad = None  # parameter grads accumulate (gradient accumulation); x's not
-                    run().backward(gout)
-            else:
-                def fn():
-                    with torch.no_grad():
-                        run()
             return fn, ws
         raise ValueError(f"unknown sweep point kind {point.kind!r}")
 
@@ -268,3 +250,42 @@ class KernelTimer:
                 f"out of GPU memory timing {point.describe()} ({free / 2**30:.1f} of "
                 f"{total / 2**30:.1f} GiB free after the failure); lower --max-len / --max-tokens"
             ) from None
+
+
+def packed_pass(layers: Sequence[Any], lengths: Sequence[int], spec: ModelSpec, *, mode: str,
+                device: Any, dtype: Any, head: Any = None) -> tuple[Callable[[], None], Any]:
+    """One pass of a micro-batch of fresh random inputs through ``layers`` (then ``head``),
+    as a callable, and its packed input ``x``.
+
+    "forward" runs under `torch.no_grad()` (a log-prob pass); "train" runs forward then
+    backward, parameter gradients accumulating (gradient accumulation) while x's gradient
+    is written fresh each call (in a model it flows on to the previous layer). The sweep's
+    "linear", "layer" and "stack" points time this, and so does `bench-schedule`'s
+    `LayerTimer`: the micro-batches it measures run the pass the curves were fitted on.
+    """
+    import torch
+
+    from costmodel.kernels.layer import packed_inputs
+
+    train = checked_mode(mode) == "train"
+    x, cu, max_len = packed_inputs([int(n) for n in lengths], spec, device=device, dtype=dtype,
+                                   requires_grad=train)
+    targets = head.random_targets(x.shape[0]) if head is not None else None
+
+    def run():
+        h = x
+        for layer in layers:
+            h = layer(h, cu, max_len)
+        return head(h, targets) if head is not None else h
+
+    if train:
+        gout = None if head is not None else torch.randn_like(x)
+
+        def fn() -> None:
+            x.grad = None  # parameter grads accumulate (gradient accumulation); x's not
+            run().backward(gout)
+    else:
+        def fn() -> None:
+            with torch.no_grad():
+                run()
+    return fn, x

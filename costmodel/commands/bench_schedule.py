@@ -9,6 +9,11 @@ simulated rank's micro-batches through one real layer on this GPU, the policies
 interleaved micro-batch by micro-batch (a second round in reverse order, against drift).
 Prints measured makespan, measured max/mean, the speed-up over token balance and the
 cost model's per-rank error; writes everything (with provenance) as JSON.
+
+--mode forward times forward-only passes under no_grad (RL log-probs), as calibration timed
+the cost model's forward curves, and every policy balances that pass; --align N makes every
+policy's micro-batches per rank a multiple of N (Megatron's interleaved pipeline), as
+`costmodel simulate --mode forward --align 2` predicts them.
 """
 
 from __future__ import annotations
@@ -23,7 +28,9 @@ from typing import Any
 import numpy as np
 
 from costmodel.calibration.timer import timing_for
+from costmodel.checks import did_you_mean, positive_int
 from costmodel.commands.common import add_settle_argument, comma_ints
+from costmodel.curves import MODES
 from costmodel.kernels import check_attention
 
 logger = logging.getLogger(__name__)
@@ -69,6 +76,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--cost-model-allow-other-shape", action="store_true",
         help="accept a cost model calibrated for another model shape",
     )
+    # No argparse choices: a bad --mode is then a one-line error, as the other bad flags are.
+    p.add_argument(
+        "--mode", default="train", metavar="{train,forward}",
+        help="the pass timed and balanced: train (forward+backward, default) or forward "
+        "(forward only under no_grad, as RL log-probs run; needs the cost model's forward "
+        "curves)",
+    )
+    p.add_argument(
+        "--align", type=int, default=1,
+        help="micro-batches per rank: a multiple of this, for every policy (Megatron's "
+        "interleaved pipeline; default: %(default)s)",
+    )
     p.add_argument("--attention", default="torch-varlen", help="attention backend of the layer")
     p.add_argument("--dtype", default="bf16", choices=("bf16", "fp16"), help="layer dtype")
     p.add_argument(
@@ -95,6 +114,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--per-rank", action="store_true", help="also print predicted vs measured per rank")
     p.add_argument("-o", "--output", default=None, metavar="JSON", help="write the results here")
     p.set_defaults(func=run)
+
+
+# What the layer runs per micro-batch in each --mode (calibration's pass for those curves).
+_PASSES = {"train": "forward+backward", "forward": "forward only, under no_grad"}
 
 
 def _calibration_timing(cost_model) -> str | None:
@@ -137,6 +160,11 @@ def run(args: argparse.Namespace, *, measure=None) -> int:
         raise ValueError(f"--policies {args.policies!r}: {what}; give a comma-separated subset "
                          f"of {', '.join(bench.POLICIES)}")
     dp_sizes = comma_ints(args.dp, "--dp")
+    if args.mode not in MODES:
+        raise ValueError(f"--mode {args.mode!r}: {did_you_mean(args.mode, MODES)}give "
+                         f"{' or '.join(MODES)}")
+    mode = args.mode
+    align = positive_int(args.align, "--align")
     if args.cap < 1:
         raise ValueError(f"--cap must be a positive number of tokens, got {args.cap}")
     check_attention(args.attention)
@@ -197,11 +225,14 @@ def run(args: argparse.Namespace, *, measure=None) -> int:
         cost_model = load_cost_model(
             name, spec=spec, allow_other_shape=args.cost_model_allow_other_shape
         )
-        if "train" not in cost_model.modes:  # the layer is timed forward + backward
+        if mode not in cost_model.modes:  # else KeyError deep in the scheduler
+            other = [m for m in cost_model.modes if m != mode]
             raise ValueError(
-                f"cost model {name} has curves for {', '.join(cost_model.modes)} only; the "
-                "benchmark times forward+backward and balances by the train curves: "
-                "calibrate with --modes train, or drop calibrated from --policies"
+                f"cost model {name} has curves for {', '.join(cost_model.modes)} only; "
+                f"--mode {mode} times {_PASSES[mode]} and balances by the {mode} curves: "
+                f"calibrate with --modes {mode} (or --modes train,forward)"
+                + "".join(f", pick --mode {m}" for m in other)
+                + ", or drop calibrated from --policies"
             )
         if cost_model.is_estimate:
             print(
@@ -213,7 +244,8 @@ def run(args: argparse.Namespace, *, measure=None) -> int:
     # batch fails in a second, not after the timer's start-up and the clocks' settling.
     planned = bench.plan_benchmark(
         lengths_for_dp(dp_sizes[0]), spec=spec, cap=args.cap, dp_sizes=dp_sizes,
-        cost_model=cost_model, policies=policies, lengths_for_dp=lengths_for_dp,
+        cost_model=cost_model, policies=policies, lengths_for_dp=lengths_for_dp, mode=mode,
+        align=align,
     )
     device: dict[str, Any]
     if measure is None:
@@ -225,7 +257,7 @@ def run(args: argparse.Namespace, *, measure=None) -> int:
             print(f"timing one rank's shard{cost_model.parallel_label}, as the cost model "
                   "was calibrated", file=sys.stderr)
         timer = LayerTimer(rank, attention=args.attention, dtype=args.dtype,
-                           timing=args.timing)  # RuntimeError without a GPU
+                           timing=args.timing, mode=mode)  # RuntimeError without a GPU
         measure = timer
         device = timer.describe()
         from costmodel.calibration.device import settle_gpu
@@ -258,7 +290,7 @@ def run(args: argparse.Namespace, *, measure=None) -> int:
     try:
         runs = bench.measure_benchmark(
             planned, measure=measure, spec=spec, cost_model=cost_model, repeats=args.repeats,
-            warmup=args.warmup, progress=progress, deadline=deadline,
+            warmup=args.warmup, progress=progress, deadline=deadline, mode=mode,
         )
     except bench.MeasurementFailed as err:  # report and write what was measured before it
         runs, failure = err.runs, str(err)
@@ -275,7 +307,10 @@ def run(args: argparse.Namespace, *, measure=None) -> int:
             + ", ".join(f"dp {dp} {p}" for dp, p in unmeasured),
             file=sys.stderr,
         )
-    print(bench_report.format_report(runs, per_rank=args.per_rank))
+    # Which pass and alignment the numbers are of: a forward run's table reads like a train one.
+    print(f"{spec.name}: one layer, mode {mode} ({_PASSES[mode]}), align {align}, "
+          f"cap {args.cap}")
+    print(bench_report.format_report(runs, per_rank=args.per_rank, mode=mode))
     checks = bench_report.target_checks(runs)
     for c in checks:
         parts = [f"dp {c['dp_size']}: calibrated max/mean {c['calibrated_max_over_mean']:.3f}"]
@@ -302,6 +337,7 @@ def run(args: argparse.Namespace, *, measure=None) -> int:
             },
             "config": {
                 "lengths": args.lengths, "seed": args.seed, "cap": args.cap, "dp_sizes": dp_sizes,
+                "mode": mode, "align": align,
                 "policies": policies, "repeats": args.repeats, "warmup": args.warmup,
                 "samples": args.samples,
                 "samples_per_rank": None if fixed_batch else args.samples_per_rank,

@@ -9,8 +9,9 @@ policy —
   Karmarkar-Karp over micro-batch FLOPs to ranks (`costmodel.scheduler.baselines`),
 - ``calibrated``: balance the predicted time of a calibrated cost model (one layer),
 
-then time every simulated rank by running its micro-batches, forward and backward, through
-one real layer (`costmodel.kernels.layer.TransformerLayer`) on one GPU, the policies
+then time every simulated rank by running its micro-batches, forward and backward (mode
+"train"; "forward": forward only, a log-prob pass), through one real layer
+(`costmodel.kernels.layer.TransformerLayer`) on one GPU, the policies
 interleaved micro-batch by micro-batch (a second round in reverse order, against drift).
 A rank's time is the sum of its micro-batches' times; the step's makespan is the slowest
 rank. One layer stands for the model: every layer of a dense model does the same work,
@@ -57,12 +58,13 @@ Schedule = list[list[list[int]]]  # rank -> micro-batch -> global sample indices
 
 
 # ----------------------------------------------------------------------------- schedules
-def _baseline_schedule(lengths: np.ndarray, *, dp_size: int, cap: int, spec) -> Schedule:
+def _baseline_schedule(lengths: np.ndarray, *, dp_size: int, cap: int, spec,
+                       align: int = 1) -> Schedule:
     """First-fit by tokens, then Karmarkar-Karp over micro-batch FLOPs to ranks."""
     from costmodel.scheduler import baselines
 
     result = baselines.first_fit_then_karmarkar_karp(
-        lengths, dp_size=dp_size, max_tokens_per_microbatch=cap, spec=spec
+        lengths, dp_size=dp_size, max_tokens_per_microbatch=cap, spec=spec, align=align
     )
     return _as_rank_lists(result)
 
@@ -86,6 +88,7 @@ class OneLayerCost:
         self.model = model
         self.kind = "moe" if moe else "dense"
         self.gpu, self.spec = model.gpu, model.spec
+        self.modes = model.modes  # a mode without curves is refused when scheduling starts
 
     def fixed_cost(self, mode: str = "train") -> float:
         return float(self.model.curves[mode].layer_overhead_ms)
@@ -106,25 +109,28 @@ class OneLayerCost:
         return float(self.microbatch_costs(lengths, np.array([0, lengths.size]), mode)[0])
 
 
-def one_layer_flops_cost(spec, *, moe: bool):
-    """Training FLOPs of one layer (no LM head): the FLOPs policy's cost here."""
-    from costmodel.flops import attention_core_flops, layer_linear_flops
+def one_layer_flops_cost(spec, *, moe: bool, mode: str = "train"):
+    """FLOPs of one layer's pass (no LM head; x 3 for "train", as `flops_cost`): the FLOPs
+    policy's cost here."""
+    from costmodel.flops import attention_core_flops, layer_linear_flops, pass_factor
     from costmodel.scheduler.costs import AdditiveCost
 
+    scale = pass_factor(mode)
+
     def per_sample(lengths: np.ndarray) -> np.ndarray:
-        return 3.0 * (layer_linear_flops(lengths, spec, moe=moe)
-                      + attention_core_flops(lengths, spec)).astype(np.float64)
+        return scale * (layer_linear_flops(lengths, spec, moe=moe)
+                        + attention_core_flops(lengths, spec)).astype(np.float64)
 
-    return AdditiveCost(f"train FLOPs of one {spec.name} layer", per_sample)
+    return AdditiveCost(f"{mode} FLOPs of one {spec.name} layer", per_sample)
 
 
-def policy_cost(policy: str, spec, cost_model, *, moe: bool) -> Any:
+def policy_cost(policy: str, spec, cost_model, *, moe: bool, mode: str = "train") -> Any:
     """The cost a scheduling policy balances here (not the baseline, which packs its own
     way): tokens, one layer's FLOPs, or one layer of the cost model."""
     if policy == "tokens":
         return "tokens"
     if policy == "flops":
-        return one_layer_flops_cost(spec, moe=moe)
+        return one_layer_flops_cost(spec, moe=moe, mode=mode)
     if policy == "calibrated":
         if cost_model is None:
             raise ValueError("policy 'calibrated' needs a cost model (--cost-model)")
@@ -141,29 +147,40 @@ def build_policy_schedules(
     cost_model=None,
     policies: Sequence[str] = POLICIES,
     moe: bool = False,
+    mode: str = "train",
+    align: int = 1,
 ) -> dict[str, Schedule]:
     """One schedule (rank -> micro-batches -> sample indices) per policy; the FLOPs and
-    calibrated policies balance one layer's cost, as measured (`OneLayerCost`). The baseline
-    is what frameworks run (their FLOPs, head included)."""
+    calibrated policies balance one layer's cost of a ``mode`` pass, as measured
+    (`OneLayerCost`). The baseline is what frameworks run (their FLOPs, head included).
+    Every policy's micro-batches per rank are a multiple of ``align``, as `simulate` builds
+    them."""
     from costmodel.scheduler import build_schedule
 
     out: dict[str, Schedule] = {}
     for policy in policies:
         if policy == "baseline":
-            out[policy] = _baseline_schedule(lengths, dp_size=dp_size, cap=cap, spec=spec)
+            out[policy] = _baseline_schedule(lengths, dp_size=dp_size, cap=cap, spec=spec,
+                                             align=align)
             continue
         schedule = build_schedule(
             lengths, dp_size=dp_size, max_tokens_per_microbatch=cap,
-            cost=policy_cost(policy, spec, cost_model, moe=moe), spec=spec,
+            cost=policy_cost(policy, spec, cost_model, moe=moe, mode=mode), spec=spec,
+            align=align, mode=mode,
         )
         out[policy] = _as_rank_lists(schedule)
     return out
 
 
-def check_schedule(schedule: Schedule, n: int, cap: int, lengths: np.ndarray, policy: str) -> None:
-    """Every sample once; no micro-batch over the cap unless it is one long sample alone."""
+def check_schedule(schedule: Schedule, n: int, cap: int, lengths: np.ndarray, policy: str,
+                   align: int = 1) -> None:
+    """Every sample once; no micro-batch over the cap unless it is one long sample alone;
+    micro-batches per rank a multiple of ``align``."""
     seen = np.zeros(n, dtype=np.int64)
     for rank in schedule:
+        if len(rank) % align:
+            raise RuntimeError(f"policy {policy}: a rank has {len(rank)} micro-batches, not a "
+                               f"multiple of align {align}")
         for mb in rank:
             seen[mb] += 1
             if len(mb) > 1 and int(lengths[mb].sum()) > cap:
@@ -244,14 +261,17 @@ def _max_over_mean(values: Sequence[float]) -> float:
     return float(arr.max() / mean) if mean > 0 else 1.0
 
 
-def _own_costs(policy: str, mbs: list[list[list[int]]], spec, cost_model, moe: bool) -> list[float]:
-    """Per rank, the cost the policy balanced (the baseline: its FLOPs, head included)."""
-    from costmodel.flops import calculate_train_flops
+def _own_costs(policy: str, mbs: list[list[list[int]]], spec, cost_model, moe: bool,
+               mode: str = "train") -> list[float]:
+    """Per rank, the cost the policy balanced (the baseline: its FLOPs of a ``mode`` pass,
+    head included)."""
+    from costmodel.flops import calculate_fwd_flops, pass_factor
     from costmodel.scheduler.costs import as_cost
 
     if policy == "baseline":
-        return [float(sum(calculate_train_flops(mb, spec) for mb in rank)) for rank in mbs]
-    cost = as_cost(policy_cost(policy, spec, cost_model, moe=moe), spec)
+        passes = int(pass_factor(mode))  # exact integers, as calculate_train_flops
+        return [float(sum(passes * calculate_fwd_flops(mb, spec) for mb in rank)) for rank in mbs]
+    cost = as_cost(policy_cost(policy, spec, cost_model, moe=moe, mode=mode), spec, mode)
     return [float(sum(cost.microbatch_cost(mb) for mb in rank)) for rank in mbs]
 
 
@@ -277,9 +297,16 @@ def plan_benchmark(
     policies: Sequence[str] = POLICIES,
     lengths_for_dp: Callable[[int], np.ndarray] | None = None,
     moe_layer: bool | None = None,
+    mode: str = "train",
+    align: int = 1,
 ) -> Planned:
     """Every (policy, dp, schedule, micro-batch lengths) to measure, built and checked on
-    the CPU: a bad cap, DP size or batch fails here, before a GPU is touched."""
+    the CPU: a bad cap, DP size, align or batch fails here, before a GPU is touched."""
+    from costmodel.checks import positive_int
+    from costmodel.curves import checked_mode
+
+    checked_mode(mode)
+    align = positive_int(align, "align")
     if cap < 1:
         raise ValueError(f"the token cap must be at least 1, got {cap}")
     if "calibrated" in policies and cost_model is None:
@@ -290,17 +317,22 @@ def plan_benchmark(
         batch = lengths if lengths_for_dp is None else lengths_for_dp(dp)
         if dp < 1:
             raise ValueError(f"DP sizes must be at least 1, got {dp}")
-        if dp > batch.size:
+        if dp * align > batch.size:  # no micro-batch may be empty
+            if align == 1:
+                what, needs, smaller = f"DP size {dp}", "every rank needs one", "--dp"
+            else:
+                what = f"DP size {dp} x align {align} (micro-batches per rank)"
+                needs, smaller = "every micro-batch needs one", "--dp or --align"
             raise ValueError(
-                f"DP size {dp} is larger than the {batch.size} samples in the batch: every rank "
-                f"needs one; use more samples (--samples / --samples-per-rank) or smaller --dp"
+                f"{what} is larger than the {batch.size} samples in the batch: {needs}; use "
+                f"more samples (--samples / --samples-per-rank) or smaller {smaller}"
             )
         schedules = build_policy_schedules(
             batch, dp_size=dp, cap=cap, spec=spec, cost_model=cost_model, policies=policies,
-            moe=moe,
+            moe=moe, mode=mode, align=align,
         )
         for policy, sched in schedules.items():
-            check_schedule(sched, batch.size, cap, batch, policy)
+            check_schedule(sched, batch.size, cap, batch, policy, align)
             mbs = [[[int(batch[i]) for i in mb] for mb in rank] for rank in sched]
             planned.append(PlannedRun(policy, dp, sched, mbs))
     return planned
@@ -338,12 +370,18 @@ def measure_benchmark(
     moe_layer: bool | None = None,
     progress: Callable[[str], None] | None = None,
     deadline: float | None = None,
+    mode: str = "train",
 ) -> list[PolicyRun]:
-    """Measure the micro-batches of `plan_benchmark`'s schedules and sum them per rank.
+    """Measure the micro-batches of `plan_benchmark`'s schedules and sum them per rank;
+    predictions and own costs are of a ``mode`` pass, the one the schedules were built for.
 
     An error while measuring, or while timing a whole rank end to end (its per-micro-batch
     results are then complete), raises `MeasurementFailed` carrying the runs measured in
     full, so that a caller can still report them: a failure all the same."""
+    timed = getattr(measure, "mode", mode)  # a LayerTimer says which pass it times
+    if timed != mode:
+        raise ValueError(f"the measurer times {timed!r} passes but the schedules are judged "
+                         f"in mode {mode!r}: build the timer with mode={mode!r}")
     moe = spec.is_moe if moe_layer is None else moe_layer
     keys = _measuring_order(planned)
     if progress is not None:
@@ -369,7 +407,8 @@ def measure_benchmark(
         predicted = None
         if cost_model is not None:
             predicted = [
-                float(sum(cost_model.stack_cost(mb, num_layers=1, moe=moe, head=False) for mb in rank))
+                float(sum(cost_model.stack_cost(mb, mode, num_layers=1, moe=moe, head=False)
+                          for mb in rank))
                 for rank in mbs
             ]
         direct = None
@@ -391,7 +430,7 @@ def measure_benchmark(
             PolicyRun(
                 policy=policy, dp_size=dp, schedule=sched, microbatch_lengths=mbs,
                 measured_ms=measured, predicted_ms=predicted,
-                predicted_own=_own_costs(policy, mbs, spec, cost_model, moe),
+                predicted_own=_own_costs(policy, mbs, spec, cost_model, moe, mode),
                 slowest_rank_direct_ms=direct, timing_noise=noise, noise_floor=floor,
             )
         )

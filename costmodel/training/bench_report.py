@@ -23,8 +23,8 @@ def token_makespans(runs: Sequence[PolicyRun]) -> dict[int, float]:
     return {r.dp_size: r.makespan for r in runs if r.policy == "tokens"}
 
 
-def format_report(runs: Sequence[PolicyRun], *, per_rank: bool = False) -> str:
-    """The table `bench-schedule` prints."""
+def format_report(runs: Sequence[PolicyRun], *, per_rank: bool = False, mode: str = "train") -> str:
+    """The table `bench-schedule` prints (``mode``: the pass its micro-batches were timed in)."""
     base = token_makespans(runs)
     lines = [
         f"{'dp':>4} {'policy':<11} {'mb/rank':>7} {'makespan ms':>11} {'max/mean':>8} "
@@ -42,7 +42,8 @@ def format_report(runs: Sequence[PolicyRun], *, per_rank: bool = False) -> str:
             f"{speed:>8} {r.predicted_imbalance:>13.3f} {err:>10}"
         )
     lines.append(
-        "makespan: slowest rank's Σ of one layer's fwd+bwd time over its micro-batches; "
+        f"makespan: slowest rank's Σ of one layer's {'fwd+bwd' if mode == 'train' else 'forward'} "
+        "time over its micro-batches; "
         "speed-up: token balance's makespan / this one's; pred max/mean: by the policy's own "
         "cost; rank err %: |cost-model prediction / measured - 1| per rank, mean/worst"
     )

@@ -4,7 +4,7 @@
 `microbatch_key`) once per round, in interleaved rounds (`round_order`) so that slow clock
 drift favours no policy and no rank, and keeps the median; `timing_noise` and
 `noise_floor` say how much of a measured imbalance noise alone would explain. `LayerTimer`
-is the measurer on a GPU: forward + backward of one real `TransformerLayer`.
+is the measurer on a GPU: one real `TransformerLayer`, forward + backward or forward only.
 
 Numpy only, except `LayerTimer` (torch, imported when it is built).
 """
@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from costmodel.checks import import_torch
+from costmodel.curves import checked_mode
 from costmodel.kernels import TRITON_VARIANT_LENGTHS
 
 __all__ = [
@@ -165,7 +166,9 @@ def noise_floor(microbatch_ms: Sequence[Sequence[float]], noise: float, *,
 
 
 class LayerTimer:
-    """Times micro-batches, forward + backward, through one `TransformerLayer` on a GPU.
+    """Times micro-batches through one `TransformerLayer` on a GPU: forward + backward
+    (``mode="train"``) or forward under no_grad (``mode="forward"``, a log-prob pass), the
+    pass calibration times for that mode's curves (`calibration.workloads.packed_pass`).
 
     ``__call__(lengths) -> ms`` times one micro-batch; `measure_rank` times a rank's
     micro-batches back to back. ``timing="eager"`` (default) times plain calls, as a
@@ -179,8 +182,9 @@ class LayerTimer:
 
     def __init__(
         self, spec, *, attention: str = "torch-varlen", dtype: str = "bf16", seed: int = 0,
-        device: str | None = None, timing: str = "eager", replays: int = 3,
+        device: str | None = None, timing: str = "eager", replays: int = 3, mode: str = "train",
     ):
+        self.mode = checked_mode(mode)  # before torch, and before any GPU work
         torch = import_torch("bench-schedule (timing micro-batches on a GPU)")
         if device is None and not torch.cuda.is_available():
             raise RuntimeError(
@@ -213,19 +217,11 @@ class LayerTimer:
         self.attention = attention
 
     def _step(self, lengths: Sequence[int]) -> Callable[[], None]:
-        """fwd+bwd of one micro-batch of fresh random inputs, as a callable."""
-        from costmodel.kernels.layer import packed_inputs
+        """One micro-batch of fresh random inputs in this timer's mode, as a callable."""
+        from costmodel.calibration.workloads import packed_pass
 
-        x, cu, max_len = packed_inputs(
-            [int(n) for n in lengths], self.spec, device=self.device, dtype=self.dtype,
-            requires_grad=True,
-        )
-        grad = self._torch.randn_like(x)
-
-        def step() -> None:
-            x.grad = None  # written fresh each call, not accumulated (as KernelTimer does)
-            self.layer(x, cu, max_len).backward(grad)
-
+        step, _ = packed_pass([self.layer], lengths, self.spec, mode=self.mode,
+                              device=self.device, dtype=self.dtype)
         return step
 
     def _span(self, steps: Sequence[Callable[[], None]]) -> float:
@@ -282,14 +278,19 @@ class LayerTimer:
         """
         return self._time(microbatches)
 
+    @property
+    def _pass(self) -> str:
+        return "forward+backward" if self.mode == "train" else "forward (no_grad)"
+
     def describe(self) -> dict[str, Any]:
         torch = self._torch
         if not self.cuda:
-            return {"measurer": f"one TransformerLayer on {self.device} (wall clock)",
-                    "torch": torch.__version__, "attention": self.attention}
+            return {"measurer": f"one TransformerLayer, {self._pass}, on {self.device} (wall clock)",
+                    "mode": self.mode, "torch": torch.__version__, "attention": self.attention}
         props = torch.cuda.get_device_properties(self.device)
         return {
-            "measurer": "one TransformerLayer, forward+backward, CUDA events",
+            "measurer": f"one TransformerLayer, {self._pass}, CUDA events",
+            "mode": self.mode,
             "timing": self.timing,
             "replays": self.replays if self.timing == "graph" else None,
             "gpu": torch.cuda.get_device_name(self.device),
