@@ -13,7 +13,8 @@ file is skipped, with the reason, before anything moved):
   any) to ``costmodel/profiles/<gpu key>/<model>.json`` (``<model>-tp<N>`` for one
   tensor-parallel rank's shard, named so to ``--unvalidated`` too); profiles of two GPUs,
   or two of one model, are refused: one session folder at a time;
-- ``bench_attention.json``, ``bench_mlp.json``, ``bench_schedule.json`` to
+- ``bench_attention.json``, ``bench_mlp.json``, ``bench_schedule.json`` and the optional
+  step's ``bench_schedule_forward.json`` (``--mode forward --align 2``) to
   ``benchmarks/results/<name>_<gpu key>.json`` (a file without result rows, such as an
   interrupted tuning, never replaces one with rows: it goes to ``<name>_partial_<key>``),
   ``<model>.png`` to ``benchmarks/results/<model>_<gpu key>.png`` and ``session.log`` to
@@ -47,7 +48,9 @@ if TYPE_CHECKING:
     from costmodel.model import CostModel
 
 ROOT = Path(__file__).resolve().parents[1]
-BENCHES = ("bench_attention", "bench_mlp", "bench_schedule")
+BENCHES = ("bench_attention", "bench_mlp", "bench_schedule", "bench_schedule_forward")
+# Written only when a session asked for that step: its absence is no news.
+OPTIONAL_BENCHES = ("bench_schedule_forward",)
 # The issues' targets, judged here (the bench files carry their own where they can).
 MAPE_TARGETS = {">=1024": 0.025, "all": 0.04}
 ATTN_TARGETS = {"fwd": 1.0, "fwd+bwd": 0.8}  # Triton over torch-varlen, for L >= 4k
@@ -319,7 +322,12 @@ def _headroom(check: dict) -> str:
 
 
 def _schedule_summary(doc: dict) -> list[str]:
-    lines = ["bench-schedule (target: calibrated >= 10% below tokens, <= flops, max/mean < 1.03):"]
+    config = doc.get("config") or {}
+    mode, align = config.get("mode", "train"), config.get("align", 1)
+    # A forward-only or aligned run is another measurement: its lines must say which.
+    flags = "" if (mode, align) == ("train", 1) else f" --mode {mode} --align {align}"
+    lines = [f"bench-schedule{flags} (target: calibrated >= 10% below tokens, <= flops, "
+             "max/mean < 1.03):"]
     for run in doc.get("runs", []):
         speedup = run.get("speedup_over_tokens")
         lines.append(f"  dp {run['dp_size']:>3} {run['policy']:<10} makespan "
@@ -431,8 +439,11 @@ def adopt(out: Path, dry_run: bool = False, unvalidated: set[str] | bool = False
                 print(f"  no {model.spec.name}.png: the shipped plot is now stale")
         print()
         summarise = {"bench_attention": _attention_summary, "bench_mlp": _mlp_summary,
-                     "bench_schedule": _schedule_summary}
+                     "bench_schedule": _schedule_summary,
+                     "bench_schedule_forward": _schedule_summary}
         for name in BENCHES:
+            if name not in docs and name in OPTIONAL_BENCHES:
+                continue
             if name not in docs:
                 stale = " (the shipped one is now stale)" if profiles and name == "bench_schedule" else ""
                 print(f"{name}: no result to ship{stale}")

@@ -19,6 +19,13 @@
 #      has never run, while the first session measured this benchmark, and its 10% target
 #      is out of reach by balance at dp 8 and 16 on these batches (token balance's own
 #      max/mean there: 1.068 and 1.110)
+#   6b. OPTIONAL, not in the default STEPS (the default budget has no room for it):
+#      bench_schedule_forward: bench-schedule --mode forward --align 2 on simulate's batch
+#      (--samples 512, the draw of `simulate --n 512`), dp 8,16,64, with the fresh cost
+#      model  <= 90 s (stops measuring at 65 s): where `simulate --model qwen3-8b --n 512
+#      --dp 8 --mode forward --align 2` predicted the cost-model policy losing to the
+#      baseline (RL log-probs run forward only; an interleaved pipeline needs micro-batches
+#      per rank in multiples of 2); about a third of step 6's layer work
 #   7. MLP benchmark, if time is left (STEPS without bench_mlp skips it)
 #   8. the reference trainer on the GPU (train-demo: nccl, one process, 4 steps), if time
 #      is left (its nccl/CUDA path has run on CPU only, where it is gloo)     ~20 s
@@ -30,8 +37,8 @@
 # call's profile, copied into the checkout). At most 8 files come back from $OUT, so
 # only these are written there: session.log, $MODEL.json (+ .partial.json on failure),
 # $MODEL.png, pytest-gpu.xml, bench_attention.json, bench_mlp.json, bench_schedule.json,
-# qwen3-30b-a3b.json, $MODEL-tp2.json; past 8, all but the log and $MODEL.json go into
-# results.tgz.
+# bench_schedule_forward.json, qwen3-30b-a3b.json, $MODEL-tp2.json; past 8, all but the log
+# and $MODEL.json go into results.tgz.
 # Every step has a timeout (SIGINT first, so Python saves what it can), the whole script
 # skips steps past LIMIT_S, and a failing step never stops the next. Everything goes
 # under "$OUT" (default ./out) with a log: session.log.
@@ -173,6 +180,13 @@ if want bench_schedule && [[ -f "$CAL" ]]; then
   step "bench-schedule $MODEL" 130 "$PY" -m costmodel -v bench-schedule --model "$MODEL" \
     --lengths rl --cap 16384 --dp 8,16,64 --cost-model "$CAL" \
     --time-limit-s "$(seconds_left 25 105)" --settle-s 3 -o "$OUT/bench_schedule.json"
+fi
+# Optional (STEPS="... bench_schedule_forward"): the forward-only, align-2 case, measured.
+if want bench_schedule_forward && [[ -f "$CAL" ]]; then
+  step "bench-schedule $MODEL --mode forward --align 2" 90 "$PY" -m costmodel -v \
+    bench-schedule --model "$MODEL" --lengths rl --samples 512 --cap 16384 --dp 8,16,64 \
+    --mode forward --align 2 --cost-model "$CAL" --time-limit-s "$(seconds_left 25 65)" \
+    --settle-s 3 -o "$OUT/bench_schedule_forward.json"
 fi
 want bench_mlp && step "bench_mlp" 60 "$PY" benchmarks/bench_mlp.py --quick \
   --tokens 512 1024 2048 4096 8192 16384 32768 --json "$OUT/bench_mlp.json"

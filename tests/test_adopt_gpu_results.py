@@ -68,6 +68,26 @@ def test_ships_the_profile_and_results_and_summarises_them(adopt_script, tmp_pat
     assert "now stale" in text and "no qwen3-8b.png" in text
 
 
+def test_the_optional_forward_bench_schedule_ships_beside_the_train_one(adopt_script, tmp_path,
+                                                                       capsys):
+    """gpu_session.sh's optional bench_schedule_forward step: shipped under its own name,
+    summarised with its flags (no cost model to skip); silent when the step did not run."""
+    out = _session_folder(tmp_path)
+    assert adopt_script.main([str(out), "--dry-run"]) == 0
+    assert "bench_schedule_forward" not in capsys.readouterr().out
+    forward = json.loads((out / "bench_schedule.json").read_text())
+    forward["config"].update(mode="forward", align=2)
+    (out / "bench_schedule_forward.json").write_text(json.dumps(forward))
+    assert adopt_script.main([str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "bench-schedule --mode forward --align 2 (target: calibrated" in text
+    assert "bench-schedule (target: calibrated" in text  # the train one, as before
+    assert "skip bench_schedule_forward.json" not in text
+    results = tmp_path / "repo" / "benchmarks" / "results"
+    assert json.loads((results / "bench_schedule_forward_h200.json").read_text())["config"][
+        "mode"] == "forward"
+
+
 def test_dry_run_copies_nothing_and_an_empty_folder_ships_nothing(adopt_script, tmp_path, capsys):
     out = _session_folder(tmp_path)
     assert adopt_script.main([str(out), "--dry-run"]) == 0
