@@ -3,6 +3,8 @@ TensorDict, and across two gloo ranks), and the plain-list functions."""
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
 
@@ -231,13 +233,42 @@ def test_a_plain_dict_batch_with_nested_input_ids():
         assert rows["score"].tolist() == [lengths[i] for i in mb]
 
 
+def _nested(rows, layout):
+    import torch
+
+    with warnings.catch_warnings():  # torch: the strided layout is a prototype
+        warnings.simplefilter("ignore", UserWarning)
+        return torch.nested.nested_tensor(rows, layout=layout)
+
+
+def test_nested_input_ids_in_either_layout_schedule_as_the_padded_batch():
+    """A nested input_ids in torch's default (strided) layout raised AttributeError (no
+    offsets()), and in a plain dict torch's "Internal error" (len() reads a shape it has
+    not). Either layout, with or without an attention_mask (verl reads a nested input_ids
+    alone), schedules as the padded batch with its mask."""
+    torch = pytest.importorskip("torch")
+    lengths = np.minimum(generate_lengths(24, "rl", seed=7), 4000).tolist()
+    want = rearrange_micro_batches(_padded_batch(lengths, 4000), 8192,
+                                   same_micro_num_in_dp=False)[1]
+    for layout in (torch.strided, torch.jagged):
+        ids = _nested([torch.full((n,), i) for i, n in enumerate(lengths)], layout)
+        mask = _padded_batch(lengths, 4000)["attention_mask"]
+        for batch in ({"input_ids": ids}, {"input_ids": ids, "attention_mask": mask},
+                      FakeTensorDict(input_ids=ids)):
+            micro_batches, idx = rearrange_micro_batches(batch, 8192, same_micro_num_in_dp=False)
+            assert idx == want, (layout, type(batch))
+            for mb, rows in zip(idx, micro_batches):
+                assert [int(t[0]) for t in rows["input_ids"].unbind()] == mb
+
+
 def test_an_empty_row_of_nested_input_ids_is_named_as_such():
     """It blamed "an all-zero attention_mask", which a nested batch does not have."""
     torch = pytest.importorskip("torch")
-    ids = torch.nested.nested_tensor([torch.arange(n) for n in (3, 0, 5)], layout=torch.jagged)
-    with pytest.raises(ValueError, match=r"row 1 of the batch has no tokens \(an empty row of "
-                                         r"the nested input_ids; 1 such rows\)"):
-        rearrange_micro_batches({"input_ids": ids}, 8, same_micro_num_in_dp=False)
+    for layout in (torch.strided, torch.jagged):
+        ids = _nested([torch.arange(n) for n in (3, 0, 5)], layout)
+        with pytest.raises(ValueError, match=r"row 1 of the batch has no tokens \(an empty row "
+                                             r"of the nested input_ids; 1 such rows\)"):
+            rearrange_micro_batches({"input_ids": ids}, 8, same_micro_num_in_dp=False)
 
 
 _TWO_RANKS = """
