@@ -261,6 +261,20 @@ def test_nested_input_ids_in_either_layout_schedule_as_the_padded_batch():
                 assert [int(t[0]) for t in rows["input_ids"].unbind()] == mb
 
 
+def test_a_jagged_input_ids_with_holes_counts_its_rows_tokens():
+    """A jagged view narrowed from a padded tensor keeps the padded rows' offsets: a row of
+    2 tokens was counted as 10, and refused as over a cap of 8."""
+    torch = pytest.importorskip("torch")
+    lengths = [2, 5, 7, 3]
+    ids = torch.nested.narrow(torch.arange(40).reshape(4, 10), 1, torch.zeros(4, dtype=torch.long),
+                              torch.tensor(lengths), layout=torch.jagged)
+    want = rearrange_micro_batches(_padded_batch(lengths, 10), 8, same_micro_num_in_dp=False)[1]
+    micro_batches, idx = rearrange_micro_batches({"input_ids": ids}, 8, same_micro_num_in_dp=False)
+    assert idx == want
+    for mb, rows in zip(idx, micro_batches):
+        assert [len(t) for t in rows["input_ids"].unbind()] == [lengths[i] for i in mb]
+
+
 def test_an_empty_row_of_nested_input_ids_is_named_as_such():
     """It blamed "an all-zero attention_mask", which a nested batch does not have."""
     torch = pytest.importorskip("torch")

@@ -455,12 +455,17 @@ def _effective_lengths(batch: Any) -> np.ndarray:
 
 def _nested_lengths(input_ids: Any) -> np.ndarray:
     """Tokens in each row of a nested ``input_ids``, in either of torch's layouts: jagged
-    from its offsets, strided (torch's default) a row at a time, as it has neither offsets()
-    (AttributeError) nor a shape ("Internal error ... Please file an issue")."""
+    from its offsets (or its lengths, where it has holes), strided (torch's default) a row
+    at a time, as it has neither offsets() (AttributeError) nor a shape ("Internal error
+    ... Please file an issue")."""
     import torch
 
     if input_ids.layout == torch.jagged:  # 0.4 ms at 4,096 rows; unbind takes 22
-        return np.asarray(input_ids.offsets().diff().tolist(), dtype=np.int64)
+        # A jagged view with holes (torch.nested.narrow) keeps its base's offsets: their
+        # differences are the base's rows (10 tokens for a row of 2), its lengths() the rows'.
+        lengths = input_ids.lengths()
+        lengths = input_ids.offsets().diff() if lengths is None else lengths
+        return np.asarray(lengths.tolist(), dtype=np.int64)
     return np.asarray([row.shape[0] for row in input_ids.unbind()], dtype=np.int64)
 
 
