@@ -413,6 +413,27 @@ def test_a_mask_of_other_values_and_an_index_map_that_is_no_permutation_are_refu
     assert get_reverse_idx([torch.tensor(1), torch.tensor(0)]) == [1, 0]
 
 
+def test_a_half_precision_mask_counts_every_token():
+    """A bf16 or fp16 attention_mask was summed in its own dtype, which rounds: a row of
+    5,000 tokens read as 4,992 (bf16), one of 4,001 as 4,000 (fp16); numpy's fp16 too."""
+    import torch
+
+    lengths = [5000, 4001, 2999]
+    mask = _padded_batch(lengths, 5000)["attention_mask"]
+    want = rearrange_micro_batches({"attention_mask": mask}, 8192, same_micro_num_in_dp=False)
+    for half in (mask.bfloat16(), mask.half(), mask.numpy().astype(np.float16)):
+        micro_batches, idx = rearrange_micro_batches({"attention_mask": half}, 8192,
+                                                     same_micro_num_in_dp=False)
+        assert idx == want[1]
+        for mb, rows in zip(idx, micro_batches):
+            assert [int(r.sum()) for r in torch.as_tensor(rows["attention_mask"]).double()] == [
+                lengths[i] for i in mb]
+    # the bf16 row of 5,000 read as 4,992 fitted a cap of 4,999: a micro-batch over the cap
+    with pytest.raises(ValueError, match="sequence 0 has 5000 tokens, over max_token_len=4999"):
+        rearrange_micro_batches({"attention_mask": mask.bfloat16()}, 4999,
+                                same_micro_num_in_dp=False)
+
+
 @pytest.mark.parametrize("cost", [None, "flops", "h200/qwen3-8b"])
 def test_force_group_size_keeps_runs_of_rows_together_under_the_cap(cost):
     """verl's reward-model training keeps each (chosen, rejected) pair in one micro-batch

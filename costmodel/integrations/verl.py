@@ -443,7 +443,14 @@ def _effective_lengths(batch: Any) -> np.ndarray:
         if bool(((mask != 0) & (mask != 1)).any()):  # 0.5 or -1 summed to a wrong length
             raise ValueError("attention_mask must hold 0 and 1 only (1: a token of the "
                              "sequence); got other values")
-        lengths = mask.sum(dim=1) if hasattr(mask, "cpu") else np.asarray(mask).sum(axis=1)
+        # Counted in int64: a half-precision mask summed in its own dtype rounds (bf16 read
+        # a row of 5,000 tokens as 4,992; fp16 4,001 as 4,000).
+        if hasattr(mask, "cpu"):
+            import torch
+
+            lengths = mask.sum(dim=1, dtype=torch.int64)
+        else:
+            lengths = np.asarray(mask).sum(axis=1, dtype=np.int64)
     lengths = np.asarray(lengths.tolist(), dtype=np.int64)
     empty = np.flatnonzero(lengths < 1)
     if empty.size:
