@@ -275,6 +275,15 @@ def test_a_jagged_input_ids_with_holes_counts_its_rows_tokens():
         assert [len(t) for t in rows["input_ids"].unbind()] == [lengths[i] for i in mb]
 
 
+def test_a_meta_nested_input_ids_is_named():
+    """It raised torch's NotImplementedError "Cannot copy out of meta tensor; no data!", as a
+    meta attention_mask once did (a strided nested tensor cannot be moved to meta at all)."""
+    torch = pytest.importorskip("torch")
+    ids = _nested([torch.arange(n) for n in (3, 5)], torch.jagged).to("meta")
+    with pytest.raises(ValueError, match="input_ids is a meta tensor, which holds no tokens"):
+        rearrange_micro_batches({"input_ids": ids}, 8, same_micro_num_in_dp=False)
+
+
 def test_an_empty_row_of_nested_input_ids_is_named_as_such():
     """It blamed "an all-zero attention_mask", which a nested batch does not have."""
     torch = pytest.importorskip("torch")
