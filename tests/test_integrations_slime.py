@@ -472,3 +472,18 @@ def test_static_micro_batches_are_balanced_past_karmarkar_karp():
     assert all(len(r) == 8 for r in per_rank)
     assert max(kk) / np.mean(kk) > 1.05  # Karmarkar-Karp alone
     assert max(loads) / np.mean(loads) < 1.002
+
+
+def test_rollout_indices_on_the_meta_device_or_as_a_scalar_are_named():
+    """A meta tensor raised torch's RuntimeError "Tensor.item() cannot be called on meta
+    tensors"; a 0-d array TypeError "len() of unsized object" (a fuzzer)."""
+    import torch
+
+    args, lengths = make_args(), [300, 500, 200, 400]
+    with pytest.raises(ValueError, match="rollout_indices is a meta tensor, which holds no ids"):
+        build_dp_schedule(args, config(dp=2), lengths, global_batch_size=1,
+                          rollout_indices=torch.tensor([0, 0, 1, 1], device="meta"))
+    for scalar in (np.array(3), torch.tensor(3)):
+        with pytest.raises(ValueError, match="rollout_indices must be a sequence of ids"):
+            build_dp_schedule(args, config(dp=2), lengths, global_batch_size=1,
+                              rollout_indices=scalar)

@@ -49,9 +49,14 @@ def first_appearance_ids(ids: Any, what: str) -> np.ndarray:
     order: the same on every process). ValueError for an id that cannot be one: unhashable,
     or NaN (never equal to itself, so "the same" NaN ids would split)."""
     # A dict or set iterates over its keys, in an order that is not the samples': refused.
-    if isinstance(ids, (str, bytes, Mapping, Set)) or not hasattr(ids, "__len__"):
+    # A 0-d array or tensor has __len__ but no length (TypeError "len() of unsized object").
+    if (isinstance(ids, (str, bytes, Mapping, Set)) or not hasattr(ids, "__len__")
+            or getattr(ids, "ndim", 1) == 0):
         raise ValueError(f"{what} must be a sequence of ids, one per sample in order, got "
                          f"{type(ids).__name__} {ids!r:.60}")
+    if getattr(ids, "is_meta", False):  # torch's own: "item() cannot be called on meta tensors"
+        raise ValueError(f"{what} is a meta tensor, which holds no ids to read: give the ids "
+                         "themselves (a list, or a tensor on the CPU or a GPU)")
     by_value = _numbered_by_value(ids)
     if by_value is not None:
         return by_value
