@@ -487,3 +487,14 @@ def test_rollout_indices_on_the_meta_device_or_as_a_scalar_are_named():
         with pytest.raises(ValueError, match="rollout_indices must be a sequence of ids"):
             build_dp_schedule(args, config(dp=2), lengths, global_batch_size=1,
                               rollout_indices=scalar)
+
+
+def test_one_step_given_flat_is_named():
+    """step_sample_indices=[0, 1, 2] (one step's positions, not nested in a list) raised
+    TypeError "'int' object is not iterable"."""
+    lengths = [300, 500, 200, 400]
+    for flat in ([0, 1, 2, 3], (0, 1, 2, 3)):
+        with pytest.raises(ValueError, match=r"step_sample_indices\[0\] must be a non-empty list "
+                                             r"of sample positions, got 0 \(one step of samples "
+                                             r"0, 1, 2 is \[\[0, 1, 2\]\]\)"):
+            build_dp_schedule(make_args(), config(dp=2), lengths, step_sample_indices=flat)

@@ -158,9 +158,15 @@ def _steps(rollout_ids: np.ndarray, global_batch_size: int) -> list[list[int]]:
 
 def _positions(step: Any, n: int, what: str) -> list[int]:
     """Sample positions as Python ints: whole numbers in range(n), none twice."""
-    values = np.asarray(step.tolist() if hasattr(step, "tolist") else list(step), dtype=object)
+    try:
+        values = np.asarray(step.tolist() if hasattr(step, "tolist") else list(step), dtype=object)
+    except TypeError:  # a bare position (TypeError "'int' object is not iterable"): 0-d
+        values = np.asarray(step, dtype=object)
     if values.ndim != 1 or values.size == 0:
-        raise ValueError(f"{what} must be a non-empty list of sample positions, got {step!r:.60}")
+        # One step's positions given flat, [0, 1, 2], reads as steps of one number each.
+        hint = " (one step of samples 0, 1, 2 is [[0, 1, 2]])" if values.ndim == 0 else ""
+        raise ValueError(f"{what} must be a non-empty list of sample positions, got "
+                         f"{step!r:.60}{hint}")
     out = []
     for v in values.tolist():
         if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or not 0 <= v < n:
