@@ -420,6 +420,9 @@ def test_a_mask_of_other_values_and_an_index_map_that_is_no_permutation_are_refu
     assert get_reverse_idx(np.array([1, 0], dtype=object)) == [1, 0]
     assert get_reverse_idx(torch.tensor([1, 0], dtype=torch.int32)) == [1, 0]
     assert get_reverse_idx([torch.tensor(1), torch.tensor(0)]) == [1, 0]
+    # torch's NotImplementedError "Cannot copy out of meta tensor; no data!" leaked
+    with pytest.raises(ValueError, match="idx_map is a meta tensor, which holds no indices"):
+        get_reverse_idx(torch.tensor([1, 0], device="meta"))
 
 
 def test_a_half_precision_mask_counts_every_token():

@@ -197,6 +197,9 @@ def _entries(idx_map: Any) -> list:
     if getattr(idx_map, "ndim", 1) != 1 or "int" not in kind:  # bool, float, 2-D
         raise ValueError(f"idx_map must be a 1-D integer permutation, got {kind} of shape "
                          f"{tuple(idx_map.shape)}")
+    if getattr(idx_map, "is_meta", False):  # torch's own: "Cannot copy out of meta tensor"
+        raise ValueError("idx_map is a meta tensor, which holds no indices: give the indices "
+                         "themselves")
     return idx_map.tolist()
 
 
