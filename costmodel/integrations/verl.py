@@ -16,8 +16,9 @@
   nested ``input_ids``, jagged or strided). Where verl splits the batch into
   ``ceil(Σ L / max_token_len)`` partitions balanced by a workload proxy (which can exceed
   the token cap), this packs under the cap with `costmodel.scheduler.build_schedule`,
-  balancing the chosen cost, so it may make more micro-batches; with ``same_micro_num_in_dp`` the ranks of ``dp_group``
-  agree on the largest count (an all-reduce, repeated until every rank has it).
+  balancing the chosen cost, so it may make more micro-batches; with
+  ``same_micro_num_in_dp`` the ranks of ``dp_group`` agree on the largest count (an
+  all-reduce, repeated until every rank has it).
   As verl at 0db13434, ``dp_group=None`` agrees over all processes (some verl versions
   skip the sync without a group, ``... and dp_group is not None``, and ranks then run
   different counts of collectives and hang, e.g. in dp_actor, which passes no group); pass
