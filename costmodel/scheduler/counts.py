@@ -96,7 +96,8 @@ _FEWER_SLACK = 0.01
 # schedule, for 1-3% fewer micro-batches).
 _TIGHT_FEWER_MAX = 16384
 # Best fit's own count is also tried up to this many samples (one rank under a cost model:
-# priced; several ranks: a second start where levelling failed). At 16,384 one rank's
+# priced; several ranks: a second start where levelling failed), and its full micro-batches
+# split to the count are a start (`_filled_then_split_start`). At 16,384 one rank's
 # took verl's per-rank call from 15-18 to 30-45 ms and changed no schedule of
 # bench_one_rank's (rl, bimodal, at-limit).
 _BEST_FIT_COUNT_MAX = 4096
@@ -351,6 +352,8 @@ def _filled_then_split_start(packed: BestFit, lens: np.ndarray, dp: int, m: int,
     beat the level start under the H200 profile in 14 of 288 RL batches of 16-128 samples
     a rank (dp 8-64, forward mode, cap 16k; by up to 1.7%: 16k and 8k micro-batches
     against level ones of 14.2k, where that profile's forward curve costs more per token).
+    Priced per GPU at context parallelism 8 (4k tokens a GPU, near the curve's knee), this
+    start made training schedules 1.2-2.5% shorter (`bench_context_parallel.py`).
     """
     k = dp * m
     if len(packed.members) > k:
