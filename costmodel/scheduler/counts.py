@@ -140,12 +140,15 @@ def pack_and_assign(
     align: int,
     cap: int,
     exact: bool = False,
-) -> tuple[list[tuple[np.ndarray, int, np.ndarray]], list[tuple[np.ndarray, int, np.ndarray]]]:
+) -> tuple[list[tuple[np.ndarray, int, np.ndarray]], list[tuple[np.ndarray, int, np.ndarray]],
+           list[tuple[np.ndarray, int, np.ndarray]]]:
     """Pack by tokens into dp × m micro-batches (fewest m that works), then give each
     rank m of them balancing their true costs. Returns layouts (bin_of, m, bin costs),
     micro-batch ids ``rank * m + slot``, for the local search to start from: this one, and
     where samples over the cap outweigh a micro-batch, `heavy_apart`'s before; and extra
-    layouts at fewer micro-batches that levelling missed (best fit's, a tie's).
+    layouts at fewer micro-batches that levelling missed (best fit's, a tie's); and, under a
+    cost that prices fill, the split start (`_filled_then_split_start`), apart: the caller
+    checks that it never leaves the schedule above what the others reach.
     ``q``: the samples' quantised costs, ``scale`` the quantisation's (bin costs of a
     non-additive ``cost`` are quantised the same way).
 
@@ -267,15 +270,16 @@ def pack_and_assign(
                                  level_makespan)
     # A cost that prices how full a micro-batch is may prefer full ones and a few split
     # ones to level ones: the baseline's shape, one more start where it costs less in all.
+    split: list[tuple[np.ndarray, int, np.ndarray]] = []
     if (not cost.additive and lens.size <= _BEST_FIT_COUNT_MAX
             and _full_fills_may_cost_less(cost, lens, dp * m, cap)
             and (bf := best_fit()) is not None):
-        extra += _filled_then_split_start(bf, lens, dp, m, bin_costs, int(bin_q.sum()))
+        split = _filled_then_split_start(bf, lens, dp, m, bin_costs, int(bin_q.sum()))
     # Heavy samples' ranks apart, first: usually the better start, and often at the bound
     # (with more micro-batches per rank where it needs them; not past a count asked for).
     apart = heavy_apart(lens, (bins, bin_q), dp, (m, m if exact else m_max, align), cap,
                         bin_costs)
-    return [_by_rank(*layout) for layout in apart] + layouts, extra
+    return [_by_rank(*layout) for layout in apart] + layouts, extra, split
 
 
 def level_layout(lens: np.ndarray, by_length: np.ndarray, bin_costs, dp: int, m: int,

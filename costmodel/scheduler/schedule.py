@@ -386,8 +386,9 @@ def build_schedule(
     # Starts (bin_of, m, bin costs), the costs None where BinState works them out.
     layouts: Sequence[tuple[np.ndarray, int, np.ndarray | None]]
     extra: Sequence[tuple[np.ndarray, int, np.ndarray | None]]
+    split: Sequence[tuple[np.ndarray, int, np.ndarray | None]] = []
     if groups is None:
-        layouts, extra = pack_and_assign(
+        layouts, extra, split = pack_and_assign(
             lens, by_length, q, cost_obj, scale, dp=dp, m_range=(m_lb, m_start, m_max),
             align=align, cap=cap, exact=exact,
         )
@@ -400,8 +401,9 @@ def build_schedule(
         extra = []
     lb = lower_bound(cost_obj, lens, cap, dp, order=by_length, sample_costs=s)
     state: BinState | None = None
-    usual: tuple[BinState, float, int] | None = None
-    for i, (bin_of, m, bin_q) in enumerate([*layouts, *extra]):  # the lowest maximum wins
+    usual: tuple[BinState, float, int] | None = None  # the winner of `layouts`
+    unsplit: tuple[BinState, float, int] | None = None  # the winner before the split start
+    for i, (bin_of, m, bin_q) in enumerate([*layouts, *extra, *split]):  # lowest maximum wins
         if state is not None and state.load.max() <= lb * scale * (1 + _AT_THE_BOUND):
             break  # at a true bound no start does better (for a callable's reference: close)
         tried = BinState(lens, q, bin_of, dp, m, cap, cost_obj, scale, bin_q)
@@ -416,30 +418,28 @@ def build_schedule(
             state, greedy_imbalance, steps = tried, tried_imbalance, tried_steps
         if i == len(layouts) - 1:
             usual = state, greedy_imbalance, steps
+        if i == len(layouts) + len(extra) - 1:
+            unsplit = state, greedy_imbalance, steps
     assert state is not None  # layouts holds at least one start, and the first is taken
     if groups is None:
-        steps += batch_search(state)  # on the chosen start only: it cannot end above it
-        runner_up = None  # the usual winner, where an extra start ended lower
-        if usual is not None and usual[0] is not state:
-            # An extra start won the single moves; the usual winner's batch moves may still
-            # end lower (2 of 13,644 fuzzed schedules, by 0.19% and 0.30%): never worse.
-            usual_steps = batch_search(usual[0])
-            if int(usual[0].load.max()) <= int(state.load.max()):
-                state, greedy_imbalance, steps = usual[0], usual[1], usual[2] + usual_steps
-            else:
-                runner_up = usual[0], usual[1], usual[2] + usual_steps
-        if not exact:  # a count the caller asked for is kept
-            # From the usual winner too: an extra start that ends lower or more level can
-            # stop the search for room short of what the usual one finds there (7 of 19,133
-            # fuzzed schedules under a callable with bumps, up to 12.7% above the code
-            # without the split start, a review's).
-            for start in [(state, greedy_imbalance, steps), runner_up]:
-                if start is None:
-                    continue
-                more = _with_more_room(start[0], lens, by_length, (q, cost_obj, scale),
-                                       (align, m_max), lb * scale)
-                if more is not None and int(more[0].load.max()) < int(state.load.max()):
-                    state, greedy_imbalance, steps = more[0], more[1], start[2] + more[2]
+        # The search ends (batch moves, then more room) from each contender, the lowest
+        # kept, ties to the earlier: the usual winner, the winner before the split start,
+        # and the winner of the single moves. A start that won the single moves can still
+        # end above another's batch moves (2 of 13,644 fuzzed schedules, by 0.19% and
+        # 0.30%), or, ending more level, stop the search for room short of what another
+        # finds there (7 of 19,133 under a callable with bumps, up to 12.7%, a review's).
+        best: tuple[BinState, float, int] | None = None
+        done: list[BinState] = []
+        for contender in (usual, unsplit, (state, greedy_imbalance, steps)):
+            if contender is None or any(contender[0] is st for st in done):
+                continue
+            done.append(contender[0])
+            ended = _end_search(contender, exact, lens, by_length, (q, cost_obj, scale),
+                                (align, m_max), lb * scale)
+            if best is None or int(ended[0].load.max()) < int(best[0].load.max()):
+                best = ended
+        assert best is not None
+        state, greedy_imbalance, steps = best
 
     _check_invariants(state, align, groups)
     return _finish(
@@ -455,6 +455,20 @@ def build_schedule(
             "microbatches_per_rank": state.m,
         },
     )
+
+
+def _end_search(contender: tuple[BinState, float, int], exact: bool, lens: np.ndarray,
+                by_length: np.ndarray, costs: tuple[np.ndarray, Cost, float],
+                counts: tuple[int, int], bound: float) -> tuple[BinState, float, int]:
+    """``contender`` (state, greedy imbalance, steps) after the batch moves and, unless the
+    count is one the caller asked for (``exact``), the search for more room."""
+    st, imbalance, steps = contender
+    steps += batch_search(st)
+    if not exact:
+        more = _with_more_room(st, lens, by_length, costs, counts, bound)
+        if more is not None:
+            return more[0], more[1], steps + more[2]
+    return st, imbalance, steps
 
 
 def _with_more_room(st: BinState, lens: np.ndarray, by_length: np.ndarray,
