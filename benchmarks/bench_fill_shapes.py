@@ -37,10 +37,10 @@ from costmodel.model import load_cost_model  # noqa: E402
 from costmodel.scheduler import (  # noqa: E402
     baseline_microbatches,
     build_schedule,
+    counts,  # noqa: E402
     evaluate_schedule,
     generate_lengths,
 )
-from costmodel.scheduler import counts  # noqa: E402
 
 PROFILE = "h200/qwen3-8b"
 DPS = (8, 16, 32, 64)
