@@ -37,7 +37,7 @@ from costmodel.model import load_cost_model  # noqa: E402
 from costmodel.scheduler import (  # noqa: E402
     baseline_microbatches,
     build_schedule,
-    counts,  # noqa: E402
+    counts,
     evaluate_schedule,
     generate_lengths,
 )
