@@ -195,6 +195,25 @@ def test_context_parallel_benchmark(tmp_path, load_benchmark, capsys):
     assert "mean excess" in capsys.readouterr().out
 
 
+def test_fill_shapes_benchmark_quick_run(tmp_path, load_benchmark, capsys):
+    """With and without the split start, every cost, every batch: never longer with it, and
+    the gate put back as it was (the benchmark turns it off for its comparison)."""
+    from costmodel.scheduler import counts
+
+    gate = counts._full_fills_may_cost_less
+    bench = load_benchmark("bench_fill_shapes")
+    out = tmp_path / "fill.json"
+    assert bench.main(["--quick", "--json", str(out)]) == 0
+    assert counts._full_fills_may_cost_less is gate
+    doc = json.loads(out.read_text())
+    assert set(doc["summary"]) == {"train", "forward", "cp4 forward", "cp8 train"}
+    assert len(doc["cases"]) == 4 * 2 * 2 * len(bench.PER_RANK)
+    for case in doc["cases"]:
+        assert case["makespan"] <= case["makespan_without"] * (1 + 1e-12), case
+    assert doc["summary"]["forward"]["shorter"] > 0  # the start is exercised
+    assert "time ratio" in capsys.readouterr().out
+
+
 def test_one_rank_benchmark_quick_run(tmp_path, load_benchmark):
     """The one-rank (verl) benchmark end to end (--quick): ours never over the cap and at
     most first fit's count; verl's rule re-implemented makes ceil(tokens / cap)."""
