@@ -742,21 +742,27 @@ def test_the_layer_timed_is_the_shard_the_cost_model_prices(name, heads, expert_
                                                             monkeypatch, capsys):
     """Experts split at TP 1 (--expert-tensor-parallel alone) make a shard too: the layer
     timed is the cost model's rank_spec, not the whole layer."""
-    timed = []
+    spec, _ = _timer_built(monkeypatch, ["--model", "qwen3-30b-a3b", "--cost-model", name,
+                                         "--dp", "2", "--samples", "64", "--cap", "131072"])
+    assert (spec.num_heads, spec.moe_intermediate_size) == (heads, expert_width)
+
+
+def _timer_built(monkeypatch, argv):
+    """The spec and keyword arguments bench-schedule builds its GPU timer with (`argv`: its
+    flags), stopping it there."""
+    built = []
 
     class Stop(Exception):
         pass
 
     def fake_timer(spec, **kwargs):
-        timed.append(spec)
+        built.append((spec, kwargs))
         raise Stop
 
     monkeypatch.setattr(timer_mod, "LayerTimer", fake_timer)
-    args = build_parser().parse_args(["bench-schedule", "--model", "qwen3-30b-a3b", "--cost-model",
-                                      name, "--dp", "2", "--samples", "64", "--cap", "131072"])
     with pytest.raises(Stop):
-        bench_schedule.run(args)
-    assert (timed[0].num_heads, timed[0].moe_intermediate_size) == (heads, expert_width)
+        bench_schedule.run(build_parser().parse_args(["bench-schedule", *argv]))
+    return built[0]
 
 
 @pytest.mark.parametrize("device, key", [
@@ -852,20 +858,8 @@ def test_layer_timer_runs_forward_only_in_forward_mode():
 
 def test_the_command_times_the_layer_in_its_mode(monkeypatch):
     """--mode forward reaches the GPU timer; a measurer timing another pass is refused."""
-    built = []
-
-    class Stop(Exception):
-        pass
-
-    def fake_timer(spec, **kwargs):
-        built.append(kwargs)
-        raise Stop
-
-    monkeypatch.setattr(timer_mod, "LayerTimer", fake_timer)
-    args = build_parser().parse_args(["bench-schedule", *_with_truth(SMALL), "--mode", "forward"])
-    with pytest.raises(Stop):
-        bench_schedule.run(args)
-    assert built[0]["mode"] == "forward"
+    _, kwargs = _timer_built(monkeypatch, [*_with_truth(SMALL), "--mode", "forward"])
+    assert kwargs["mode"] == "forward"
 
     class TrainTimer:
         mode = "train"
