@@ -430,12 +430,13 @@ def build_schedule(
         # finds there (7 of 19,133 under a callable with bumps, up to 12.7%, a review's).
         best: tuple[BinState, float, int] | None = None
         done: list[BinState] = []
+        roomier: dict[int, tuple[BinState, float, int] | None] = {}  # shared by contenders
         for contender in (usual, unsplit, (state, greedy_imbalance, steps)):
             if contender is None or any(contender[0] is st for st in done):
                 continue
             done.append(contender[0])
             ended = _end_search(contender, exact, lens, by_length, (q, cost_obj, scale),
-                                (align, m_max), lb * scale)
+                                (align, m_max), lb * scale, roomier)
             if best is None or int(ended[0].load.max()) < int(best[0].load.max()):
                 best = ended
         assert best is not None
@@ -459,13 +460,16 @@ def build_schedule(
 
 def _end_search(contender: tuple[BinState, float, int], exact: bool, lens: np.ndarray,
                 by_length: np.ndarray, costs: tuple[np.ndarray, Cost, float],
-                counts: tuple[int, int], bound: float) -> tuple[BinState, float, int]:
+                counts: tuple[int, int], bound: float,
+                roomier: dict[int, tuple[BinState, float, int] | None]
+                ) -> tuple[BinState, float, int]:
     """``contender`` (state, greedy imbalance, steps) after the batch moves and, unless the
-    count is one the caller asked for (``exact``), the search for more room."""
+    count is one the caller asked for (``exact``), the search for more room (``roomier``:
+    `_with_more_room`'s searched counts, shared by the contenders)."""
     st, imbalance, steps = contender
     steps += batch_search(st)
     if not exact:
-        more = _with_more_room(st, lens, by_length, costs, counts, bound)
+        more = _with_more_room(st, lens, by_length, costs, counts, bound, roomier)
         if more is not None:
             return more[0], more[1], steps + more[2]
     return st, imbalance, steps
@@ -473,11 +477,14 @@ def _end_search(contender: tuple[BinState, float, int], exact: bool, lens: np.nd
 
 def _with_more_room(st: BinState, lens: np.ndarray, by_length: np.ndarray,
                     costs: tuple[np.ndarray, Cost, float], counts: tuple[int, int],
-                    bound: float) -> tuple[BinState, float, int] | None:
+                    bound: float, searched: dict[int, tuple[BinState, float, int] | None]
+                    ) -> tuple[BinState, float, int] | None:
     """Where ``st`` ended more than _ROOM_IMBALANCE over its ranks' mean and above the bound
     (quantised), the level start at each of up to _ROOM_COUNTS more micro-batches per rank,
     searched as the usual one; the best that ends lower than ``st`` (state, its greedy
-    imbalance, its steps), or None."""
+    imbalance, its steps), or None. ``searched``: each count's searched start (None: no
+    level packing), added to; a count searched before is not searched again (contenders
+    at one count reach the same ones: 7 repeats in 288 RL schedules)."""
     q, cost, scale = costs
     align, m_max = counts
     best = None
@@ -486,18 +493,34 @@ def _with_more_room(st: BinState, lens: np.ndarray, by_length: np.ndarray,
         if _imbalance(st.load) <= 1 + _ROOM_IMBALANCE or top <= bound * (1 + _AT_THE_BOUND):
             break
         m += align
-        layout = (level_layout(lens, by_length, bin_costs_of(lens, q, cost, scale), st.dp, m,
-                               st.cap) if m <= m_max else None)
-        if layout is None:
+        if m not in searched:
+            searched[m] = _level_searched(lens, by_length, costs, st, m) if m <= m_max else None
+        found = searched[m]
+        if found is None:
             break
-        st = BinState(lens, q, layout[0], st.dp, m, st.cap, cost, scale, layout[2])
-        imbalance = _imbalance(st.load)
-        steps = local_search(st)
-        steps += batch_search(st)
+        st = found[0]
         if int(st.load.max()) >= top:
             break  # room did not help: more will not either
-        best, top = (st, imbalance, steps), int(st.load.max())
+        best, top = found, int(st.load.max())
     return best
+
+
+def _level_searched(lens: np.ndarray, by_length: np.ndarray,
+                    costs: tuple[np.ndarray, Cost, float], like: BinState,
+                    m: int) -> tuple[BinState, float, int] | None:
+    """The level start at ``m`` micro-batches per rank (dp and cap as ``like``'s), searched
+    as the usual one: (state, its greedy imbalance, its steps), or None where levelling
+    cannot pack that many."""
+    q, cost, scale = costs
+    layout = level_layout(lens, by_length, bin_costs_of(lens, q, cost, scale), like.dp, m,
+                          like.cap)
+    if layout is None:
+        return None
+    st = BinState(lens, q, layout[0], like.dp, m, like.cap, cost, scale, layout[2])
+    imbalance = _imbalance(st.load)
+    steps = local_search(st)
+    steps += batch_search(st)
+    return st, imbalance, steps
 
 
 def _ndim(values: Any) -> int | None:
