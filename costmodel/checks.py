@@ -115,6 +115,14 @@ def cost_model_choice(value: Any, name: str) -> Any:
     return value
 
 
+def refuse_meta(value: Any, what: str, holds: str, instead: str) -> None:
+    """A ValueError, "``what`` is a meta tensor, which holds no ``holds``: ``instead``", for
+    a torch tensor on the meta device (a shape, no data), where torch's own error says only
+    "Cannot copy out of meta tensor; no data!" or "item() cannot be called on meta tensors"."""
+    if getattr(value, "is_meta", False):
+        raise ValueError(f"{what} is a meta tensor, which holds no {holds}: {instead}")
+
+
 def import_torch(what: str):
     """The torch module, or a RuntimeError saying that ``what`` needs it and how to get it
     (the package's base install is numpy and scipy only)."""

@@ -25,6 +25,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from costmodel.checks import refuse_meta
 from costmodel.scheduler.pack import MAX_ROUNDS, best_fit_pack, pack_tokens
 from costmodel.scheduler.pack_ranks import pack_each_rank
 from costmodel.scheduler.partition import karmarkar_karp_labels
@@ -54,9 +55,8 @@ def first_appearance_ids(ids: Any, what: str) -> np.ndarray:
             or getattr(ids, "ndim", 1) == 0):
         raise ValueError(f"{what} must be a sequence of ids, one per sample in order, got "
                          f"{type(ids).__name__} {ids!r:.60}")
-    if getattr(ids, "is_meta", False):  # torch's own: "item() cannot be called on meta tensors"
-        raise ValueError(f"{what} is a meta tensor, which holds no ids to read: give the ids "
-                         "themselves (a list, or a tensor on the CPU or a GPU)")
+    refuse_meta(ids, what, "ids to read",
+                "give the ids themselves (a list, or a tensor on the CPU or a GPU)")
     by_value = _numbered_by_value(ids)
     if by_value is not None:
         return by_value
