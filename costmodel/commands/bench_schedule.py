@@ -116,10 +116,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-# What the layer runs per micro-batch in each --mode (calibration's pass for those curves).
-_PASSES = {"train": "forward+backward", "forward": "forward only, under no_grad"}
-
-
 def _calibration_timing(cost_model) -> str | None:
     """How the cost model's sweep was timed ("graph" or "eager"), where its file says."""
     if cost_model is None:
@@ -149,7 +145,7 @@ def run(args: argparse.Namespace, *, measure=None) -> int:
     )
     from costmodel.spec import ModelSpec
     from costmodel.training import bench, bench_report
-    from costmodel.training.microbatch_timer import LayerTimer
+    from costmodel.training.microbatch_timer import PASSES, LayerTimer
 
     if args.output is not None:  # before minutes of measuring, not after
         check_output_path(args.output, "-o")
@@ -229,7 +225,7 @@ def run(args: argparse.Namespace, *, measure=None) -> int:
             other = [m for m in cost_model.modes if m != mode]
             raise ValueError(
                 f"cost model {name} has curves for {', '.join(cost_model.modes)} only; "
-                f"--mode {mode} times {_PASSES[mode]} and balances by the {mode} curves: "
+                f"--mode {mode} times {PASSES[mode]} and balances by the {mode} curves: "
                 f"calibrate with --modes {mode} (or --modes train,forward)"
                 + "".join(f", pick --mode {m}" for m in other)
                 + ", or drop calibrated from --policies"
@@ -308,7 +304,7 @@ def run(args: argparse.Namespace, *, measure=None) -> int:
             file=sys.stderr,
         )
     # Which pass and alignment the numbers are of: a forward run's table reads like a train one.
-    print(f"{spec.name}: one layer, mode {mode} ({_PASSES[mode]}), align {align}, "
+    print(f"{spec.name}: one layer, mode {mode} ({PASSES[mode]}), align {align}, "
           f"cap {args.cap}")
     print(bench_report.format_report(runs, per_rank=args.per_rank, mode=mode))
     checks = bench_report.target_checks(runs)

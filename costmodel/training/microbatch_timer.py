@@ -24,6 +24,7 @@ from costmodel.curves import checked_mode
 from costmodel.kernels import TRITON_VARIANT_LENGTHS
 
 __all__ = [
+    "PASSES",
     "LayerTimer",
     "Measure",
     "measure_microbatches",
@@ -36,6 +37,8 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 Measure = Callable[[Sequence[int]], float]
+# What `LayerTimer` runs per micro-batch in each mode (calibration's pass for those curves).
+PASSES = {"train": "forward+backward", "forward": "forward only, under no_grad"}
 
 
 def microbatch_key(lengths: Sequence[int]) -> tuple[int, ...]:
@@ -278,18 +281,14 @@ class LayerTimer:
         """
         return self._time(microbatches)
 
-    @property
-    def _pass(self) -> str:
-        return "forward+backward" if self.mode == "train" else "forward (no_grad)"
-
     def describe(self) -> dict[str, Any]:
         torch = self._torch
         if not self.cuda:
-            return {"measurer": f"one TransformerLayer, {self._pass}, on {self.device} (wall clock)",
-                    "mode": self.mode, "torch": torch.__version__, "attention": self.attention}
+            return {"measurer": f"one TransformerLayer, {PASSES[self.mode]}, on {self.device} "
+                                "(wall clock)", "mode": self.mode, "torch": torch.__version__, "attention": self.attention}
         props = torch.cuda.get_device_properties(self.device)
         return {
-            "measurer": f"one TransformerLayer, {self._pass}, CUDA events",
+            "measurer": f"one TransformerLayer, {PASSES[self.mode]}, CUDA events",
             "mode": self.mode,
             "timing": self.timing,
             "replays": self.replays if self.timing == "graph" else None,
