@@ -104,6 +104,25 @@ def test_output_paths_that_cannot_be_written_are_refused_first(target, says, cap
         assert err.count("\n") == 1 and says in err, (argv, err)
 
 
+def test_schedule_keeps_each_group_on_one_rank(tmp_path, capsys):
+    """--group-size G: each run of G consecutive samples (the last one shorter) on one rank,
+    every sample once; too few groups for the ranks is a one-line error naming the flags."""
+    import json
+
+    out = tmp_path / "s.json"
+    assert main(["schedule", "--n", "70", "--dp", "4", "--group-size", "8", "--cost", "flops",
+                 "--json", str(out)]) == 0
+    assert "in groups of 8 on one rank each" in capsys.readouterr().out
+    doc = json.loads(out.read_text())
+    rank_of = {i: r for r, rank in enumerate(doc["microbatches"]) for mb in rank for i in mb}
+    assert sorted(rank_of) == list(range(70))
+    assert all(len({rank_of[i] for i in range(g, min(g + 8, 70))}) == 1 for g in range(0, 70, 8))
+    assert doc["input"]["group_size"] == 8
+    assert main(["schedule", "--n", "70", "--dp", "16", "--group-size", "8"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--group-size 8 makes 9 group(s)" in err and "--dp 16" in err
+
+
 @pytest.mark.parametrize("argv, says", [
     # Each was reported only after CUDA started (on a GPU, after the clocks settled), or,
     # on a machine without one, hidden behind "needs a CUDA GPU".

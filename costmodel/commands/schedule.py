@@ -163,6 +163,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     add_allow_other_shape(p)
     p.add_argument(
+        "--group-size", type=int, default=None, metavar="G",
+        help="keep each run of G consecutive samples on one rank (a prompt's G responses, "
+        "laid out prompt by prompt as GRPO-style rollouts are; the last run may be shorter)",
+    )
+    p.add_argument(
         "--order",
         choices=("none", "longest-first", "pipeline"),
         default="none",
@@ -185,6 +190,7 @@ def run(args: argparse.Namespace) -> int:
     cost = resolve_cost(args.cost, spec, allow_other_shape=args.cost_model_allow_other_shape)
     if not isinstance(cost, str):  # tokens and FLOPs split evenly: their balance is the same
         cost = cost.for_context_parallel(cp)
+    group_ids = _group_ids(args.group_size, lengths.size, args.dp)
     t0 = time.perf_counter()
     s = build_schedule(
         lengths,
@@ -195,15 +201,18 @@ def run(args: argparse.Namespace) -> int:
         align=args.align,
         order=args.order,
         mode=args.mode,
+        group_ids=group_ids,
     )
     elapsed_ms = (time.perf_counter() - t0) * 1e3
     if args.json is not None:  # before the table: a reader that stops early (| head) loses none
         doc = s.to_dict()
         doc["input"] = {"source": source, "model": spec.name, "cost": cost_label(cost),
-                        "context_parallel": args.context_parallel}
+                        "context_parallel": args.context_parallel,
+                        "group_size": args.group_size}
         write_json_atomic(args.json, doc)
     unit = "ms" if not isinstance(cost, str) else ("tokens" if cost == "tokens" else "FLOP")
-    print(f"{source}; {int(lengths.sum()):,} tokens")
+    grouped = "" if group_ids is None else f", in groups of {args.group_size} on one rank each"
+    print(f"{source}; {int(lengths.sum()):,} tokens{grouped}")
     print(
         f"{spec.name}, dp={args.dp}, cap={args.max_tokens} tokens, cost: {cost_label(cost)}; "
         f"scheduled in {elapsed_ms:.1f} ms"
@@ -231,3 +240,18 @@ def run(args: argparse.Namespace) -> int:
     if args.json is not None:
         print(f"wrote {args.json}")
     return 0
+
+
+def _group_ids(group_size: int | None, n: int, dp: int) -> np.ndarray | None:
+    """Each sample's group (runs of ``group_size`` consecutive samples), or None without
+    --group-size; ValueError naming the flags where the groups cannot cover the ranks
+    (build_schedule would name its own arguments)."""
+    if group_size is None:
+        return None
+    size = positive_int(group_size, "--group-size")
+    groups = -(-n // size)
+    if groups < dp:
+        raise ValueError(f"--group-size {size} makes {groups} group(s) of {n} samples, fewer "
+                         f"than --dp {dp} ranks (a group stays on one rank, and no rank may be "
+                         "empty): lower --group-size or --dp, or schedule more samples")
+    return np.arange(n) // size
