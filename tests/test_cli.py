@@ -123,6 +123,21 @@ def test_schedule_keeps_each_group_on_one_rank(tmp_path, capsys):
     assert err.count("\n") == 1 and "--group-size 8 makes 9 group(s)" in err and "--dp 16" in err
 
 
+def test_simulate_with_groups_compares_this_schedulers_policies(tmp_path, capsys):
+    """--group-size in simulate: tokens, FLOPs and the cost model, each keeping groups whole;
+    the baselines (which place samples) are left out, and the output says so."""
+    import json
+
+    out = tmp_path / "sim.json"
+    assert main(["simulate", "--n", "96", "--dp", "4", "--group-size", "4", "--variant",
+                 "--json", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "groups of 4 on one rank each" in text and "baselines are not run" in text
+    doc = json.loads(out.read_text())
+    assert [r["policy"] for r in doc["policies"]] == ["tokens", "flops", "cost-model"]
+    assert doc["input"]["group_size"] == 4
+
+
 @pytest.mark.parametrize("argv, says", [
     # Each was reported only after CUDA started (on a GPU, after the clocks settled), or,
     # on a machine without one, hidden behind "needs a CUDA GPU".

@@ -112,6 +112,14 @@ def add_allow_other_shape(p: argparse.ArgumentParser) -> None:
     )
 
 
+def add_group_size(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--group-size", type=int, default=None, metavar="G",
+        help="keep each run of G consecutive samples on one rank (a prompt's G responses, "
+        "laid out prompt by prompt as GRPO-style rollouts are; the last run may be shorter)",
+    )
+
+
 def builtin_cost(name: Any) -> str | None:
     """"tokens" or "flops" for those names in any case ("FLOPS" too), else None."""
     text = str(name).strip().lower()
@@ -162,11 +170,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "name, e.g. h200/qwen3-8b) (default: tokens)",
     )
     add_allow_other_shape(p)
-    p.add_argument(
-        "--group-size", type=int, default=None, metavar="G",
-        help="keep each run of G consecutive samples on one rank (a prompt's G responses, "
-        "laid out prompt by prompt as GRPO-style rollouts are; the last run may be shorter)",
-    )
+    add_group_size(p)
     p.add_argument(
         "--order",
         choices=("none", "longest-first", "pipeline"),
@@ -190,7 +194,7 @@ def run(args: argparse.Namespace) -> int:
     cost = resolve_cost(args.cost, spec, allow_other_shape=args.cost_model_allow_other_shape)
     if not isinstance(cost, str):  # tokens and FLOPs split evenly: their balance is the same
         cost = cost.for_context_parallel(cp)
-    group_ids = _group_ids(args.group_size, lengths.size, args.dp)
+    group_ids = group_ids_of(args.group_size, lengths.size, args.dp)
     t0 = time.perf_counter()
     s = build_schedule(
         lengths,
@@ -242,7 +246,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _group_ids(group_size: int | None, n: int, dp: int) -> np.ndarray | None:
+def group_ids_of(group_size: int | None, n: int, dp: int) -> np.ndarray | None:
     """Each sample's group (runs of ``group_size`` consecutive samples), or None without
     --group-size; ValueError naming the flags where the groups cannot cover the ranks
     (build_schedule would name its own arguments)."""

@@ -14,6 +14,9 @@ cheapest per-token cost, over dp; or the costliest sample alone if larger). Poli
 - ``baseline``: first-fit packing by tokens, then Karmarkar-Karp over micro-batch FLOPs to
   ranks (slime's ``balance_data``; see `costmodel.scheduler.baselines`);
 - ``cost-model``: this scheduler balancing the cost model's predicted time.
+
+With ``--group-size G`` each run of G consecutive samples stays on one rank in the three
+policies of this scheduler; the baselines, which place samples, are left out.
 """
 
 from __future__ import annotations
@@ -27,9 +30,11 @@ from costmodel.checks import positive_int
 from costmodel.commands.schedule import (
     add_allow_other_shape,
     add_batch_arguments,
+    add_group_size,
     batch_lengths,
     builtin_cost,
     cost_label,
+    group_ids_of,
 )
 
 # Past this many samples `--variant` says it will be slow: its Karmarkar-Karp over samples
@@ -53,6 +58,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "default: the H200 one of --model's shape (measured where shipped, else the estimate)",
     )
     add_allow_other_shape(p)
+    add_group_size(p)
     p.add_argument(
         "--variant",
         action="store_true",
@@ -88,10 +94,12 @@ def run(args: argparse.Namespace) -> int:
     judge = model.for_context_parallel(positive_int(args.context_parallel, "--context-parallel"))
     common = dict(max_tokens_per_microbatch=args.max_tokens, mode=args.mode)
     flops = sequence_fwd_flops(lengths, spec)
+    group_ids = group_ids_of(args.group_size, lengths.size, args.dp)
 
     def ours(cost):
         return lambda: build_schedule(
-            lengths, dp_size=args.dp, cost=cost, spec=spec, align=args.align, **common
+            lengths, dp_size=args.dp, cost=cost, spec=spec, align=args.align,
+            group_ids=group_ids, **common
         )
 
     def baseline(variant):
@@ -104,12 +112,10 @@ def run(args: argparse.Namespace) -> int:
             align=args.align,
         )
 
-    policies = [
-        ("tokens", ours("tokens")),
-        ("flops", ours("flops")),
-        ("baseline", baseline("first-fit")),
-    ]
-    if args.variant:
+    policies = [("tokens", ours("tokens")), ("flops", ours("flops"))]
+    if group_ids is None:  # the baselines place samples, not groups
+        policies.append(("baseline", baseline("first-fit")))
+    if args.variant and group_ids is None:
         if lengths.size > _VARIANT_QUICK_N:  # one line, not a silent minute
             print(f"note: --variant's kk-samples baseline takes time quadratic in the number "
                   f"of samples: {lengths.size:,} can take minutes", file=sys.stderr)
@@ -137,7 +143,8 @@ def run(args: argparse.Namespace) -> int:
             }
         )
     base = next(r["makespan_ms"] for r in rows if r["policy"] == "tokens")
-    print(f"{source}; {int(lengths.sum()):,} tokens; dp={args.dp}, cap={args.max_tokens}")
+    grouped = "" if group_ids is None else f"; groups of {args.group_size} on one rank each"
+    print(f"{source}; {int(lengths.sum()):,} tokens; dp={args.dp}, cap={args.max_tokens}{grouped}")
     print(f"judged by: {cost_label(judge)} ({args.mode})")
     summary = model.validation_summary(args.mode)
     if summary:
@@ -156,6 +163,8 @@ def run(args: argparse.Namespace) -> int:
             f"{r['imbalance']:>9.4f} {r['makespan_over_lower_bound']:>10.4f} {mb_text:>8} "
             f"{r['cap_violations']:>8} {r['schedule_ms']:>9.1f}"
         )
+    if group_ids is not None:
+        print("the baselines are not run with --group-size: they place samples, not groups")
     alone = int((lengths > args.max_tokens).sum())
     if alone:
         print(f"{alone} sample(s) longer than the cap run alone in micro-batches over it, in "
@@ -170,6 +179,7 @@ def run(args: argparse.Namespace) -> int:
                 "context_parallel": args.context_parallel,
                 "cost_model": cost_label(judge),
                 "mode": args.mode,
+                "group_size": args.group_size,
             },
             "policies": rows,
         }
