@@ -285,7 +285,8 @@ def test_schedule_and_simulate_json_record_their_input(tmp_path, capsys):
                  "--json", str(out)]) == 0
     assert json.loads(out.read_text())["input"] == {
         "source": "64 samples, distribution 'rl', seed 0", "model": "qwen3-8b",
-        "cost": "qwen3-8b on NVIDIA H200 (measured)", "context_parallel": 1}
+        "cost": "qwen3-8b on NVIDIA H200 (measured)", "context_parallel": 1,
+        "group_size": None}
     out = tmp_path / "sim.json"
     assert main(["simulate", "--n", "64", "--dp", "2", "--max-tokens", "8192", "--json", str(out)]) == 0
     assert {k: v for k, v in json.loads(out.read_text())["input"].items()
