@@ -348,3 +348,36 @@ def test_a_shift_that_would_empty_or_fill_an_empty_micro_batch_is_refused():
     st = state([0, 0, 1, 1])  # micro-batch 2 empty: filling it would miss its fixed cost
     with pytest.raises(RuntimeError, match="empties or starts empty"):
         st.shift(np.array([0]), np.array([2]), np.array([1000]), np.array([1]), st.part[[0]])
+
+
+def test_a_pair_too_large_to_re_split_costs_one_try(monkeypatch):
+    """A pair with more than 2 * MAX_POOLED groups lists no splits (`_repack` refuses it at
+    once), so it costs one of the `_MAX_TRIES`, not `_SUBSET_TRY`: ranks of 3-5 groups next
+    to ranks of ~50 tiny ones (a review's fuzzing) spent the budget on the latter, 22 pairs
+    tried instead of 53, the makespan 0.11% higher. With no pair of 13-24 groups tried,
+    `_SUBSET_TRY` cannot change the schedule."""
+    import costmodel.scheduler.pair_repack as pr
+    from costmodel.scheduler import build_schedule
+
+    rng = np.random.default_rng(13)
+    sizes = rng.integers(1, 33, 208)
+    n, cap = int(sizes.sum()), 32768
+    lengths = rng.integers(1, 40, n)  # tiny samples, and 2% of 0.5-3x the cap
+    lengths[rng.choice(n, n // 50, replace=False)] = rng.integers(cap // 2, 3 * cap, n // 50)
+    ids = np.repeat(np.arange(sizes.size), sizes)[rng.permutation(n)]
+    repack, pooled = pr._repack, []
+
+    def spy(st, groups, members, a, b, packed):
+        pooled.append(np.unique(groups[np.concatenate([members[a], members[b]])]).size)
+        return repack(st, groups, members, a, b, packed)
+
+    monkeypatch.setattr(pr, "_repack", spy)
+    digests = []
+    for subset_try in (pr._SUBSET_TRY, 1):
+        monkeypatch.setattr(pr, "_SUBSET_TRY", subset_try)
+        s = build_schedule(lengths, dp_size=16, max_tokens_per_microbatch=cap, group_ids=ids,
+                           align=4)
+        digests.append(s.digest())
+    assert max(pooled) > 2 * pr.MAX_POOLED  # such pairs are tried
+    assert not any(pr.MAX_POOLED < g <= 2 * pr.MAX_POOLED for g in pooled)
+    assert digests[0] == digests[1]

@@ -38,8 +38,8 @@ MAX_POOLED = 12
 _SPLITS = 2
 _PARTNERS = 8
 _MAX_TRIES = 64
-# What a try of a pair with more than MAX_POOLED groups counts towards _MAX_TRIES (16 such
-# tries at most): one lists a subset's splits (`_pooled`), and past the first few tries
+# What a try of a pair with MAX_POOLED + 1 to 2 * MAX_POOLED groups counts towards _MAX_TRIES
+# (16 such tries at most): one lists a subset's splits (`_pooled`), and past the first few tries
 # they bought little. Groups of 4-8 RL responses at 8 a rank (48 batches: n 256-2,048, dp
 # 8-64, rl and bimodal, train and forward, the H200 profile), against no subsets: with 64
 # such tries makespans 0.73% lower on average (at most 2.98%) for 2.6x the time (median;
@@ -75,7 +75,8 @@ def pair_repack(st: BinState, groups: np.ndarray) -> int:
             return changed  # small groups: `group_search` moves their pieces
         for light in by_load[::-1][: min(_PARTNERS, st.dp - 1)].tolist():
             pooled = own + np.unique(groups[members[light]]).size
-            tries += 1 if pooled <= MAX_POOLED else _SUBSET_TRY
+            # Past 2 * MAX_POOLED `_repack` lists nothing: one try, as before subsets.
+            tries += _SUBSET_TRY if MAX_POOLED < pooled <= 2 * MAX_POOLED else 1
             if _repack(st, groups, members, heavy, light, packed):
                 changed += 1
                 break
