@@ -381,3 +381,47 @@ def test_a_pair_too_large_to_re_split_costs_one_try(monkeypatch):
     assert max(pooled) > 2 * pr.MAX_POOLED  # such pairs are tried
     assert not any(pr.MAX_POOLED < g <= 2 * pr.MAX_POOLED for g in pooled)
     assert digests[0] == digests[1]
+
+
+@pytest.mark.parametrize("case", ["fuzzed", "rl", "bimodal"])
+def test_the_subset_pass_never_ends_above_the_first_pass(case, monkeypatch):
+    """`pair_repack` re-splits pairs of 13-24 groups in a second pass, from where the first
+    pass (pairs of at most 12) ended: a schedule never ends above one where pairs of more list
+    no splits (`_pooled` patched). "fuzzed" is a review's case (8 ranks, 88 groups of 1-32 samples, a few huge among many
+    tiny, align 4, at least 10 micro-batches), where both kinds of re-split in one pass
+    ended 1.35% above."""
+    from test_scheduler import check_schedule
+
+    from costmodel.model import load_cost_model
+    from costmodel.scheduler import build_schedule, generate_lengths, pair_repack
+
+    cap, kw = 16384, {}
+    if case == "fuzzed":
+        sizes = [1, 9, 9, 1, 16, 9, 32, 25, 28, 9, 2, 32, 27, 30, 29, 4, 23, 3, 24, 14, 22, 22,
+                 11, 27, 14, 17, 28, 8, 24, 10, 31, 15, 12, 18, 1, 3, 21, 24, 20, 7, 29, 30,
+                 6, 21, 29, 27, 19, 14, 15, 20, 20, 27, 7, 7, 17, 6, 3, 28, 27, 28, 11, 27, 5,
+                 17, 18, 26, 26, 7, 2, 17, 3, 25, 6, 22, 18, 11, 30, 16, 20, 3, 8, 28, 4, 2,
+                 24, 18, 24, 9]
+        rng = np.random.default_rng(163182609)
+        lengths = rng.integers(1, 40, sum(sizes))
+        huge = lengths.size // 50
+        lengths[rng.choice(lengths.size, huge, replace=False)] = rng.integers(cap // 2, 3 * cap, huge)
+        ids = np.repeat(np.arange(len(sizes)), sizes)
+        kw = dict(align=4, min_num_microbatches=10)
+    else:  # groups of 8 at 8 a rank: pairs of 16 groups
+        lengths = generate_lengths(512, case, seed=1)
+        ids = np.arange(lengths.size) // 8
+    cost = load_cost_model("h200/qwen3-8b")
+
+    def makespan() -> float:
+        s = build_schedule(lengths, dp_size=8, max_tokens_per_microbatch=cap, cost=cost,
+                           group_ids=ids, **kw)
+        check_schedule(s, lengths, dp=8, cap=cap, group_ids=ids)
+        return s.makespan
+
+    both = makespan()
+    real = pair_repack._pooled  # past MAX_POOLED groups in a pair, list nothing: no subsets
+    monkeypatch.setattr(pair_repack, "_pooled", lambda now_a, tokens: (
+        np.arange(0) if now_a.size > pair_repack.MAX_POOLED else real(now_a, tokens)))
+    assert both <= makespan()
+
