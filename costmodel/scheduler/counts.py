@@ -96,11 +96,17 @@ _FEWER_SLACK = 0.01
 # schedule, for 1-3% fewer micro-batches).
 _TIGHT_FEWER_MAX = 16384
 # Best fit's own count is also tried up to this many samples (one rank under a cost model:
-# priced; several ranks: a second start where levelling failed), and its full micro-batches
-# split to the count are a start (`_filled_then_split_start`). At 16,384 one rank's
+# priced; several ranks: a second start where levelling failed). At 16,384 one rank's
 # took verl's per-rank call from 15-18 to 30-45 ms and changed no schedule of
 # bench_one_rank's (rl, bimodal, at-limit).
 _BEST_FIT_COUNT_MAX = 4096
+# Samples up to which best fit's full micro-batches split to the count are a start
+# (`_filled_then_split_start`). Its search runs only where the start costs less in all than
+# the level one, so the time goes where it gains: under the H200 profile, 48 batches of
+# 8,192-16,384 RL samples (dp 32-64, align 1 and 4, caps 16-32k, train and forward) with
+# 16,384 against 4,096: 14 shorter by 0.1-2.15%, none longer, those 14 taking 20-54 ms
+# instead of 5-13; the others 1.07x (median). Not past best fit's own limit (above).
+_SPLIT_START_MAX = _TIGHT_FEWER_MAX
 # Samples up to which the split start is built without asking `_full_fills_may_cost_less`
 # (microseconds of best fit): in a review's fuzzing the gate turned it down where it won in
 # 75 batches of under 64 samples (by up to 2.5%), 35 of 64-255 (0.84%), 82 of 256-1,023.
@@ -271,7 +277,7 @@ def pack_and_assign(
     # A cost that prices how full a micro-batch is may prefer full ones and a few split
     # ones to level ones: the baseline's shape, one more start where it costs less in all.
     split: list[tuple[np.ndarray, int, np.ndarray]] = []
-    if (not cost.additive and lens.size <= _BEST_FIT_COUNT_MAX
+    if (not cost.additive and lens.size <= _SPLIT_START_MAX
             and _full_fills_may_cost_less(cost, lens, dp * m, cap)
             and (bf := best_fit()) is not None):
         split = _filled_then_split_start(bf, lens, dp, m, bin_costs, int(bin_q.sum()))
