@@ -105,7 +105,10 @@ _BEST_FIT_COUNT_MAX = 4096
 # the level one, so the time goes where it gains: under the H200 profile, 48 batches of
 # 8,192-16,384 RL samples (dp 32-64, align 1 and 4, caps 16-32k, train and forward) with
 # 16,384 against 4,096: 14 shorter by 0.1-2.15%, none longer, those 14 taking 20-54 ms
-# instead of 5-13; the others 1.07x (median). Not past best fit's own limit (above).
+# instead of 5-13; the others 1.07x (median). Not past best fit's own limit (above). One
+# rank keeps _BEST_FIT_COUNT_MAX: there, at 8,192-16,384 samples (verl's per-rank call,
+# rl and bimodal, train and forward), it took 10-17 ms to 22-44 ms in 6 of 8 batches for at
+# most 0.06% less.
 _SPLIT_START_MAX = _TIGHT_FEWER_MAX
 # Samples up to which the split start is built without asking `_full_fills_may_cost_less`
 # (microseconds of best fit): in a review's fuzzing the gate turned it down where it won in
@@ -277,7 +280,7 @@ def pack_and_assign(
     # A cost that prices how full a micro-batch is may prefer full ones and a few split
     # ones to level ones: the baseline's shape, one more start where it costs less in all.
     split: list[tuple[np.ndarray, int, np.ndarray]] = []
-    if (not cost.additive and lens.size <= _SPLIT_START_MAX
+    if (not cost.additive and lens.size <= (_SPLIT_START_MAX if dp > 1 else _BEST_FIT_COUNT_MAX)
             and _full_fills_may_cost_less(cost, lens, dp * m, cap)
             and (bf := best_fit()) is not None):
         split = _filled_then_split_start(bf, lens, dp, m, bin_costs, int(bin_q.sum()))
