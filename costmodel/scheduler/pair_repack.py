@@ -90,13 +90,12 @@ def _pass(st: BinState, groups: np.ndarray, packed: dict[bytes, np.ndarray | Non
         if own > own_most:
             return changed  # small groups: `group_search` moves their pieces
         for light in by_load[::-1][: min(_PARTNERS, st.dp - 1)].tolist():
-            pooled = own + np.unique(groups[members[light]]).size
-            if subsets != (MAX_POOLED < pooled <= 2 * MAX_POOLED):
-                if not subsets:
-                    tries += 1  # refused at once, as before subsets
-                continue
+            if subsets and not (MAX_POOLED < own + np.unique(groups[members[light]]).size
+                                <= 2 * MAX_POOLED):
+                continue  # the first pass's pair, or too many groups to list
             tries += _SUBSET_TRY if subsets else 1
-            if _repack(st, groups, members, heavy, light, packed):
+            if _repack(st, groups, members, heavy, light, packed,
+                       2 * MAX_POOLED if subsets else MAX_POOLED):
                 changed += 1
                 break
         else:
@@ -113,15 +112,15 @@ def _by_rank(st: BinState) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _repack(st: BinState, groups: np.ndarray, members: list[np.ndarray], a: int, b: int,
-            packed: dict[bytes, np.ndarray | None]) -> bool:
+            packed: dict[bytes, np.ndarray | None], most: int = 2 * MAX_POOLED) -> bool:
     """Apply the best re-split of ranks ``a`` and ``b`` (``members``: each rank's samples,
-    ascending; kept up to date) if it lowers ``a``'s load. ``packed``: the sides packed
-    before (`_pack_sides`), added to."""
+    ascending; kept up to date) if it lowers ``a``'s load; none where they hold more than
+    ``most`` groups. ``packed``: the sides packed before (`_pack_sides`), added to."""
     m, cap = st.m, st.cap
     samples = np.sort(np.concatenate([members[a], members[b]]))
     local, group_of = np.unique(groups[samples], return_inverse=True)
     g = local.size
-    if not 2 <= g <= 2 * MAX_POOLED:
+    if not 2 <= g <= most:
         return False
     lengths = st.lengths[samples]
 
