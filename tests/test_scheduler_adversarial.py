@@ -89,7 +89,7 @@ def test_tiny_caps_use_the_fewest_micro_batches(grouped):
     )
     fewest = n // (2 * dp)
     if grouped:
-        # Whole groups get 1% of slack (see counts.place_grouped), not 100%.
+        # Whole groups get 1% of slack (see grouped_counts.place_grouped), not 100%.
         assert fewest <= s.num_microbatches <= 1.02 * fewest
     else:
         assert s.num_microbatches == fewest
@@ -781,11 +781,11 @@ def test_levelling_that_fails_by_a_hair_at_the_fewest_count_gets_best_fit_there(
 
 def _count_placements(monkeypatch) -> list[int]:
     """The counts each grouped placement is tried at, as the scheduler tries them."""
-    from costmodel.scheduler import counts
+    from costmodel.scheduler.grouped_counts import Grouped
 
     tries: list[int] = []
-    place = counts.Grouped.place
-    monkeypatch.setattr(counts.Grouped, "place",
+    place = Grouped.place
+    monkeypatch.setattr(Grouped, "place",
                         lambda self, m, *a, **k: tries.append(m) or place(self, m, *a, **k))
     return tries
 
@@ -817,7 +817,7 @@ def test_grouped_heavy_second_start_keeps_a_count_asked_for():
 
 
 def test_heavy_groups_apart_counts_for_the_rest_and_only_for_heavy_groups():
-    from costmodel.scheduler.counts import Grouped, heavy_groups_apart
+    from costmodel.scheduler.grouped_counts import Grouped, heavy_groups_apart
 
     lens = np.r_[np.full(96, 1000), [500_000, 500_000]]
     groups = np.r_[np.arange(96) // 2, [48, 49]]
@@ -837,7 +837,7 @@ def test_heavy_groups_apart_counts_for_the_rest_and_only_for_heavy_groups():
 
 
 def test_the_roomier_retry_uses_the_median_fitting_length():
-    from costmodel.scheduler.counts import _median_fitting
+    from costmodel.scheduler.grouped_counts import _median_fitting
 
     assert _median_fitting(np.array([1, 2, 3, 100, 200, 5000]), 4096) == 3  # 5000: over the cap
     assert _median_fitting(np.array([5000]), 4096) == 0
@@ -974,7 +974,7 @@ def test_water_filled_waiting_samples_that_strand_one_retry_by_pairing():
 
 
 def test_the_roomier_retry_leaves_room_under_the_cap():
-    from costmodel.scheduler.counts import _median_fitting
+    from costmodel.scheduler.grouped_counts import _median_fitting
 
     assert _median_fitting(np.array([4096, 4096, 4096, 10]), 4096) == 4095
 

@@ -683,7 +683,7 @@ def test_group_search_applies_only_strict_improvements():
 def test_heavy_groups_apart_takes_a_count_equal_to_the_most_allowed():
     """Mutant: `m < m_apart < m_max` (the most allowed itself refused): the existing test
     checks m_max 15 (refused) and 64, never the boundary 16."""
-    from costmodel.scheduler.counts import Grouped, heavy_groups_apart
+    from costmodel.scheduler.grouped_counts import Grouped, heavy_groups_apart
 
     lens = np.r_[np.full(96, 1000), [500_000, 500_000]]
     groups = np.r_[np.arange(96) // 2, [48, 49]]

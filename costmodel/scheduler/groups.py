@@ -455,7 +455,7 @@ class _Spread(NamedTuple):
     rank's samples >= m". With a budget and an ``m`` no higher, every check comes out as it
     did, and so the spread, while the budget still covers the largest total a check allowed
     (``tokens``) and ``m`` is above the largest count a check refused (``short``). So
-    `counts.place_grouped` trying fewer micro-batches spreads once, not once a count (64
+    `grouped_counts.place_grouped` trying fewer micro-batches spreads once, not once a count (64
     sweeps each at dp 1,024). Kept only where the greedy never lacked room and no rank was
     short (``reusable``): those steps are not recorded.
     """

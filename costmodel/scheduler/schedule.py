@@ -56,16 +56,9 @@ from costmodel.checks import positive_int, true_or_false
 from costmodel.flops import MAX_LENGTH, as_lengths
 from costmodel.scheduler.bounds import lower_bound, microbatch_range, round_up
 from costmodel.scheduler.costs import Cost, as_cost, quantise
-from costmodel.scheduler.counts import (
-    Grouped,
-    bin_costs_of,
-    heavy_groups_apart,
-    level_layout,
-    pack_and_assign,
-    place_grouped,
-    start_m,
-)
+from costmodel.scheduler.counts import bin_costs_of, level_layout, pack_and_assign, start_m
 from costmodel.scheduler.group_search import group_local_search
+from costmodel.scheduler.grouped_counts import Grouped, heavy_groups_apart, place_grouped
 from costmodel.scheduler.groups import first_appearance_ids
 from costmodel.scheduler.order import ORDERS, run_orders
 from costmodel.scheduler.pair_repack import pair_repack
