@@ -8,7 +8,7 @@ named) and checks the drop-in keeps it on the same inputs:
   tests/utils/test_seqlen_balancing.py at 015c0eaa;
 - THUDM/slime slime/utils/dp_schedule.py at 04e67434 (``global_batch_size`` +
   ``rollout_indices``) and b1de73ca (``step_sample_indices``); tests/test_dp_schedule.py at
-  04e67434.
+  04e67434; radixark/miles miles/utils/dp_schedule.py (``allow_partial_train_step``).
 """
 
 from __future__ import annotations
@@ -231,6 +231,28 @@ def test_slime_rollouts_stay_in_one_step_and_trailing_ones_are_dropped():
                                      rollout_indices=[0, 0, 1, 2, 2, 3, 4, 4])
     assert out[3] == [2, 2]
     _assert_slime_invariants(out, dp=1, expected=range(6), lengths=lengths, cap=12)
+
+
+def test_slime_forks_partial_final_step():
+    """radixark/miles' --allow-partial-train-step (dynamic batch size only): the trailing
+    rollouts train as one smaller final step, kept only with at least dp_size samples."""
+    lengths = [3] * 8
+    rollouts = [0, 0, 1, 2, 2, 3, 4, 4]
+    args = _args(use_dynamic_batch_size=True, max_tokens_per_gpu=12,
+                 allow_partial_train_step=True)
+    out = cm_slime.build_dp_schedule(args, _tp(), lengths, global_batch_size=2,
+                                     rollout_indices=rollouts)
+    assert out[3] == [2, 2, 1] and len(out[2]) == 3
+    _assert_slime_invariants(out, dp=1, expected=range(8), lengths=lengths, cap=12)
+    # the last rollout's 1 sample is fewer than dp_size=2: skipped
+    out = cm_slime.build_dp_schedule(args, _tp(dp=2), [3] * 5, global_batch_size=2,
+                                     rollout_indices=[0, 0, 1, 1, 2])
+    assert out[3] == [2]
+    # fixed-size micro-batches: the flag does nothing, as there
+    static = _args(micro_batch_size=1, allow_partial_train_step=True)
+    out = cm_slime.build_dp_schedule(static, _tp(), lengths, global_batch_size=2,
+                                     rollout_indices=rollouts)
+    assert out[3] == [2, 2]
 
 
 def test_slime_step_sample_indices_form():

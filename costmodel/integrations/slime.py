@@ -14,7 +14,9 @@ Invariants:
 
 - samples of one rollout (equal ``rollout_indices``) stay in one step; steps take
   ``global_batch_size`` rollouts in order of first appearance; trailing rollouts that do
-  not fill a step are dropped;
+  not fill a step are dropped (with ``allow_partial_train_step`` and dynamic batch size,
+  as in slime forks such as radixark/miles, they train as one smaller final step when they
+  hold at least ``dp_size`` samples);
 - per step, every rank runs the same number of micro-batches, a multiple of the VPP
   micro-batch group (so the step's count is a multiple of ``dp_size × group``);
 - ``partitions[r]`` lists rank r's global sample indices step after step, and
@@ -24,7 +26,8 @@ Invariants:
 
 What it honours on ``args``: ``use_dynamic_batch_size`` with ``max_tokens_per_gpu``
 (× ``cp_size``, × ``packing_safety_margin`` when set, as slime does), or ``micro_batch_size``
-for fixed-size micro-batches; ``balance_data``, ``balance_by_flops``; and a new
+for fixed-size micro-batches; ``balance_data``, ``balance_by_flops``,
+``allow_partial_train_step``; and a new
 ``cost_model`` (a calibrated file or a shipped name such as ``h200/qwen3-8b``; absent or
 None for none), priced as one rank of the ``cp_size`` group runs a micro-batch
 (`CostModel.for_context_parallel`). Model shape for FLOPs comes from the Megatron-style fields on ``args``
@@ -138,9 +141,13 @@ def _on(args: Any, name: str) -> bool:
     return on_off(getattr(args, name, None), name)
 
 
-def _steps(rollout_ids: np.ndarray, global_batch_size: int) -> list[list[int]]:
-    """Sample positions of each step: whole rollouts, global_batch_size per step.
-    ``rollout_ids``: each sample's rollout, numbered by first appearance."""
+def _steps(rollout_ids: np.ndarray, global_batch_size: int, *, partial_min_samples: int | None = None
+           ) -> tuple[list[list[int]], list[int]]:
+    """Sample positions of each step (whole rollouts, global_batch_size per step) and each
+    step's rollout count. ``rollout_ids``: each sample's rollout, numbered by first
+    appearance. ``partial_min_samples`` (slime forks' ``--allow-partial-train-step``): the
+    trailing rollouts that fill no whole step train as one smaller final step when they
+    hold at least that many samples (dp_size), instead of being dropped."""
     rollouts: list[list[int]] = [[] for _ in range(int(rollout_ids.max()) + 1 if rollout_ids.size else 0)]
     for pos, rid in enumerate(rollout_ids.tolist()):
         rollouts[rid].append(pos)
@@ -150,10 +157,21 @@ def _steps(rollout_ids: np.ndarray, global_batch_size: int) -> list[list[int]]:
             f"{len(rollouts)} rollouts cannot fill one step of global_batch_size="
             f"{global_batch_size} rollouts: lower global_batch_size or bring more rollouts"
         )
-    return [
-        [pos for r in rollouts[s * global_batch_size : (s + 1) * global_batch_size] for pos in r]
-        for s in range(num_steps)
-    ]
+    counts = [global_batch_size] * num_steps
+    leftover = rollouts[num_steps * global_batch_size:]
+    if leftover and partial_min_samples is not None:
+        held = sum(len(r) for r in leftover)
+        if held >= partial_min_samples:
+            counts.append(len(leftover))
+        else:
+            logger.info("allow_partial_train_step: the last %d rollout(s) hold %d sample(s), "
+                        "fewer than dp_size=%d; not trained", len(leftover), held,
+                        partial_min_samples)
+    steps, start = [], 0
+    for count in counts:
+        steps.append([pos for r in rollouts[start:start + count] for pos in r])
+        start += count
+    return steps, counts
 
 
 def _positions(step: Any, n: int, what: str) -> list[int]:
@@ -267,8 +285,12 @@ def build_dp_schedule(
         rollout_ids = first_appearance_ids(rollout_indices, "rollout_indices")
         if rollout_ids.size != lengths.size:
             raise ValueError(f"rollout_indices has {rollout_ids.size} entries for {lengths.size} samples")
-        steps = _steps(rollout_ids, global_batch_size)
-        step_sizes = [global_batch_size] * len(steps)
+        # slime forks (miles) train the trailing rollouts as one smaller final step with
+        # --allow-partial-train-step, with dynamic batch size only (as there).
+        partial = (_on(args, "allow_partial_train_step")
+                   and _on(args, "use_dynamic_batch_size"))
+        steps, step_sizes = _steps(rollout_ids, global_batch_size,
+                                   partial_min_samples=dp if partial else None)
     for unsupported in ("global_batch_tokens", "multimodal_aware_packing"):
         if getattr(args, unsupported, None) not in (None, "off"):
             raise ValueError(
