@@ -214,9 +214,13 @@ def test_errors():
         )
 
 
-def test_balance_data_without_a_model_shape_balances_tokens(caplog):
+def test_balance_data_without_a_model_shape_balances_tokens(caplog, monkeypatch):
     """slime balanced `balance_data` by tokens in some releases: args without Megatron's
     model fields still schedule (they raised "missing"), balanced by tokens, with a warning."""
+    import costmodel.integrations.args as args_module
+
+    # The warning is logged once per process: another test in this worker may have had it.
+    monkeypatch.setattr(args_module, "_warned", set())
     args = SimpleNamespace(use_dynamic_batch_size=True, max_tokens_per_gpu=100, balance_data=True)
     lengths = [90, 10, 80, 20, 70, 30, 60, 40]
     with caplog.at_level("WARNING"):
