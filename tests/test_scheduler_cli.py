@@ -452,6 +452,8 @@ def test_n_and_seed_with_a_lengths_file_are_said_to_do_nothing(tmp_path, capsys)
     captured = capsys.readouterr()
     assert "note: --n and --seed only apply to --dist; scheduling all 4 lengths" in captured.err
     assert "4 lengths from" in captured.out
+    assert main(["schedule", "--lengths", str(path), "--dp", "2", "--seed", "3"]) == 0
+    assert "note: --seed only applies to --dist" in capsys.readouterr().err
     assert main(["schedule", "--lengths", str(path), "--dp", "2"]) == 0
     assert "note:" not in capsys.readouterr().err
     assert main(["schedule", "--dp", "2", "--max-tokens", "65536"]) == 0  # --n defaults to 4096

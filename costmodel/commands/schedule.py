@@ -85,7 +85,8 @@ def batch_lengths(args: argparse.Namespace) -> tuple[np.ndarray, str]:
         more = "add lengths to the file"
         unused = [flag for flag, value in (("--n", args.n), ("--seed", args.seed)) if value is not None]
         if unused:  # they draw from --dist: a file is scheduled whole
-            print(f"note: {' and '.join(unused)} only apply to --dist; scheduling all "
+            verb = "apply" if len(unused) > 1 else "applies"
+            print(f"note: {' and '.join(unused)} only {verb} to --dist; scheduling all "
                   f"{lengths.size:,} lengths of {args.lengths}", file=sys.stderr)
     else:
         dist = args.lengths or args.dist  # "--lengths rl", as bench-schedule takes it
