@@ -1,7 +1,10 @@
 """Reference data-parallel trainer: a tiny GPT on RL-like variable-length batches.
 
     torchrun --nproc_per_node 2 --standalone examples/train_varlen.py \
-        --steps 8 --balance-by-flops [--cost-model calibrated.json]
+        --steps 8 --balance-by-flops [--cost-model FILE]
+
+A cost model must be made for this trainer's tiny GPT (its shape is checked); a shipped
+profile such as h200/qwen3-8b balances it only with --cost-model-allow-other-shape.
 
 CPU runs use gloo, GPU runs nccl. Every rank builds the step's micro-batch schedule on its
 own (the flags of `costmodel.integrations.args`), checks that all ranks agree, trains its
