@@ -376,6 +376,15 @@ def test_batch_flag_errors_name_the_flag(command, flags, says, capsys):
     assert "dp_size" not in err and "max_tokens_per_microbatch" not in err
 
 
+@pytest.mark.parametrize("command", ["schedule", "simulate", "bench-schedule"])
+def test_an_empty_lengths_file_name_is_refused_not_drawn(command, capsys):
+    """`--lengths "$FILE"` with FILE unset drew --dist's synthetic batch and exited 0
+    (schedule, simulate); bench-schedule said "'.' is a folder"."""
+    assert main([command, "--lengths", ""]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "the lengths file name is empty ('')" in err, err
+
+
 def test_too_few_lengths_in_a_file_name_the_file_s_remedy(tmp_path, capsys):
     path = tmp_path / "lengths.txt"
     path.write_text("100\n200\n")

@@ -79,7 +79,8 @@ def batch_lengths(args: argparse.Namespace) -> tuple[np.ndarray, str]:
     if cap > MAX_LENGTH:
         raise ValueError(f"--max-tokens {cap:,} is more than any sample can be long (at most "
                          f"{MAX_LENGTH:,} tokens, 2^31 - 1)")
-    if args.lengths and args.lengths not in DISTRIBUTIONS:
+    # `--lengths ""` (an unset shell variable) is a file name, not a request to draw --dist
+    if args.lengths is not None and args.lengths not in DISTRIBUTIONS:
         lengths = read_lengths(args.lengths)
         source = f"{lengths.size} lengths from {args.lengths}"
         more = "add lengths to the file"

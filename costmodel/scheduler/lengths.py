@@ -117,6 +117,9 @@ def read_lengths(path: str | Path) -> np.ndarray:
     """Read a lengths file: text (see `parse_lengths`); ``.json``, a list of positive
     integers or an object with a ``"lengths"`` list; ``.npy``, a 1-D integer array. Anything
     else is a ValueError naming the file and the line or entry."""
+    if not str(path).strip():  # Path("") is the current folder: "'.' is a folder" misled
+        raise ValueError(f"the lengths file name is empty ({str(path)!r}); give a file of "
+                         "lengths (one per line, or .json/.npy)")
     p = Path(path)
     if p.is_dir():
         raise ValueError(f"{p} is a folder; give a lengths file (one length per line)")
