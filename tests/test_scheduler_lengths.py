@@ -126,6 +126,17 @@ def test_json_booleans_and_empty_files_are_refused_naming_the_file(tmp_path):
             read_lengths(tmp_path / name)
 
 
+def test_json_too_deep_or_too_many_digits_names_the_file(tmp_path):
+    """Both escaped without the file's name: "maximum recursion depth exceeded while
+    decoding a JSON array" (a RuntimeError) and "Exceeds the limit (4300 digits) ..."."""
+    (tmp_path / "deep.json").write_text("[" * 100_000 + "]" * 100_000)
+    (tmp_path / "digits.json").write_text("[1" + "0" * 5000 + "]")
+    with pytest.raises(ValueError, match=r"deep\.json: JSON nested too deeply"):
+        read_lengths(tmp_path / "deep.json")
+    with pytest.raises(ValueError, match=r"digits\.json: not valid JSON \(Exceeds the limit"):
+        read_lengths(tmp_path / "digits.json")
+
+
 def test_a_text_file_named_npy_is_not_sent_to_pickle(tmp_path):
     """numpy calls a text file "pickled data" and suggests allow_pickle: the error says what
     the file is not, and what to give instead."""

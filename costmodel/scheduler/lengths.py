@@ -162,7 +162,9 @@ def _read_npy(p: Path) -> np.ndarray:
 def _read_json(p: Path) -> np.ndarray:
     try:
         data = json.loads(p.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+    except RecursionError:  # a RuntimeError: the CLI said only "maximum recursion depth exceeded"
+        raise ValueError(f"{p}: JSON nested too deeply to be a list of lengths") from None
+    except ValueError as err:  # bad JSON, not UTF-8, or a number past Python's digit limit
         raise ValueError(f"{p}: not valid JSON ({err})") from None
     if isinstance(data, dict):
         data = data.get("lengths")
