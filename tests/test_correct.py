@@ -147,6 +147,22 @@ def test_a_file_whose_own_curves_beat_the_peak_is_named_not_the_runs(tmp_path, m
     apply_correction(model, slight, source="test")  # the shipped curves pass
 
 
+@pytest.mark.parametrize("key", [None, "h999"])
+def test_a_file_without_a_registry_key_is_checked_against_its_gpu_s_peak(model, key):
+    """A file from before gpu.key (the loader takes it), or one whose key is not in the
+    registry, skipped the FLOPs check: factors of 0.01 were written, 4x past the peak of
+    the NVIDIA H200 its gpu.name says it was measured on."""
+    doc = model.to_dict()
+    if key is None:
+        del doc["gpu"]["key"]
+    else:
+        doc["gpu"]["key"] = key
+    keyless = CostModel.from_dict(doc, source="old.json")
+    fast = Correction(scales={"train": {p: 0.01 for p in PARTS}})
+    with pytest.raises(ValueError, match="impossible.*NVIDIA H200.*not of"):
+        apply_correction(keyless, fast, source="test")
+
+
 def test_bad_fits_are_refused(model):
     runs = _runs(model, TRUTH, count=MIN_RUNS - 1)
     with pytest.raises(ValueError, match=f"at least {MIN_RUNS}"):

@@ -345,6 +345,11 @@ def _beats_peak(model: CostModel) -> str | None:
     try:
         info = gpus.lookup_gpu(str(model.gpu_key))
     except ValueError:
+        # A file from before gpu.key (or with a key outside this registry) names its GPU
+        # only: the entry of that name, as `report` finds the peak it prints. (Skipping the
+        # check wrote curves at 4x the H200's peak from a file without gpu.key.)
+        info = gpus.find_gpu_by_device_name(model.gpu)
+    if info is None:
         return None  # no peak to check against, as for a calibration on such a GPU
     records = []
     for mode in model.modes:
