@@ -588,6 +588,29 @@ def test_the_shipped_h200_validation_replays_exactly():
             assert got["worst"] == pytest.approx(want["worst"], rel=1e-9)
 
 
+@pytest.mark.parametrize("field, value, says", [
+    ("requested_count", 10**9, "requested_count 1000000000 is not between its 120 points"),
+    ("caps", [2**31 - 1], "caps [2147483647] go past the 32,768 tokens the model measured"),
+])
+def test_a_block_without_lengths_is_not_drawn_again_past_a_validate_run_s_bounds(
+        field, value, says, caplog):
+    """A block whose points store no lengths is drawn again from its seed: edited to ask
+    for 10**9 micro-batches, or a cap of 2**31 tokens, `calibrate --refit` and `correct`
+    drew for hours. It is dropped, with a warning that says why."""
+    import copy
+
+    from costmodel.calibration.validate import revalidate
+
+    model = load_cost_model("h200/qwen3-8b")
+    block = copy.deepcopy(model.extra["validation"])
+    for res in block["modes"].values():
+        for point in res["points"]:
+            point.pop("lengths", None)
+    block[field] = value
+    assert revalidate(model, block) is None
+    assert says in caplog.text
+
+
 def test_a_validation_of_modes_the_refit_lacks_is_dropped(caplog):
     from costmodel.calibration.validate import revalidate
 

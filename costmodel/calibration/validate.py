@@ -307,14 +307,28 @@ def _legacy_rl_lengths(rng: np.random.Generator, n: int, max_len: int) -> np.nda
     return np.clip(np.round(rng.lognormal(np.log(1200), 1.1, n)), 16, max_len).astype(np.int64)
 
 
+# The most micro-batches `_drawn_again` draws (~0.7 s with the default caps): 66x validate's
+# default --count, far past what files from before stored lengths asked for.
+_MAX_DRAWN_AGAIN = 10_000
+
+
 def _drawn_again(model: CostModel, block: Any, points: list[Any]) -> list[tuple[int, ...]]:
     """The micro-batches of a block without stored lengths, drawn again from its seed."""
     want = [(int(p["tokens"]), int(p["n"])) for p in points]
     max_len = _longest_calibrated(model)
+    count, caps = int(block["requested_count"]), [int(c) for c in block["caps"]]
+    # Bounds a validate run keeps, checked before the draw: a block edited to
+    # requested_count 10**9, or to a cap of 2**31 tokens, drew for hours (`calibrate --refit`
+    # and `correct` hung).
+    if not len(want) <= count <= _MAX_DRAWN_AGAIN:
+        raise ValueError(f"its requested_count {count} is not between its {len(want)} points "
+                         f"and {_MAX_DRAWN_AGAIN:,}")
+    largest = largest_calibrated(model)
+    if any(c > largest for c in caps):
+        raise ValueError(f"its caps {caps[:6]} go past the {largest:,} tokens the model measured")
     for sampler in (rl_lengths, _legacy_rl_lengths):
         rng = np.random.default_rng(int(block["seed"]))
-        batches = random_microbatches(rng, count=int(block["requested_count"]),
-                                      caps=[int(c) for c in block["caps"]], max_len=max_len,
+        batches = random_microbatches(rng, count=count, caps=caps, max_len=max_len,
                                       sampler=sampler)
         batches = [batches[i] for i in rng.permutation(len(batches))][: len(want)]
         if [(sum(b), len(b)) for b in batches] == want:
