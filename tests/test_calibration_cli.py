@@ -125,6 +125,20 @@ def test_report_names_malformed_informational_fields_and_goes_on(tmp_path, capsy
     assert (tmp_path / "p.png").stat().st_size > 10_000
 
 
+@pytest.mark.parametrize("validation", [{"train": "x"}, {"count": 5, "modes": [1]}])
+def test_report_names_a_validation_block_without_results_as_malformed(tmp_path, capsys,
+                                                                      validation):
+    """It printed "validation: None random micro-batches per mode through None layers +
+    head (caps None)" over an empty table, as if a validation had run."""
+    doc = json.loads(Path("costmodel/profiles/h200/qwen3-8b.json").read_text())
+    doc["validation"] = validation
+    path = tmp_path / "hand-edited.json"
+    path.write_text(json.dumps(doc))
+    assert main(["report", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "validation: malformed in this file, not shown" in out and "None random" not in out
+
+
 def test_report_plot_is_written_whole_or_not_at_all(tmp_path, capsys, monkeypatch):
     import matplotlib.figure
 

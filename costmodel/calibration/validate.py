@@ -339,6 +339,12 @@ def _drawn_again(model: CostModel, block: Any, points: list[Any]) -> list[tuple[
 
 def format_validation(block: dict[str, Any]) -> str:
     """A table of the validation block (also used by `report`)."""
+    # Its results first: a block without them (hand-edited: {"train": "x"}) printed "None
+    # random micro-batches per mode through None layers" and an empty table; now a
+    # KeyError or TypeError, which `report` names as a malformed field.
+    modes = block["modes"]
+    if not isinstance(modes, dict):
+        raise TypeError(f"'modes' is {type(modes).__name__}, not an object of passes")
     stopped = (f"; stopped at the time limit, {block.get('requested_count')} requested"
                if block.get("stopped_at_time_limit") else "")
     if block.get("interrupted"):
@@ -351,7 +357,7 @@ def format_validation(block: dict[str, Any]) -> str:
         f"{block.get('num_layers')} layers + head (caps {block.get('caps')}{stopped})",
         f"  {'mode':8} {'split':7} {'predictor':11} {'MAPE':>7} {'worst':>7} {'Spearman':>9} {'scale':>10}",
     ]
-    for mode, res in block.get("modes", {}).items():
+    for mode, res in modes.items():
         for split, preds in res["summary"].items():
             for name, m in preds.items():
                 scale = "-" if name == "cost_model" else f"{m['scale']:.3g}"
