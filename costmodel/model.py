@@ -38,6 +38,7 @@ import numpy as np
 from numpy.typing import ArrayLike
 
 from costmodel import gpus
+from costmodel.beyond_peak import curves_beyond_peak
 from costmodel.checks import positive_int
 from costmodel.curves import MODES, ModeCurves, TokenCurve
 from costmodel.flops import MAX_LENGTH, as_lengths, causal_pairs
@@ -536,8 +537,7 @@ def load_cost_model(
         raise ValueError(f"{shown}: no cost model file can be there ({err.strerror}); give "
                          "a file path or a name like 'h200/qwen3-8b'") from None
     if readable:
-        doc = read_document(p)
-        return CostModel.from_dict(doc, source=str(p), spec=spec, allow_other_shape=allow_other_shape)
+        return _from_file(p, spec, allow_other_shape)
     if is_dir:  # a calibration's output folder, say
         inside = sorted(q.name for q in p.glob("*.json"))
         raise FileNotFoundError(f"{text} is a folder, not a cost model file" + (
@@ -569,10 +569,7 @@ def load_cost_model(
         if shipped is None and spec is not None and spec.name.lower() == model_name.lower():
             shipped = profile_for_shape(info.key, spec.shape_key())  # a config.json's own name
     if shipped is not None:
-        doc = read_document(shipped)
-        return CostModel.from_dict(
-            doc, source=str(shipped), spec=spec, allow_other_shape=allow_other_shape
-        )
+        return _from_file(shipped, spec, allow_other_shape)
     # "qwen3-32b-tp4" (-etp1): one rank's shard, as shipped profiles of shards are named
     shard = _shard_sizes(model_name) if m else None
     if shard:
@@ -604,6 +601,18 @@ def load_cost_model(
                    "times an efficiency curve): run `costmodel calibrate` on that GPU for "
                    "measured curves", info.key, m.group(2) if m else model_name)
     model.accept_shape_of(spec)  # allowed above
+    return model
+
+
+def _from_file(path: Path, spec: ModelSpec | None, allow_other_shape: bool) -> CostModel:
+    """A cost model file, validated; curves faster than its GPU can run are refused too (a
+    file edited to 1e-9 ms of attention loaded, and schedules balanced it as free)."""
+    model = CostModel.from_dict(read_document(path), source=str(path), spec=spec,
+                                allow_other_shape=allow_other_shape)
+    impossible = curves_beyond_peak(model)
+    if impossible:
+        raise ValueError(f"cost model {path}: {impossible}; the file is corrupt or was edited: "
+                         "restore it, or run `costmodel calibrate` again")
     return model
 
 

@@ -131,9 +131,10 @@ def test_impossible_runs_are_refused(model, caplog):
 
 
 def test_a_file_whose_own_curves_beat_the_peak_is_named_not_the_runs(tmp_path, model):
-    """Regression (an audit's): a hand-edited file whose attention runs faster than the GPU
-    loads (the FLOPs check runs at calibration), and `correct` said its runs "are not of"
-    the model, whatever they were; the file is at fault, and a slight correction shows it."""
+    """Regression (an audit's): a hand-edited model whose attention runs faster than the GPU
+    (built in memory: `load_cost_model` refuses such a file), and `correct` said its runs
+    "are not of" the model, whatever they were; the model is at fault, and a slight
+    correction shows it."""
     doc = model.to_dict()
     attention = doc["curves"]["train"]["attention"]
     attention["ms"] = [attention["ms"][0]] * len(attention["ms"])  # flat: 32k as fast as 64
@@ -141,7 +142,8 @@ def test_a_file_whose_own_curves_beat_the_peak_is_named_not_the_runs(tmp_path, m
     slight = Correction(scales={"train": {"overhead": 1.0, "attention": 1.1, "linear": 1.0,
                                           "head": 1.0}})
     with pytest.raises(ValueError, match=r"its own curves are impossible, before any "
-                       r"correction \(broken measurement.*\): recalibrate it") as err:
+                       r"correction \(\d+ knot\(s\) of its curves run faster than NVIDIA H200 can.*\): "
+                       r"recalibrate it") as err:
         apply_correction(edited, slight, source="test")
     assert "not of" not in str(err.value)
     apply_correction(model, slight, source="test")  # the shipped curves pass

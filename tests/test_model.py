@@ -24,7 +24,9 @@ def model():
     return estimate_cost_model(SPEC, "h200")
 
 
-def _toy(spec=SPEC, *, per_layer=0.01, per_mb=0.5):
+def _toy(spec=SPEC, *, per_layer=0.01, per_mb=0.5, gpu="NVIDIA H200"):
+    """Round numbers, not a GPU's: its linear and head curves run faster than an H200
+    can, so a file of it loads only for a GPU without a registry peak (``gpu``)."""
     curves = {
         "train": ModeCurves(
             attention=AttentionCurve([64, 1024, 8192], [0.001, 0.05, 2.0]),
@@ -34,7 +36,8 @@ def _toy(spec=SPEC, *, per_layer=0.01, per_mb=0.5):
             microbatch_overhead_ms=per_mb,
         )
     }
-    return CostModel(spec=spec, gpu="NVIDIA H200", gpu_key="h200", curves=curves)
+    key = "h200" if gpu == "NVIDIA H200" else None
+    return CostModel(spec=spec, gpu=gpu, gpu_key=key, curves=curves)
 
 
 def test_constructor_takes_a_preset_name_and_refuses_a_bad_reference_count():
@@ -387,7 +390,10 @@ def test_knots_past_any_micro_batch_are_refused(tmp_path, good_doc, curve):
     with pytest.raises(ValueError, match=rf"curves\.train\.{curve}: {xkey} must be at most "
                        r"2,147,483,647 .*got 1e\+300: not a measurement"):
         load_cost_model(_write(tmp_path, json.dumps(good_doc)))
-    block[xkey][-1] = 2**31 - 1  # the longest micro-batch a schedule may hold still loads
+    # The longest micro-batch a schedule may hold still loads (the times are the H200's
+    # at 32k: for a GPU without a registry peak, as no time a file may hold is for one).
+    block[xkey][-1] = 2**31 - 1
+    good_doc["gpu"] = {"name": "Toy GPU"}
     load_cost_model(_write(tmp_path, json.dumps(good_doc)))
 
 
@@ -529,7 +535,7 @@ def test_cached_cost_model_reads_each_file_version_once(tmp_path, monkeypatch):
     path = tmp_path / "m.json"
     with pytest.raises(FileNotFoundError):  # a failure is not remembered...
         model_module.cached_cost_model(path)
-    _toy(per_mb=0.5).save(path)
+    _toy(per_mb=0.5, gpu="Toy GPU").save(path)
     first = model_module.cached_cost_model(path)  # ...the file is read once it exists
     assert model_module.cached_cost_model(str(path), spec=SPEC.name) is not first  # other key
     assert model_module.cached_cost_model(path) is first
@@ -537,7 +543,7 @@ def test_cached_cost_model_reads_each_file_version_once(tmp_path, monkeypatch):
     # Replaced by a new calibration of the same size with the old mtime put back (cp -p,
     # rsync -t): read again (another inode and ctime), and the new numbers are used.
     st = os.stat(path)
-    _toy(per_mb=2.5).save(path)
+    _toy(per_mb=2.5, gpu="Toy GPU").save(path)
     assert os.stat(path).st_size == st.st_size
     os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
     again = model_module.cached_cost_model(path)
@@ -848,3 +854,37 @@ def test_a_gpu_key_of_the_wrong_type_is_refused(tmp_path, good_doc, key):
         load_cost_model(_write(tmp_path, json.dumps(good_doc)))
     del good_doc["gpu"]["key"]  # absent (older files): loads
     load_cost_model(_write(tmp_path, json.dumps(good_doc)))
+
+
+def test_curves_faster_than_the_gpu_are_refused_on_load(tmp_path, good_doc):
+    """A file edited to 1e-9 ms of attention loaded, and schedules balanced attention as
+    free: what no GPU can run is refused, naming the file, the knot and the peak."""
+    ms = good_doc["curves"]["train"]["attention"]["ms"]
+    good_doc["curves"]["train"]["attention"]["ms"] = [1e-9 * (i + 1) for i in range(len(ms))]
+    path = _write(tmp_path, json.dumps(good_doc))
+    with pytest.raises(ValueError, match=r"bad\.json: \d+ knot\(s\) of its curves run faster than "
+                       r"NVIDIA H200 can: the train attention curve at L=\d+ .* 989 TFLOP/s bf16 "
+                       r"peak; the file is corrupt or was edited"):
+        load_cost_model(path)
+    # Files from before gpu.key name their GPU only: checked against that name's peak.
+    del good_doc["gpu"]["key"]
+    with pytest.raises(ValueError, match="faster than NVIDIA H200 can"):
+        load_cost_model(_write(tmp_path, json.dumps(good_doc)))
+    # A GPU the registry lacks has no peak to check against: loaded as it is.
+    good_doc["gpu"]["name"] = "Some Future GPU"
+    assert load_cost_model(_write(tmp_path, json.dumps(good_doc))).gpu == "Some Future GPU"
+
+
+def test_the_shipped_profile_and_estimates_are_within_the_peak():
+    """The check must not refuse real curves: the shipped profile peaks at 61% of the H200's
+    peak, and every preset's estimate on every registered GPU stays under it."""
+    from costmodel import gpus
+    from costmodel.beyond_peak import curves_beyond_peak
+    from costmodel.spec import preset_names
+
+    assert curves_beyond_peak(load_cost_model("h200/qwen3-8b")) is None
+    for preset in preset_names():
+        spec = ModelSpec.from_preset(preset)
+        for key in gpus.gpu_keys():
+            assert curves_beyond_peak(estimate_cost_model(spec, key)) is None, (preset, key)
+

@@ -41,9 +41,8 @@ import numpy as np
 from scipy.optimize import lsq_linear
 from scipy.stats import wilcoxon
 
-from costmodel import flops, gpus
-from costmodel.calibration.check import DEFAULT_TOLERANCE, flops_check
-from costmodel.calibration.fit import Record
+from costmodel import flops
+from costmodel.beyond_peak import curves_beyond_peak
 from costmodel.calibration.runs_file import Run, read_runs, run_line
 from costmodel.calibration.validate import error_metrics, revalidate, stack_flops, summarize
 from costmodel.curves import MODES
@@ -298,9 +297,9 @@ def apply_correction(model: CostModel, correction: Correction, *, source: str,
                                 "scales": total, "figures": correction.figures}
     doc["provenance"] = provenance
     corrected = CostModel.from_dict(doc, source=f"{model.label}, corrected")
-    impossible = _beats_peak(corrected)
+    impossible = curves_beyond_peak(corrected)
     if impossible:
-        own = _beats_peak(model)
+        own = curves_beyond_peak(model)
         if own:  # the file's own curves (hand-edited?): no fault of the runs
             raise ValueError(f"{model.label}: its own curves are impossible, before any "
                              f"correction ({own}): recalibrate it, or restore the file")
@@ -337,33 +336,3 @@ def _earlier_scales(block: Any, label: str) -> dict[str, dict[str, float]]:
                          "factors per pass and part, as `costmodel correct` writes them): "
                          "restore the file, or correct the uncorrected one") from None
     return total
-
-
-def _beats_peak(model: CostModel) -> str | None:
-    """Why `model`'s knots fail the FLOPs check, or None: a factor that makes a part run
-    faster than the GPU can came from runs of another model or GPU."""
-    try:
-        info = gpus.lookup_gpu(str(model.gpu_key))
-    except ValueError:
-        # A file from before gpu.key (or with a key outside this registry) names its GPU
-        # only: the entry of that name, as `report` finds the peak it prints. (Skipping the
-        # check wrote curves at 4x the H200's peak from a file without gpu.key.)
-        info = gpus.find_gpu_by_device_name(model.gpu)
-    if info is None:
-        return None  # no peak to check against, as for a calibration on such a GPU
-    records = []
-    for mode in model.modes:
-        c = model.curves[mode]
-        records += [Record("attention", mode, (int(L),), float(ms))
-                    for L, ms in zip(c.attention.lengths, c.attention.ms) if float(L).is_integer()]
-        for kind, curve in c.linear.items():
-            records += [Record("linear", mode, (int(t),), float(ms), moe=kind == "moe")
-                        for t, ms in zip(curve.tokens, curve.ms) if float(t).is_integer()]
-        records += [Record("head", mode, (int(t),), float(ms))
-                    for t, ms in zip(c.head.tokens, c.head.ms) if float(t).is_integer()]
-    try:
-        flops_check(records, model.rank_spec, peak_flops=info.peak_bf16_flops,
-                    gpu_name=info.name, tolerance=DEFAULT_TOLERANCE)
-    except ValueError as err:
-        return str(err)
-    return None
