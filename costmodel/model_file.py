@@ -352,19 +352,15 @@ def from_document(
             f"spec_fingerprint {fingerprint} does not match its own spec "
             f"({file_spec.fingerprint()}): the file was edited or is corrupt",
         )
-    if spec is not None and spec.shape_key() != file_spec.shape_key():
-        if not allow_other_shape:
-            raise _fail(
-                source,
-                f"made for model {file_spec.name!r} (shape {file_spec.fingerprint()}), not for "
-                f"{spec.name!r} (shape {spec.fingerprint()}: {_shape_difference(file_spec, spec)}"
-                f"); calibrate for this model ({OTHER_SHAPE_HINT})",
-                fix=None,
-            )
-        logger.warning(
-            "%s: using a cost model made for %s (shape %s) for %s (shape %s); its curves are "
-            "those of %s", source, file_spec.name, file_spec.fingerprint(), spec.name,
-            spec.fingerprint(), file_spec.name,
+    other_shape = spec is not None and spec.shape_key() != file_spec.shape_key()
+    if other_shape and not allow_other_shape:
+        assert spec is not None  # other_shape says so
+        raise _fail(
+            source,
+            f"made for model {file_spec.name!r} (shape {file_spec.fingerprint()}), not for "
+            f"{spec.name!r} (shape {spec.fingerprint()}: {_shape_difference(file_spec, spec)}"
+            f"); calibrate for this model ({OTHER_SHAPE_HINT})",
+            fix=None,
         )
     gpu = _require(doc, "gpu", Mapping, source, "")
     gpu_name = _require(gpu, "name", str, source, "gpu.")
@@ -412,6 +408,15 @@ def from_document(
         )
     except ValueError as err:
         raise _fail(source, str(err)) from None
-    model.accept_shape_of(spec)  # allowed above
+    # Allowed above; said only now that the file is known to be whole (it was logged
+    # before a broken file's error).
+    if other_shape:
+        assert spec is not None  # other_shape says so
+        logger.warning(
+            "%s: using a cost model made for %s (shape %s) for %s (shape %s); its curves are "
+            "those of %s", source, file_spec.name, file_spec.fingerprint(), spec.name,
+            spec.fingerprint(), file_spec.name,
+        )
+    model.accept_shape_of(spec)
     return model
 

@@ -888,3 +888,14 @@ def test_the_shipped_profile_and_estimates_are_within_the_peak():
         for key in gpus.gpu_keys():
             assert curves_beyond_peak(estimate_cost_model(spec, key)) is None, (preset, key)
 
+
+def test_another_shape_is_warned_about_only_once_the_file_is_whole(tmp_path, good_doc, caplog):
+    """The "using a cost model made for ..." warning came before the same file's error."""
+    other = ModelSpec.from_preset("qwen3-32b")
+    good_doc["curves"]["train"]["head"]["ms"][0] = -1.0
+    with pytest.raises(ValueError, match="times must be positive"):
+        load_cost_model(_write(tmp_path, json.dumps(good_doc)), spec=other, allow_other_shape=True)
+    assert "using a cost model made for" not in caplog.text
+    good_doc["curves"]["train"]["head"]["ms"][0] = 0.5
+    load_cost_model(_write(tmp_path, json.dumps(good_doc)), spec=other, allow_other_shape=True)
+    assert "using a cost model made for qwen3-8b" in caplog.text
