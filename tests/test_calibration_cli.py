@@ -851,7 +851,7 @@ def test_validate_count_is_checked_before_the_gpu(capsys):
     """--count 2 is refused with its own message, not after CUDA starts."""
     assert main(["validate", "h200/qwen3-8b", "--no-save", "--count", "2"]) == 2
     err = capsys.readouterr().err
-    assert "--count must be at least 4" in err and "CUDA" not in err
+    assert "--count must be 4..10,000" in err and "CUDA" not in err
 
 
 def test_gpu_auto_in_any_case():
@@ -877,7 +877,9 @@ PROFILE = "costmodel/profiles/h200/qwen3-8b.json"
 
 
 @pytest.mark.parametrize("flags, says", [
-    (["--count", "3"], "--count must be at least 4 micro-batches per mode, got 3"),
+    (["--count", "3"], "--count must be 4..10,000 micro-batches per mode, got 3"),
+    # 10^11 were drawn after CUDA started (an audit's finding)
+    (["--count", "100000000000"], "--count must be 4..10,000 micro-batches per mode"),
     (["--layers", "0"], "--layers must be between 1 and the model's 36, got 0"),
     (["--layers", "37"], "--layers must be between 1 and the model's 36, got 37"),
     (["--time-limit-s", "0"], "--time-limit-s must be > 0 seconds, got 0.0"),

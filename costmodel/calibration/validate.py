@@ -33,7 +33,8 @@ from costmodel.model import CostModel
 from costmodel.model_file import utc_timestamp
 
 __all__ = [
-    "best_scale", "error_metrics", "random_microbatches", "revalidate", "run_validation", "summarize",
+    "MAX_COUNT", "best_scale", "error_metrics", "random_microbatches", "revalidate", "run_validation",
+    "summarize",
 ]
 
 logger = logging.getLogger(__name__)
@@ -307,9 +308,9 @@ def _legacy_rl_lengths(rng: np.random.Generator, n: int, max_len: int) -> np.nda
     return np.clip(np.round(rng.lognormal(np.log(1200), 1.1, n)), 16, max_len).astype(np.int64)
 
 
-# The most micro-batches `_drawn_again` draws (~0.7 s with the default caps): 66x validate's
-# default --count, far past what files from before stored lengths asked for.
-_MAX_DRAWN_AGAIN = 10_000
+# The most micro-batches a validation runs per mode (`validate --count`) and `_drawn_again`
+# draws (~0.7 s with the default caps): 66x the default --count, hours of GPU time.
+MAX_COUNT = 10_000
 
 
 def _drawn_again(model: CostModel, block: Any, points: list[Any]) -> list[tuple[int, ...]]:
@@ -320,9 +321,9 @@ def _drawn_again(model: CostModel, block: Any, points: list[Any]) -> list[tuple[
     # Bounds a validate run keeps, checked before the draw: a block edited to
     # requested_count 10**9, or to a cap of 2**31 tokens, drew for hours (`calibrate --refit`
     # and `correct` hung).
-    if not len(want) <= count <= _MAX_DRAWN_AGAIN:
+    if not len(want) <= count <= MAX_COUNT:
         raise ValueError(f"its requested_count {count} is not between its {len(want)} points "
-                         f"and {_MAX_DRAWN_AGAIN:,}")
+                         f"and {MAX_COUNT:,}")
     largest = largest_calibrated(model)
     if any(c > largest for c in caps):
         raise ValueError(f"its caps {caps[:6]} go past the {largest:,} tokens the model measured")

@@ -57,6 +57,7 @@ def run(args: argparse.Namespace) -> int:
     from costmodel.calibration.software import model_drift
     from costmodel.calibration.validate import (
         DEFAULT_CAPS,
+        MAX_COUNT,
         check_stack_layers,
         format_validation,
         largest_calibrated,
@@ -83,8 +84,9 @@ def run(args: argparse.Namespace) -> int:
     # is validated up to what it measured); caps asked for are checked below.
     caps = (comma_ints(args.caps, "--caps") if args.caps is not None
             else [c for c in DEFAULT_CAPS if c <= largest] or [largest])
-    if args.count < 4:
-        raise ValueError(f"--count must be at least 4 micro-batches per mode, got {args.count}")
+    if not 4 <= args.count <= MAX_COUNT:  # 10^11 passed here and was drawn after CUDA started
+        raise ValueError(f"--count must be 4..{MAX_COUNT:,} micro-batches per mode, got "
+                         f"{args.count}")
     # 4 by default, the model's layers where fewer (a stack `revalidate` can judge again).
     args.layers = check_stack_layers(
         model, min(4, model.spec.num_layers) if args.layers is None else args.layers, "--layers")
