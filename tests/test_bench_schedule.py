@@ -712,9 +712,12 @@ def test_samples_of_a_lengths_file_and_the_recorded_config(tmp_path, capsys):
 
 
 def test_samples_per_rank_are_limited_at_the_largest_dp_size():
-    with pytest.raises(ValueError, match="--samples-per-rank must be at least 1 and at most "
-                                         "10,000,000 in all at the largest --dp, got 2000000"):
+    with pytest.raises(ValueError, match="--samples-per-rank 2000000 x the largest --dp 8 is "
+                                         "more than the 10,000,000 samples drawn at most: "
+                                         "lower --dp or --samples-per-rank"):
         _run(["--samples-per-rank", "2000000", "--dp", "1,8", "--policies", "tokens"])
+    with pytest.raises(ValueError, match="--samples-per-rank must be at least 1, got 0"):
+        _run(["--samples-per-rank", "0", "--dp", "8", "--policies", "tokens"])
 
 
 def test_no_timing_note_when_the_cost_model_and_the_benchmark_time_alike(tmp_path, capsys):

@@ -199,9 +199,12 @@ def run(args: argparse.Namespace, *, measure=None) -> int:
         lengths_for_dp = lambda dp: batch  # noqa: E731
     else:
         per_rank = args.samples_per_rank
-        if not 1 <= per_rank * max(dp_sizes) <= MAX_GENERATED:
-            raise ValueError(f"--samples-per-rank must be at least 1 and at most "
-                             f"{MAX_GENERATED:,} in all at the largest --dp, got {per_rank}")
+        if per_rank < 1:
+            raise ValueError(f"--samples-per-rank must be at least 1, got {per_rank}")
+        if per_rank * max(dp_sizes) > MAX_GENERATED:  # a huge --dp read as a bad per-rank count
+            raise ValueError(f"--samples-per-rank {per_rank} x the largest --dp "
+                             f"{max(dp_sizes):,} is more than the {MAX_GENERATED:,} samples "
+                             "drawn at most: lower --dp or --samples-per-rank")
         cache: dict[int, np.ndarray] = {}
 
         def lengths_for_dp(dp: int) -> np.ndarray:
