@@ -188,6 +188,9 @@ def test_deterministic_under_ties():
         # Each finite, their sum inf: sets summed to inf, the swaps' integer weights were
         # int64's minimum (overflow warnings, then a partition by garbage).
         ([1e308, 1e308, 1.0], 2, False, "add up past the largest float"),
+        # Python ints past int64 are numbers: "must be numbers, got dtype object" misled.
+        ([10**30, 1, 2], 2, False, r"must fit in 64-bit integers \(below 2\*\*63\), got 10{30}"),
+        ([1, -10**30], 2, False, r"must fit in 64-bit integers .*, got -10{30}"),
     ],
 )
 def test_kk_bad_input(weights, k, equal_size, match):

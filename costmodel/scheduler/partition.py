@@ -38,6 +38,12 @@ def _weights(weights: ArrayLike, what: str = "weights") -> np.ndarray:
     if arr.ndim != 1:
         raise ValueError(f"{what} must be a 1-D list of numbers, got shape {arr.shape}")
     if arr.size and arr.dtype.kind not in "iuf":
+        if arr.dtype.kind == "O" and all(isinstance(w, int) and not isinstance(w, bool)
+                                         for w in arr.tolist()):
+            # Python ints past int64 (10**30): numbers, but "got dtype object" said they were not
+            raise ValueError(f"{what} must fit in 64-bit integers (below 2**63), got "
+                             f"{max(arr.tolist(), key=abs)!r:.40}; give them in smaller units "
+                             "or as floats")
         raise ValueError(f"{what} must be numbers, got dtype {arr.dtype}")
     if arr.dtype.kind == "f" or arr.size == 0:
         arr = arr.astype(np.float64)
