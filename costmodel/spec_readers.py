@@ -121,6 +121,10 @@ def _from_hf(cfg: Mapping[str, Any], name: str) -> ModelSpec:
     _check_hf_types(cfg)
     model_type = cfg.get("model_type")
     if model_type is None:
+        if isinstance(cfg.get("schema"), str) and cfg["schema"].startswith("costmodel/"):
+            # `--model calibrated.json`: the cost model goes to --cost (its shape is in it)
+            raise ValueError("this is a cost model file, not a model's config.json: give it "
+                             "as --cost (--cost-model), and the model as a preset or config.json")
         raise ValueError("config has no 'model_type' field; is this a Hugging Face config.json?")
     if model_type not in HF_MODEL_TYPES:
         raise ValueError(

@@ -467,3 +467,21 @@ def test_n_and_seed_with_a_lengths_file_are_said_to_do_nothing(tmp_path, capsys)
     assert "note:" not in capsys.readouterr().err
     assert main(["schedule", "--dp", "2", "--max-tokens", "65536"]) == 0  # --n defaults to 4096
     assert "4096 samples, distribution 'rl', seed 0" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("command", ["schedule", "simulate"])
+def test_more_context_parallel_gpus_than_tokens_are_refused(command, capsys):
+    """--context-parallel 10^14 was taken and priced each GPU's share of nothing."""
+    flags = ["--n", "64", "--dp", "2", "--max-tokens", "4096"]
+    assert main([command, *flags, "--cost-model", "h200/qwen3-8b", "--context-parallel",
+                 "100000000000000"]) == 2
+    err = capsys.readouterr().err
+    assert "--context-parallel 100,000,000,000,000 is more GPUs than --max-tokens 4,096 has " \
+           "tokens" in err and err.count("\n") == 1, err
+    assert main([command, *flags, "--cost-model", "h200/qwen3-8b", "--context-parallel", "4096"]) == 0
+
+
+def test_a_cost_model_file_given_as_the_model_says_to_give_it_as_cost(capsys):
+    assert main(["schedule", "--model", "costmodel/profiles/h200/qwen3-8b.json"]) == 2
+    err = capsys.readouterr().err
+    assert "this is a cost model file, not a model's config.json: give it as --cost" in err, err

@@ -192,7 +192,7 @@ def run(args: argparse.Namespace) -> int:
         check_output_path(args.json, "--json")
     spec = ModelSpec.from_any(args.model)
     lengths, source = batch_lengths(args)
-    cp = positive_int(args.context_parallel, "--context-parallel")
+    cp = context_parallel_of(args)
     cost = resolve_cost(args.cost, spec, allow_other_shape=args.cost_model_allow_other_shape)
     if not isinstance(cost, str):  # tokens and FLOPs split evenly: their balance is the same
         cost = cost.for_context_parallel(cp)
@@ -246,6 +246,17 @@ def run(args: argparse.Namespace) -> int:
     if args.json is not None:
         print(f"wrote {args.json}")
     return 0
+
+
+def context_parallel_of(args: argparse.Namespace) -> int:
+    """--context-parallel, checked: at most --max-tokens GPUs, each holding at least a token
+    of a full micro-batch (10^14 was taken, and priced a GPU's share of nothing)."""
+    cp = positive_int(args.context_parallel, "--context-parallel")
+    if cp > args.max_tokens:
+        raise ValueError(f"--context-parallel {cp:,} is more GPUs than --max-tokens "
+                         f"{args.max_tokens:,} has tokens: each would hold less than one token "
+                         "of a full micro-batch; lower --context-parallel")
+    return cp
 
 
 def group_ids_of(group_size: int | None, n: int, dp: int) -> np.ndarray | None:

@@ -26,13 +26,13 @@ import sys
 import time
 from typing import Any
 
-from costmodel.checks import positive_int
 from costmodel.commands.schedule import (
     add_allow_other_shape,
     add_batch_arguments,
     add_group_size,
     batch_lengths,
     builtin_cost,
+    context_parallel_of,
     cost_label,
     group_ids_of,
 )
@@ -91,7 +91,7 @@ def run(args: argparse.Namespace) -> int:
     model = load_cost_model("h200" if args.cost_model is None else args.cost_model, spec=spec,
                             allow_other_shape=args.cost_model_allow_other_shape)
     # What one GPU of a micro-batch split over --context-parallel GPUs runs.
-    judge = model.for_context_parallel(positive_int(args.context_parallel, "--context-parallel"))
+    judge = model.for_context_parallel(context_parallel_of(args))
     common = dict(max_tokens_per_microbatch=args.max_tokens, mode=args.mode)
     flops = sequence_fwd_flops(lengths, spec)
     group_ids = group_ids_of(args.group_size, lengths.size, args.dp)
