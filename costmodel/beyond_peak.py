@@ -1,4 +1,4 @@
-"""Curves no GPU can run: a cost model's knots against its GPU's peak FLOP/s.
+"""Curves no GPU can run: a cost model's largest knots against its GPU's peak FLOP/s.
 
 `calibrate` checks every measured point against the registry's peak
 (`calibration.check.flops_check`); this checks what a file carries, its fitted curves, so
@@ -6,10 +6,14 @@ that a file whose numbers were edited or corrupted into ones no GPU reaches is r
 load (a train attention curve of 1e-9 ms loaded and the scheduler balanced as if attention
 were free) and a correction that would write one is refused (`costmodel correct`).
 
-Each knot's matmul FLOPs come from `costmodel.flops` as in the calibration check (one
-sequence's attention core, one layer's token-linear part, the LM head; x3 for training).
-Knots between whole tokens (none that calibration writes) and the fixed costs (no FLOPs)
-are not checked, nor are GPUs the registry lacks (no peak to check against).
+Each part's largest knot is checked (one sequence's attention core at the longest length,
+one layer's token-linear part and the LM head at the most tokens; matmul FLOPs from
+`costmodel.flops` as in the calibration check, x3 for training): there a part does the
+most work and a measurement amortises its per-call cost. Not the short lengths: their
+per-sequence attention is what a pack's time leaves after the per-call cost, and may fit
+down to the fit's floor of 10 ns (`calibration.fit`), a split of the time, not a speed.
+The curves are non-decreasing, so a curve scaled or edited down as a whole is caught at
+its top. Not checked: fixed costs (no FLOPs) and GPUs the registry lacks (no peak).
 """
 
 from __future__ import annotations
@@ -37,13 +41,14 @@ class _Knot(NamedTuple):
 
 
 def curves_beyond_peak(model: CostModel) -> str | None:
-    """What in ``model``'s curves runs faster than its GPU can (the fastest such knot, as
-    a fraction of the peak, and how many), or None when nothing does or no peak is known."""
+    """Which of ``model``'s curves run faster than its GPU can at their largest knot (the
+    fastest, as a multiple of the peak, and how many), or None when none does or no peak
+    is known."""
     info = _registry_entry(model)
     if info is None:
         return None
     spec = model.rank_spec
-    knots: list[_Knot] = []
+    too_fast: list[_Knot] = []
     for mode in model.modes:
         c = model.curves[mode]
         to_efficiency = flops.pass_factor(mode) * 1e3 / info.peak_bf16_flops  # (FLOPs / ms) -> share of peak
@@ -51,21 +56,21 @@ def curves_beyond_peak(model: CostModel) -> str | None:
                   *((f"{kind} linear", t.tokens, t.ms) for kind, t in c.linear.items()),
                   ("head", c.head.tokens, c.head.ms)]
         for part, x, ms in curves:
-            whole = x == np.round(x)
-            at, ms = x[whole], ms[whole]
+            at, took = int(x[-1]), float(ms[-1])  # a hand-made knot between tokens: its floor
             if part == "attention":
-                work = flops.attention_core_flops(at.astype(np.int64), spec)
+                work = float(flops.attention_core_flops(np.array([at]), spec)[0])
             elif part == "head":
                 work = at * float(flops.lm_head_flops_per_token(spec))
             else:
-                work = flops.layer_linear_flops(at, spec, moe=part == "moe linear")
-            axis = "L" if part == "attention" else "T"
-            knots += [_Knot(float(e), f"{mode} {part} curve at {axis}={int(a)}", float(m))
-                      for e, a, m in zip(work * to_efficiency / ms, at, ms) if e > 1 + TOLERANCE]
-    if not knots:
+                work = float(flops.layer_linear_flops(at, spec, moe=part == "moe linear"))
+            efficiency = work * to_efficiency / took
+            if efficiency > 1 + TOLERANCE:
+                axis = "L" if part == "attention" else "T"
+                too_fast.append(_Knot(efficiency, f"{mode} {part} curve at {axis}={at:,}", took))
+    if not too_fast:
         return None
-    worst = max(knots)
-    return (f"{len(knots)} knot(s) of its curves run faster than {info.name} can: the "
+    worst = max(too_fast)
+    return (f"{len(too_fast)} of its curves run faster than {info.name} can: the "
             f"{worst.what} takes {worst.ms:.4g} ms, {worst.efficiency:.4g}x the "
             f"{info.peak_bf16_flops / 1e12:.0f} TFLOP/s bf16 peak")
 
