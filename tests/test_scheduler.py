@@ -968,7 +968,7 @@ def test_the_fast_stable_sorts_give_numpys_order():
         info = np.iinfo(dtype) if dtype != np.float64 else np.finfo(dtype)
         for lo, hi in ((0, 5), (0, 70000), (-40, 40), (info.min // 2, info.max // 2)):
             lo, hi = max(lo, info.min), min(hi, info.max)
-            for n in (0, 1, 7, 3000):
+            for n in (0, 1, 7, 300, 3000):
                 keys = rng.uniform(lo, hi, n).astype(dtype) if dtype == np.float64 else (
                     rng.integers(lo, hi, n, dtype=dtype, endpoint=True))
                 assert np.array_equal(stable_order(keys), np.argsort(keys, kind="stable"))
@@ -977,9 +977,11 @@ def test_the_fast_stable_sorts_give_numpys_order():
                     assert np.array_equal(longest_first(keys), expected), (dtype, lo, hi, n)
     # The edge of the 16-bit fast path: 2^16 must not wrap to 0.
     for top in (2**16 - 1, 2**16, 2**16 + 1):
-        keys = np.array([1, top, 5, top, 0], dtype=np.int64)
-        assert np.array_equal(stable_order(keys), np.argsort(keys, kind="stable")), top
-        assert np.array_equal(longest_first(keys), np.lexsort((np.arange(5), -keys))), top
+        for reps in (1, 100):  # few keys sort as they are, many as 16 bits where they fit
+            keys = np.tile(np.array([1, top, 5, top, 0], dtype=np.int64), reps)
+            assert np.array_equal(stable_order(keys), np.argsort(keys, kind="stable")), top
+            expected = np.lexsort((np.arange(keys.size), -keys))
+            assert np.array_equal(longest_first(keys), expected), top
 
 
 def test_run_starts_marks_the_first_of_each_run():

@@ -153,7 +153,7 @@ def _plain_repack(st, groups, a, b):
     the lower mask), each side packed by `pack_tokens` in sample order, priced by a recount
     from scratch. Returns the placement whose pair maximum is lowest and below ``a``'s load
     (the first such), or None."""
-    from costmodel.scheduler.pair_repack import _SPLITS, MAX_POOLED, _level_cost, _pack_sides
+    from costmodel.scheduler.pair_repack import _SPLITS, MAX_POOLED, _level_cost, _pack_side
 
     m, cap = st.m, st.cap
     rank = (st.bin_of // m).tolist()
@@ -192,9 +192,12 @@ def _plain_repack(st, groups, a, b):
     best_max, best = int(st.load[a]), None
     for _, mask in sorted(splits, key=lambda s: s[0])[:_SPLITS]:
         to_a = np.array([goes_to_a(i, mask) for i in samples], dtype=bool)
-        slot = _pack_sides(st.lengths[samples], to_a, m, cap, {})  # nothing packed before
-        if slot is None:
+        mine = st.lengths[samples]
+        slots = [_pack_side(mine[side], m, cap, {}) for side in (to_a, ~to_a)]  # both, afresh
+        if slots[0] is None or slots[1] is None:
             continue
+        slot = np.empty(len(samples), dtype=np.int64)
+        slot[to_a], slot[~to_a] = slots
         trial = st.bin_of.copy()
         trial[samples] = np.where(to_a, a * m, b * m) + slot
         fresh = _recounted(st, trial)
@@ -426,3 +429,26 @@ def test_the_subset_pass_never_ends_above_the_first_pass(case, monkeypatch):
         np.arange(0) if now_a.size > pair_repack.MAX_POOLED else real(now_a, tokens)))
     assert both <= makespan()
 
+
+
+def test_subset_sums_and_lowest_are_the_plain_ones():
+    """`sorting.subset_sums` is the product of every 0/1 subset row with the values (exact:
+    integer floats), and `pair_repack._lowest` is a stable argsort's first ``k`` (ties to
+    the lower index, NaN last), on many ties."""
+    from costmodel.scheduler.pair_repack import _lowest
+    from costmodel.scheduler.sorting import subset_sums
+
+    rng = np.random.default_rng(5)
+    for cols in range(0, 9):
+        values = rng.integers(0, 2**40, (4, cols)).astype(np.float64)
+        masks = np.arange(1 << cols)
+        rows = ((masks[:, None] >> np.arange(cols)) & 1).astype(np.float64)
+        assert np.array_equal(subset_sums(values), (rows @ values.T).T), cols
+    for n in (1, 2, 3, 16, 17, 100, 4096):
+        for k in (1, 2, 4):
+            for high in (3, 10**6):
+                values = rng.integers(0, high, n).astype(np.float64)
+                if n > 3 and high == 3:
+                    values[rng.integers(0, n, 2)] = np.nan
+                expected = np.argsort(values, kind="stable")[:k]
+                assert np.array_equal(_lowest(values, k), expected), (n, k, high)

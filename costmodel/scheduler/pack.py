@@ -208,18 +208,19 @@ def _level_round(
     its micro-batch is left out (False in the result), and so are the later ones dealt to
     it (their running sums are larger still). Updates ``fill`` and ``bin_sorted`` in place."""
     sel = _emptiest_first(fill, open_ids)
-    f = fill[sel].astype(np.float64)
+    sel_fill = fill[sel]
+    f = sel_fill.astype(np.float64)
+    ends = np.cumsum(chunk)
     total = float(chunk.sum())
     # Level with the j emptiest: T_j = (total + Σ_{i<j} f_i) / j; the right j is the last
     # whose level reaches its own fill (fills ascending, so those j form a prefix).
     levels = (total + np.cumsum(f)) / np.arange(1, f.size + 1)
     j = int(np.flatnonzero(levels >= f)[-1])
     deficits = np.maximum(levels[j] - f, 0.0)
-    starts = np.cumsum(chunk) - chunk
+    starts = ends - chunk
     slot = np.minimum(np.searchsorted(np.cumsum(deficits), starts, side="right"), f.size - 1)
-    ends = np.cumsum(chunk)
     first = np.searchsorted(slot, slot, side="left")  # each sample's first chunk mate in its slot
-    ok = fill[sel[slot]] + ends - (ends[first] - chunk[first]) <= cap
+    ok = sel_fill[slot] + ends - starts[first] <= cap
     b = sel[slot[ok]]
     np.add.at(fill, b, chunk[ok])
     bin_sorted[placed[ok]] = b

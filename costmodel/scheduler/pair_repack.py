@@ -6,12 +6,13 @@ rank) a group fills most of a rank's micro-batches, the level fills leave no mic
 room for another piece, and the search stops with ranks ~1% apart where samples alone
 balance within 0.02%. This pass lifts that limit for the most loaded rank A and the
 least loaded ranks B: pool their groups and list every split of them in two (up to
-`MAX_POOLED` groups: 2**12 splits, a few numpy products; a pair with more, up to
+`MAX_POOLED` groups: 2**12 splits, their sums by doubling; a pair with more, up to
 `MAX_POOLED` a rank, lists the splits of its `MAX_POOLED` largest groups, the rest staying
 where they are: `_pooled`); of the splits that give each side
 at least ``m`` samples and tokens that fit, pack the few whose sides would cost least if
 levelled, each side from scratch into its ``m`` micro-batches (`pack.pack_tokens`: the cap
-holds by construction), and price the ``2m`` micro-batches exactly. The split with the
+holds by construction), and price its ``m`` micro-batches exactly (a side at the best pair
+maximum so far or above rules its split out before the other is packed). The split with the
 lowest pair maximum is applied if it lowers A's load (B stays below A's old load, so the
 makespan never rises); then the most loaded rank again. Additive and separable costs only
 (`BinState.priced`, as `group_search`). All sums are of integers under 2**53: the same
@@ -26,7 +27,7 @@ import numpy as np
 
 from costmodel.scheduler.pack import pack_tokens
 from costmodel.scheduler.refine import BinState
-from costmodel.scheduler.sorting import members_of
+from costmodel.scheduler.sorting import members_of, subset_sums
 
 __all__ = ["MAX_POOLED", "pair_repack"]
 
@@ -115,8 +116,10 @@ def _repack(st: BinState, groups: np.ndarray, members: list[np.ndarray], a: int,
             packed: dict[bytes, np.ndarray | None], most: int = 2 * MAX_POOLED) -> bool:
     """Apply the best re-split of ranks ``a`` and ``b`` (``members``: each rank's samples,
     ascending; kept up to date) if it lowers ``a``'s load; none where they hold more than
-    ``most`` groups. ``packed``: the sides packed before (`_pack_sides`), added to."""
+    ``most`` groups. ``packed``: the sides packed before (`_pack_side`), added to."""
     m, cap = st.m, st.cap
+    if a == b:
+        return False  # no pair (and no split lowers a rank's load by moving within it)
     samples = np.sort(np.concatenate([members[a], members[b]]))
     local, group_of = np.unique(groups[samples], return_inverse=True)
     g = local.size
@@ -133,11 +136,13 @@ def _repack(st: BinState, groups: np.ndarray, members: list[np.ndarray], a: int,
     now_a[group_of[st.bin_of[samples] // m == a]] = True
     free = _pooled(now_a, clipped)
     # Every split of the pooled groups (bit j of a mask puts the j-th on rank a), the others
-    # where they are: one row per mask, one column per group.
-    masks = np.arange(1 << free.size, dtype=np.int64)
-    on_a = np.repeat(now_a[None, :].astype(np.float64), masks.size, axis=0)
-    on_a[:, free] = (masks[:, None] >> np.arange(free.size)) & 1
-    n_a, c_a = on_a @ count, on_a @ clipped
+    # where they are: what side a holds of each sum, one entry per mask. Sums of integers
+    # under 2**53 (float): exact in any order.
+    per = np.stack([count, clipped, part, length])
+    kept = np.where(now_a, 1.0, 0.0)
+    kept[free] = 0.0
+    on_a = subset_sums(per[:, free]) + (per @ kept)[:, None]
+    n_a, c_a, p_a, l_a = on_a
     fits = (n_a >= m) & (count.sum() - n_a >= m) & (c_a <= m * cap) & (clipped.sum() - c_a <= m * cap)
     fits[int((now_a[free].astype(np.int64) << np.arange(free.size)).sum())] = False  # as it is
     cand = np.flatnonzero(fits)
@@ -145,26 +150,38 @@ def _repack(st: BinState, groups: np.ndarray, members: list[np.ndarray], a: int,
         return False
     # Each side's cost as a level fill would make it: packing is what costs time, so only
     # the splits this puts lowest are packed and priced.
-    p_a, l_a = on_a[cand] @ part, on_a[cand] @ length
-    est = np.maximum(_level_cost(st, p_a, l_a), _level_cost(st, part.sum() - p_a, length.sum() - l_a))
-    cheapest = cand[np.argsort(est, kind="stable")[:_SPLITS]]
-    bins = np.concatenate([a * m + np.arange(m), b * m + np.arange(m)])
+    p_a, l_a = p_a[cand], l_a[cand]
+    est_a = _level_cost(st, p_a, l_a)
+    est_b = _level_cost(st, part.sum() - p_a, length.sum() - l_a)
+    cheapest = _lowest(np.maximum(est_a, est_b), _SPLITS)
+    bins = (a * m + np.arange(m), b * m + np.arange(m))
     best_max, best = int(st.load[a]), None  # best: (each sample's micro-batch, their costs)
-    for mask in cheapest.tolist():
-        to_a = on_a[mask, group_of].astype(bool)
-        new_bin = _pack_sides(lengths, to_a, m, cap, packed)
-        if new_bin is None:
-            continue
-        slot_bins = np.where(to_a, a * m, b * m) + new_bin
-        cost = _priced(st, samples, slot_bins, bins)
-        pair_max = int(max(cost[:m].sum(), cost[m:].sum()))
-        if pair_max < best_max:
-            best_max, best = pair_max, (slot_bins, cost)
+    for i in cheapest.tolist():
+        on = now_a.copy()
+        on[free] = (int(cand[i]) >> np.arange(free.size)) & 1
+        to_a = on[group_of]
+        sides = [(to_a, 0, est_a[i]), (~to_a, 1, est_b[i])]
+        # A side that costs the best maximum or more rules the split out, the other side
+        # unpacked (a quarter of the packings on grouped batches, for the same result): one
+        # packed before first, then the one a level fill puts higher.
+        sides.sort(key=lambda side: (lengths[side[0]].tobytes() not in packed, -side[2]))
+        new_bins, priced = np.empty(samples.size, dtype=np.int64), [np.zeros(0), np.zeros(0)]
+        for side, s, _ in sides:
+            slots = _pack_side(lengths[side], m, cap, packed)
+            if slots is None:
+                break
+            new_bins[side] = bins[s][slots]
+            priced[s] = _priced(st, samples, side, slots, bins[s])
+            if int(priced[s].sum()) >= best_max:
+                break
+        else:
+            best_max = int(max(priced[0].sum(), priced[1].sum()))
+            best = new_bins, np.concatenate(priced)
     if best is None:
         return False
     new_bins, cost = best
     st.bin_of[samples] = new_bins
-    st.recount(samples, bins, cost)
+    st.recount(samples, np.concatenate(bins), cost)
     now_on_a = new_bins // m == a
     members[a], members[b] = samples[now_on_a], samples[~now_on_a]
     return True
@@ -186,6 +203,16 @@ def _pooled(now_a: np.ndarray, tokens: np.ndarray) -> np.ndarray:
     return np.sort(np.concatenate([on_a[:k_a], on_b[: MAX_POOLED - k_a]]))
 
 
+def _lowest(values: np.ndarray, k: int) -> np.ndarray:
+    """``np.argsort(values, kind="stable")[:k]``: the ``k`` lowest, ties to the lower index,
+    without sorting all of them (a stable sort of 4,096 splits took ~0.1 ms a pair)."""
+    if values.size > 8 * k:
+        kth = np.partition(values, k - 1)[k - 1]
+        low = np.flatnonzero(~(values > kth))  # all but the larger ones (NaN: none larger)
+        return low[np.argsort(values[low], kind="stable")[:k]]
+    return np.argsort(values, kind="stable")[:k]
+
+
 def _level_cost(st: BinState, part: np.ndarray, tokens: np.ndarray) -> np.ndarray:
     """A side's cost if its ``tokens`` filled its ``m`` micro-batches evenly: its samples'
     parts, the fixed costs, and (separable costs) the token curve at an even share. Exact
@@ -196,35 +223,31 @@ def _level_cost(st: BinState, part: np.ndarray, tokens: np.ndarray) -> np.ndarra
     return part + fixed + st.m * st.token_q(np.ceil(tokens / st.m).astype(np.int64)).astype(np.float64)
 
 
-def _pack_sides(lengths: np.ndarray, to_a: np.ndarray, m: int, cap: int,
-                packed: dict[bytes, np.ndarray | None]) -> np.ndarray | None:
-    """Each sample's micro-batch slot (0..m-1) on its side, or None if a side does not pack.
-    ``packed``: each side's slots (None: it does not pack) by its lengths' bytes, added to."""
-    slot = np.empty(lengths.size, dtype=np.int64)
-    for side in (to_a, ~to_a):
-        mine = lengths[side]
-        key = mine.tobytes()
-        if key not in packed:
-            packed[key], _ = pack_tokens(mine, m, cap, max_rounds=_ROUNDS)
-            if packed[key] is None:  # fewer rounds can fail where more succeed
-                packed[key], _ = pack_tokens(mine, m, cap)
-        slots = packed[key]
-        if slots is None:
-            return None
-        slot[side] = slots
-    return slot
+def _pack_side(mine: np.ndarray, m: int, cap: int,
+               packed: dict[bytes, np.ndarray | None]) -> np.ndarray | None:
+    """Each of samples ``mine``'s (lengths, ascending by sample) micro-batch slot (0..m-1),
+    or None if they do not pack. ``packed``: the sides packed so far (None: it does not
+    pack) by their lengths' bytes, added to."""
+    key = mine.tobytes()
+    if key not in packed:
+        packed[key], _ = pack_tokens(mine, m, cap, max_rounds=_ROUNDS)
+        if packed[key] is None:  # fewer rounds can fail where more succeed
+            packed[key], _ = pack_tokens(mine, m, cap)
+    return packed[key]
 
 
-def _priced(st: BinState, samples: np.ndarray, new_bins: np.ndarray, bins: np.ndarray) -> np.ndarray:
-    """Exact costs of micro-batches ``bins`` once ``samples`` sit in ``new_bins`` (every
-    one of ``bins`` keeps at least one sample: the packer fills exactly ``m`` per side)."""
-    index = np.full(st.dp * st.m, -1, dtype=np.int64)
-    index[bins] = np.arange(bins.size)
-    old, new = index[st.bin_of[samples]], index[new_bins]
+def _priced(st: BinState, samples: np.ndarray, side: np.ndarray, slots: np.ndarray,
+            bins: np.ndarray) -> np.ndarray:
+    """Exact costs of one rank's micro-batches ``bins`` (consecutive) once ``samples[side]``
+    sit in ``bins[slots]`` and every other of ``samples`` leaves them (each of ``bins``
+    keeps at least one sample: the packer fills exactly ``m``)."""
+    old = st.bin_of[samples] - bins[0]
+    was = (old >= 0) & (old < bins.size)
     k = bins.size
 
     def change(weights: np.ndarray) -> np.ndarray:  # float sums of integers under 2**53: exact
-        moved = np.bincount(new, weights=weights, minlength=k) - np.bincount(old, weights=weights, minlength=k)
+        moved = (np.bincount(slots, weights=weights[side], minlength=k)
+                 - np.bincount(old[was], weights=weights[was], minlength=k))
         return moved.astype(np.int64)
 
     return st.priced(bins, change(st.lengths[samples]), change(st.part[samples]))

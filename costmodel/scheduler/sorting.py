@@ -11,12 +11,17 @@ from __future__ import annotations
 import numpy as np
 
 __all__ = ["as_lists", "first_min_per_pair", "longest_first", "members_of", "run_starts",
-           "running_sums", "segments", "stable_order"]
+           "running_sums", "segments", "stable_order", "subset_sums"]
+
+
+# Up to this many keys the range check and the copy to 16 bits cost more than they save (a
+# packing of tens of samples sorts its micro-batches by fill a few times a round).
+_SMALL = 256
 
 
 def stable_order(keys: np.ndarray) -> np.ndarray:
     """``np.argsort(keys, kind="stable")``."""
-    if (keys.dtype.kind in "iu" and keys.size and int(keys.min()) >= 0
+    if (keys.dtype.kind in "iu" and keys.size > _SMALL and int(keys.min()) >= 0
             and int(keys.max()) < 1 << 16):
         return np.argsort(keys.astype(np.uint16), kind="stable")
     return np.argsort(keys, kind="stable")
@@ -79,3 +84,13 @@ def first_min_per_pair(pair: np.ndarray, err: np.ndarray) -> np.ndarray:
     first = np.full(n_pairs, pair.size, dtype=np.int64)
     np.minimum.at(first, pair[at_lowest], at_lowest)
     return first[first < pair.size]
+
+
+def subset_sums(values: np.ndarray) -> np.ndarray:
+    """Column ``mask`` holds the sum of the columns j of ``values`` (rows: quantities) with
+    bit j set in ``mask``: every subset's sums, ``2**columns`` of them, by doubling (one
+    numpy call per column, not a product of a 0/1 matrix of every subset)."""
+    sums = np.zeros((values.shape[0], 1), dtype=values.dtype)
+    for j in range(values.shape[1]):
+        sums = np.concatenate([sums, sums + values[:, j : j + 1]], axis=1)
+    return sums
