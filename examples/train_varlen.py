@@ -42,9 +42,11 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         train(args)
-    except (ValueError, RuntimeError, FileNotFoundError) as err:
+    except (ValueError, RuntimeError, OSError) as err:
         # Every rank says why it stops: a bad flag fails them all alike, but a failure of
-        # one rank alone (out of memory, say) must not go unsaid.
+        # one rank alone (out of memory, say) must not go unsaid. OSError, not only
+        # FileNotFoundError: an unreadable --lengths-file or --cost-model (PermissionError)
+        # was a traceback on every rank, as `costmodel train-demo` says it in one line.
         where = f" (rank {rank})" if int(os.environ.get("WORLD_SIZE", "1")) > 1 else ""
         print(f"train_varlen.py: error{where}: {err}", file=sys.stderr)
         return 2

@@ -275,6 +275,24 @@ def test_example_bad_input_exits_before_the_first_step(tmp_path):
     assert "step 1/" not in done.stdout
 
 
+def test_example_says_an_unreadable_input_in_one_line(monkeypatch, capsys):
+    """Regression: a --lengths-file or --cost-model the rank may not read (PermissionError,
+    an OSError but no FileNotFoundError) was a traceback on every rank under torchrun."""
+    import costmodel.training.trainer as trainer
+
+    monkeypatch.syspath_prepend(str(REPO / "examples"))
+    import train_varlen
+
+    def unreadable(args):
+        raise PermissionError(13, "Permission denied", "lengths.txt")
+
+    monkeypatch.setattr(trainer, "train", unreadable)
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    assert train_varlen.main(["--device", "cpu"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == "train_varlen.py: error: [Errno 13] Permission denied: 'lengths.txt'"
+
+
 def test_lengths_file_drives_the_steps(tmp_path):
     import argparse
 
