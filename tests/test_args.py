@@ -241,6 +241,21 @@ def test_a_cap_past_one_micro_batch_names_context_parallelism_only_when_set():
         validate_args(args)
 
 
+def test_an_unreadable_cost_model_names_the_flag(monkeypatch):
+    """Regression: a PermissionError said "[Errno 13] Permission denied: 'cm.json'" alone,
+    where a missing file names --cost-model."""
+    import costmodel.model
+
+    def unreadable(*args, **kwargs):
+        raise PermissionError(13, "Permission denied", "cm.json")
+
+    monkeypatch.setattr(costmodel.model, "load_cost_model", unreadable)
+    args = parse(["--use-dynamic-batch-size", "--max-tokens-per-gpu", "8192",
+                  "--balance-by-flops", "--cost-model", "cm.json"])
+    with pytest.raises(PermissionError, match=r"^--cost-model cm.json: \[Errno 13\] Permission"):
+        validate_args(args, spec=SPEC)
+
+
 def test_warns_when_the_cost_model_is_from_another_gpu(cost_model_file, monkeypatch, caplog):
     args = parse([*FLOPS_ARGV, "--cost-model", cost_model_file])
     monkeypatch.setattr(cm_args, "current_gpu_name", lambda start_cuda=True: "NVIDIA H100 80GB HBM3")

@@ -199,7 +199,8 @@ def validate_args(
     - the cost model does not load, or was calibrated for another model shape than ``spec``
       (allowed only with ``--cost-model-allow-other-shape``), or has no train-pass curves;
     - an on/off flag is not true or false, or ``--cost-model`` is empty.
-    FileNotFoundError (naming the flag) when the ``--cost-model`` file does not exist.
+    FileNotFoundError (naming the flag) when the ``--cost-model`` file does not exist, and
+    another OSError (naming it too) when it cannot be read.
     Logs a warning when the cost model was measured on another GPU than the one in use
     (naming both) or, on the same GPU, under other torch, CUDA or attention-kernel versions
     at major.minor (`software.drift_note`); or for another tensor-parallel size than
@@ -277,8 +278,8 @@ def validate_args(
                 "use it anyway"
             )
         raise ValueError(f"--cost-model {cost_model_arg}: {message}") from None
-    except FileNotFoundError as err:
-        raise FileNotFoundError(f"--cost-model {cost_model_arg}: {err}") from None
+    except OSError as err:  # missing, or unreadable (PermissionError): which flag, too
+        raise type(err)(f"--cost-model {cost_model_arg}: {err}") from None
     if "train" not in model.modes:  # what scheduler_from_args balances: found at the first step
         raise ValueError(f"--cost-model {cost_model_arg}: it has curves for "
                          f"{', '.join(model.modes)} only, and training balances the train pass "
