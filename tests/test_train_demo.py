@@ -777,6 +777,7 @@ def _trainer_args(*argv: str):
     (["--steps", "0"], "--steps must be at least 1"),  # trained nothing and printed no step
     (["--lr", "0"], "--lr must be a positive finite number"),  # trained with frozen weights
     (["--max-len", "-1"], "--max-len must be 0 (no clip) or positive"),  # read as "no clip"
+    (["--head-dim", "3"], "--head-dim must be even"),  # failed in every worker's first forward
 ])
 def test_flag_values_that_cannot_train_are_refused_before_any_step(argv, needle):
     from costmodel.training.config import prepare

@@ -98,6 +98,11 @@ def tiny_spec(args: argparse.Namespace, *, dtype: str = "fp32") -> ModelSpec:
         value = getattr(args, name)
         if value < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be at least 1, got {value}")
+    if args.head_dim % 2:
+        # Rotary embeddings turn pairs of dimensions: an odd one passed every check here and
+        # failed in every worker's first forward ("rotary_dim must be even"), after spawning.
+        raise ValueError(f"--head-dim must be even (rotary embeddings rotate pairs of "
+                         f"dimensions), got {args.head_dim}")
     return ModelSpec(
         name="tiny-gpt",
         num_layers=args.layers,
