@@ -73,7 +73,9 @@ def test_reuses_a_destination_under_another_option_string():
     ("argv", "needle"),
     [
         (["--balance-by-flops"], "--use-dynamic-batch-size"),
-        (["--balance-by-flops", "--max-tokens-per-gpu", "100"], "--use-dynamic-batch-size"),
+        # Only what is missing: "add ... --max-tokens-per-gpu" with the cap given misled.
+        (["--balance-by-flops", "--max-tokens-per-gpu", "100"], "add --use-dynamic-batch-size$"),
+        (["--balance-by-flops"], "add --use-dynamic-batch-size and --max-tokens-per-gpu TOKENS"),
         (["--use-dynamic-batch-size", "--balance-by-flops"], "--max-tokens-per-gpu"),
         (["--use-dynamic-batch-size", "--max-tokens-per-gpu", "0"], "positive"),
         (["--use-dynamic-batch-size", "--max-tokens-per-gpu", "64", "--cost-model", "x.json"],
@@ -226,6 +228,8 @@ def test_no_cap_for_the_scheduler():
         scheduler_from_args(parse([]), SPEC)
     # A cap without dynamic batch size: the framework splits by a fixed size and ignores it.
     with pytest.raises(ValueError, match="add --use-dynamic-batch-size --max-tokens-per-gpu"):
+        scheduler_from_args(parse([]), SPEC)
+    with pytest.raises(ValueError, match="add --use-dynamic-batch-size$"):  # the cap is there
         scheduler_from_args(parse(["--max-tokens-per-gpu", "4096"]), SPEC)
 
 

@@ -241,9 +241,11 @@ def validate_args(
             "your script's own flag for max_tokens_per_gpu)"
         )
     if by_flops and not dynamic:
+        # Only what is missing: with the cap given, "add --max-tokens-per-gpu" misled.
+        also = "" if raw_cap is not None else " and --max-tokens-per-gpu TOKENS"
         raise ValueError(
-            "--balance-by-flops packs micro-batches by a token cap: add "
-            "--use-dynamic-batch-size and --max-tokens-per-gpu TOKENS"
+            f"--balance-by-flops packs micro-batches by a token cap: add "
+            f"--use-dynamic-batch-size{also}"
         )
     if cost_model_arg and not by_flops:
         raise ValueError(
@@ -440,9 +442,11 @@ def scheduler_from_args(
     if cap is None or not _switch(args, "use_dynamic_batch_size"):
         # Without dynamic batch size, frameworks split by a fixed micro-batch size and ignore
         # the cap: a token-capped schedule would not be what runs.
+        missing = [flag for flag, absent in (
+            ("--use-dynamic-batch-size", not _switch(args, "use_dynamic_batch_size")),
+            ("--max-tokens-per-gpu TOKENS", cap is None)) if absent]
         raise ValueError(
-            "the scheduler packs micro-batches under a token cap: add --use-dynamic-batch-size "
-            "--max-tokens-per-gpu TOKENS"
+            f"the scheduler packs micro-batches under a token cap: add {' '.join(missing)}"
         )
     if _switch(args, "balance_by_flops"):
         model = getattr(args, _LOADED_ATTR)
