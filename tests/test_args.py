@@ -268,6 +268,8 @@ def test_warns_when_the_cost_model_is_from_another_gpu(cost_model_file, monkeypa
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1
     assert "NVIDIA H200" in warnings[0] and "NVIDIA H100 80GB HBM3" in warnings[0]
+    # An estimate was not measured anywhere: said as what it is.
+    assert "is an estimate for NVIDIA H200 but this process runs on" in warnings[0]
 
 
 @pytest.mark.parametrize("device", ["NVIDIA H200", None])

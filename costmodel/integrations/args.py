@@ -418,7 +418,8 @@ def _mismatch(model: Any, device: str | None) -> str | None:
 
     model_gpu = str(getattr(model, "gpu", "") or "")
     if device is not None and model_gpu and not _same_gpu(model_gpu, device):
-        return (f"was measured on {model_gpu} but this process runs on {device}: its times "
+        made = "is an estimate for" if getattr(model, "is_estimate", False) else "was measured on"
+        return (f"{made} {model_gpu} but this process runs on {device}: its times "
                 f"may not match this GPU; calibrate on this GPU with `{calibrate_again(model)}`")
     return drift_note(model)
 
