@@ -24,7 +24,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("path", help="cost model file from `costmodel calibrate` (or, with --no-save, a "
                    "shipped profile such as h200/qwen3-8b)")
-    p.add_argument("--count", type=int, default=150, help="micro-batches per mode (default 150)")
+    p.add_argument("--count", type=int, default=150,
+                   help="micro-batches per mode, 4..10,000 (default 150)")
     p.add_argument("--layers", type=int, default=None,
                    help="layers in the timed stack, at most the model's (default 4, or the "
                    "model's layers where fewer)")
