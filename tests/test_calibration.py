@@ -831,3 +831,22 @@ def test_validation_shows_where_the_error_sits_by_size():
     assert "< 1k 40.3% (31)" in line and ">= 8k 1.4% (24)" in line
     assert "error by" not in format_validation({"modes": {"train": {"summary": {}, "points": [
         {"tokens": 5}]}}})  # points without figures: no line, no error
+
+
+def test_a_fit_that_floors_short_attention_still_loads(tmp_path):
+    """The fit floors a short length's per-sequence attention at 10 ns where the packs'
+    times are all per-call cost (a split of the time, not a speed: 10x the H200's peak at
+    L=64). The load-time peak check judges each curve at its largest knot, so what
+    calibrate writes loads; checking every knot refused it."""
+    from costmodel.calibration.pipeline import refit
+
+    doc = json.loads(Path("costmodel/profiles/h200/qwen3-8b.json").read_text())
+    short = [d for d in doc["measurements"] if d["kind"] == "attention" and d["length"] == 64
+             and d["mode"] == "train"]
+    for d in short:  # every pack as slow as the slowest: no per-sequence cost to fit
+        d["ms"] = max(x["ms"] for x in short)
+    model = refit(doc, source="floored")
+    assert model.curves["train"].attention.ms[0] == pytest.approx(1e-5)
+    model.save(tmp_path / "floored.json")
+    assert load_cost_model(tmp_path / "floored.json").curves["train"].attention.ms[0] == \
+        pytest.approx(1e-5)
