@@ -122,9 +122,14 @@ def _from_hf(cfg: Mapping[str, Any], name: str) -> ModelSpec:
     model_type = cfg.get("model_type")
     if model_type is None:
         if isinstance(cfg.get("schema"), str) and cfg["schema"].startswith("costmodel/"):
-            # `--model calibrated.json`: the cost model goes to --cost (its shape is in it)
-            raise ValueError("this is a cost model file, not a model's config.json: give it "
-                             "as --cost (--cost-model), and the model as a preset or config.json")
+            # `--model calibrated.json`: the cost model goes where a cost model is asked for
+            # (--cost-model: schedule, simulate, bench-schedule and the training flags; only
+            # schedule has --cost, and calibrate and flops take none), its model as --model.
+            made_for = cfg.get("spec", {}).get("name") if isinstance(cfg.get("spec"), Mapping) else None
+            of = f" (for model {made_for!r})" if isinstance(made_for, str) and made_for else ""
+            raise ValueError(f"this is a cost model file{of}, not a model's config.json: give "
+                             "the model as a preset or config.json, and this file where a "
+                             "cost model is asked for (--cost-model)")
         raise ValueError("config has no 'model_type' field; is this a Hugging Face config.json?")
     if model_type not in HF_MODEL_TYPES:
         raise ValueError(

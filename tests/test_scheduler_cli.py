@@ -484,4 +484,14 @@ def test_more_context_parallel_gpus_than_tokens_are_refused(command, capsys):
 def test_a_cost_model_file_given_as_the_model_says_to_give_it_as_cost(capsys):
     assert main(["schedule", "--model", "costmodel/profiles/h200/qwen3-8b.json"]) == 2
     err = capsys.readouterr().err
-    assert "this is a cost model file, not a model's config.json: give it as --cost" in err, err
+    assert "this is a cost model file (for model 'qwen3-8b'), not a model's config.json" in err, err
+    assert "where a cost model is asked for (--cost-model)" in err, err
+
+
+@pytest.mark.parametrize("command", [["simulate"], ["bench-schedule"], ["flops", "--lengths", "100"]])
+def test_a_cost_model_file_as_the_model_names_no_flag_the_command_lacks(command, capsys):
+    # simulate and bench-schedule take --cost-model only ("--cost" is no flag of theirs),
+    # flops takes no cost model at all: the message names --cost-model, not --cost
+    assert main([*command, "--model", "costmodel/profiles/h200/qwen3-8b.json"]) == 2
+    err = capsys.readouterr().err
+    assert "this is a cost model file" in err and "--cost " not in err and "--cost)" not in err, err
