@@ -522,6 +522,8 @@ def test_validation_count_and_a_mode_given_as_text(fitted):
     timer = SyntheticTimer(SPEC, SHAPE, noise=0.005, seed=7)
     with pytest.raises(ValueError, match="count >= 4"):  # measured everything, then failed
         run_validation(fitted, timer, count=2, num_layers=1)
+    with pytest.raises(ValueError, match="at most 10,000"):  # what revalidate draws within
+        run_validation(fitted, timer, count=10**11, num_layers=1)
     result = run_validation(fitted, timer, count=4, caps=(2048,), modes="train", num_layers=1)
     assert list(result["modes"]) == ["train"]  # not "t", "r", "a", ...
 

@@ -143,8 +143,10 @@ def run_validation(
     import time
 
     spec = model.rank_spec  # what one GPU runs (a tensor-parallel rank's shard)
-    if isinstance(count, bool) or not isinstance(count, int) or count < 4:
-        raise ValueError(f"validation needs count >= 4 micro-batches, got {count!r}")
+    if isinstance(count, bool) or not isinstance(count, int) or not 4 <= count <= MAX_COUNT:
+        # As `validate --count`: a block asking for more is one `revalidate` drops
+        raise ValueError(f"validation needs count >= 4 micro-batches (at most {MAX_COUNT:,}), "
+                         f"got {count!r}")
     check_stack_layers(model, num_layers)
     if isinstance(modes, str):  # "train" would be read letter by letter
         modes = [modes]
