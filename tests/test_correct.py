@@ -142,7 +142,7 @@ def test_a_file_whose_own_curves_beat_the_peak_is_named_not_the_runs(tmp_path, m
     slight = Correction(scales={"train": {"overhead": 1.0, "attention": 1.1, "linear": 1.0,
                                           "head": 1.0}})
     with pytest.raises(ValueError, match=r"its own curves are impossible, before any "
-                       r"correction \(\d+ of its curves run faster than NVIDIA H200 can.*\): "
+                       r"correction \(\d+ knot\(s\) of its curves run faster than NVIDIA H200 can.*\): "
                        r"recalibrate it") as err:
         apply_correction(edited, slight, source="test")
     assert "not of" not in str(err.value)

@@ -862,7 +862,7 @@ def test_curves_faster_than_the_gpu_are_refused_on_load(tmp_path, good_doc):
     ms = good_doc["curves"]["train"]["attention"]["ms"]
     good_doc["curves"]["train"]["attention"]["ms"] = [1e-9 * (i + 1) for i in range(len(ms))]
     path = _write(tmp_path, json.dumps(good_doc))
-    with pytest.raises(ValueError, match=r"bad\.json: \d+ of its curves run faster than "
+    with pytest.raises(ValueError, match=r"bad\.json: \d+ knot\(s\) of its curves run faster than "
                        r"NVIDIA H200 can: the train attention curve at L=[\d,]+ .* 989 TFLOP/s bf16 "
                        r"peak; the file is corrupt or was edited"):
         load_cost_model(path)
@@ -876,6 +876,12 @@ def test_curves_faster_than_the_gpu_are_refused_on_load(tmp_path, good_doc):
     good_doc["curves"]["train"]["attention"]["ms"] = ms
     good_doc["curves"]["train"]["attention"]["ms"][0] = 1e-5
     assert load_cost_model(_write(tmp_path, json.dumps(good_doc))).gpu == "NVIDIA H200"
+    # Every knot but the top one edited down (a review's case) is caught too: knots whose
+    # work takes 0.1 ms or more at the peak are judged (from L = 2,048 here).
+    edited = [1e-9] * (len(ms) - 1) + [ms[-1]]
+    good_doc["curves"]["train"]["attention"]["ms"] = edited
+    with pytest.raises(ValueError, match=r"the train attention curve at L=[\d,]+ takes 1e-09 ms"):
+        load_cost_model(_write(tmp_path, json.dumps(good_doc)))
     # A GPU the registry lacks has no peak to check against: loaded as it is.
     good_doc["curves"]["train"]["attention"]["ms"] = [1e-9 * (i + 1) for i in range(len(ms))]
     good_doc["gpu"] = {"name": "Some Future GPU"}
