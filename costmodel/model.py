@@ -612,7 +612,8 @@ def _from_file(path: Path, spec: ModelSpec | None, allow_other_shape: bool) -> C
     impossible = curves_beyond_peak(model)
     if impossible:
         raise ValueError(f"cost model {path}: {impossible}; the file is corrupt or was edited: "
-                         "restore it, or run `costmodel calibrate` again")
+                         f"restore it, fit its measurements again (`costmodel calibrate --refit "
+                         f"{path} -o FILE`, no GPU needed), or calibrate again")
     return model
 
 
