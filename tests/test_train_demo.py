@@ -592,14 +592,18 @@ def test_interrupting_the_launcher_stops_its_workers_and_keeps_the_old_log(tmp_p
         start_new_session=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     try:
-        deadline = time.monotonic() + 120
-        while not list(tmp_path.glob(".costmodel-*.tmp")):  # rank 0 is writing its log
+        # Until rank 0 holds its log's temp file open (it is training). A temp file in the
+        # folder was not enough: the output check's probe is one too, and on a loaded CI
+        # machine rank 0 had not opened its own a second after the probe (CI, 2026-12-03).
+        deadline, writer = time.monotonic() + 120, None
+        while writer is None:
             assert proc.poll() is None and time.monotonic() < deadline
             time.sleep(0.2)
+            children = Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()
+            writer = _writer_of(tmp_path, children)
         time.sleep(1)
         if signame == "kill rank 0":
-            children = Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()
-            os.kill(_writer_of(tmp_path, children), signal.SIGKILL)
+            os.kill(writer, signal.SIGKILL)
         else:
             proc.send_signal(getattr(signal, signame))
         _, err = proc.communicate(timeout=60)
