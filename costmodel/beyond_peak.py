@@ -50,7 +50,7 @@ class _Knot(NamedTuple):
 def curves_beyond_peak(model: CostModel) -> str | None:
     """What in ``model``'s curves runs faster than its GPU can (the fastest judged knot, as
     a multiple of the peak, and how many), or None when nothing does or no peak is known."""
-    info = _registry_entry(model)
+    info = gpus.registry_entry(model.gpu_key, model.gpu)
     if info is None:
         return None
     spec = model.rank_spec
@@ -83,11 +83,3 @@ def curves_beyond_peak(model: CostModel) -> str | None:
             f"{worst.what} takes {worst.ms:.4g} ms, {worst.efficiency:.4g}x the "
             f"{info.peak_bf16_flops / 1e12:.0f} TFLOP/s bf16 peak")
 
-
-def _registry_entry(model: CostModel) -> gpus.GpuInfo | None:
-    """The GPU the file was made for: its registry key, else (files from before the key,
-    or a key this registry lacks) the entry of its device name, as `report` finds it."""
-    try:
-        return gpus.lookup_gpu(str(model.gpu_key))
-    except ValueError:
-        return gpus.find_gpu_by_device_name(model.gpu)

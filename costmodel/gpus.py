@@ -26,6 +26,7 @@ __all__ = [
     "find_gpu_by_device_name",
     "gpu_keys",
     "lookup_gpu",
+    "registry_entry",
     "same_gpu_words",
 ]
 
@@ -203,6 +204,18 @@ def find_gpu_by_device_name(device_name: str, *, allow_suffix: bool = False) -> 
         if prefixes:
             return max(prefixes, key=lambda p: p[0])[1]
     return None
+
+
+def registry_entry(key: str | None, device_name: str) -> GpuInfo | None:
+    """The entry of the GPU a cost model was made for: by its registry ``key``, else (files
+    from before the key, or a key this registry lacks) by its exact ``device_name``; None
+    where neither is registered (no peak to show or check against)."""
+    if key:
+        try:
+            return lookup_gpu(key)
+        except ValueError:
+            pass
+    return find_gpu_by_device_name(device_name)
 
 
 def lookup_gpu(name_or_key: str | GpuInfo) -> GpuInfo:

@@ -19,7 +19,7 @@ import numpy as np
 
 from costmodel import flops
 from costmodel.calibration.validate import format_validation
-from costmodel.gpus import GpuInfo, find_gpu_by_device_name, lookup_gpu
+from costmodel.gpus import registry_entry
 from costmodel.model import CostModel
 from costmodel.model_file import atomic_output
 
@@ -41,15 +41,6 @@ _LENGTHS = (64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536)
 _TOKENS = (16, 128, 512, 1024, 2048, 4096, 8192, 12288, 16384, 32768)
 
 
-def _gpu_info(model: CostModel) -> GpuInfo | None:
-    if model.gpu_key:
-        try:
-            return lookup_gpu(model.gpu_key)
-        except ValueError:
-            pass
-    return find_gpu_by_device_name(model.gpu)
-
-
 def _label(model: CostModel) -> str:
     tp = f"{model.parallel_label} (one rank's shard)" if model.parallel_label else ""
     if model.is_estimate:
@@ -59,7 +50,7 @@ def _label(model: CostModel) -> str:
 
 
 def format_report(model: CostModel) -> str:
-    info = _gpu_info(model)
+    info = registry_entry(model.gpu_key, model.gpu)
     peak = info.peak_bf16_flops if info else None
     spec = model.rank_spec  # what the curves time: FLOPs and efficiency are one GPU's
     out = [f"cost model — {_label(model)}"]
@@ -272,7 +263,7 @@ def plot_report(model: CostModel, path: str) -> str:
     """Write a 2x2 figure to `path`, in the format its suffix names (`plot_format`)."""
     plt = pyplot()
     spec = model.rank_spec  # what the curves time: FLOPs and efficiency are one GPU's
-    info = _gpu_info(model)
+    info = registry_entry(model.gpu_key, model.gpu)
     peak = info.peak_bf16_flops if info else None
     fig, axes = plt.subplots(2, 2, figsize=(13, 9))
     (ax_a, ax_l), (ax_e, ax_s) = axes
