@@ -22,8 +22,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, NamedTuple
 
-import numpy as np
-
 from costmodel import flops, gpus
 
 if TYPE_CHECKING:
@@ -58,22 +56,17 @@ def curves_beyond_peak(model: CostModel) -> str | None:
     for mode in model.modes:
         c = model.curves[mode]
         ms_per_flop = flops.pass_factor(mode) * 1e3 / info.peak_bf16_flops  # at the peak
-        curves = [("attention", c.attention.lengths, c.attention.ms),
-                  *((f"{kind} linear", t.tokens, t.ms) for kind, t in c.linear.items()),
-                  ("head", c.head.tokens, c.head.ms)]
-        for part, x, ms in curves:
-            if part == "attention":
-                work = flops.attention_core_flops(x.astype(np.int64), spec)
-            elif part == "head":
-                work = x * float(flops.lm_head_flops_per_token(spec))
-            else:
-                work = flops.layer_linear_flops(x, spec, moe=part == "moe linear")
-            at_peak = work * ms_per_flop  # what the knot's work takes at the peak
+        curves = [("attention", "attention", False, c.attention.lengths, c.attention.ms),
+                  *((f"{kind} linear", "linear", kind == "moe", t.tokens, t.ms)
+                    for kind, t in c.linear.items()),
+                  ("head", "head", False, c.head.tokens, c.head.ms)]
+        for what, part, moe, x, ms in curves:
+            at_peak = flops.part_flops(part, x, spec, moe=moe) * ms_per_flop  # the knots' work
             judged = at_peak >= JUDGED_MS
             judged[-1] = True
             efficiency = at_peak / ms
             axis = "L" if part == "attention" else "T"
-            too_fast += [_Knot(float(e), f"{mode} {part} curve at {axis}={int(at):,}", float(t))
+            too_fast += [_Knot(float(e), f"{mode} {what} curve at {axis}={int(at):,}", float(t))
                          for e, at, t in zip(efficiency[judged], x[judged], ms[judged])
                          if e > 1 + TOLERANCE]
     if not too_fast:

@@ -216,6 +216,19 @@ def lm_head_flops_per_token(spec: ModelSpec) -> int:
     return 2 * spec.hidden_size * spec.vocab_size
 
 
+def part_flops(part: str, sizes: ArrayLike, spec: ModelSpec, *, moe: bool = False) -> np.ndarray:
+    """Forward matmul FLOPs of a part a cost model times, at each size (float64): "attention"
+    one sequence of each length in one layer, "linear" one layer's token-linear part at each
+    token count (``moe``: a MoE layer's), "head" the LM head at each token count."""
+    if part == "attention":
+        return attention_core_flops(np.asarray(sizes, dtype=np.int64), spec)
+    if part == "linear":
+        return layer_linear_flops(sizes, spec, moe=moe)
+    if part == "head":
+        return np.asarray(sizes, dtype=np.float64) * float(lm_head_flops_per_token(spec))
+    raise ValueError(f"no FLOPs count for part {part!r}; parts: attention, linear, head")
+
+
 # ---- totals ------------------------------------------------------------------------------
 def _exact_sum(values: np.ndarray, bound: int) -> int:
     if values.size == 0:

@@ -349,3 +349,25 @@ def test_an_object_array_is_refused_under_the_callers_name():
     for values in ([1.5, 2], [0, 5], [None, 1]):
         with pytest.raises(ValueError, match="^prompt lengths "):
             as_lengths(np.array(values, dtype=object), what="prompt lengths")
+
+
+def test_part_flops_are_the_parts_a_cost_model_times():
+    """One sequence's attention core, one layer's linear part, the LM head: what the
+    calibration's FLOPs check and the load-time peak check both count."""
+    from costmodel.flops import (
+        attention_core_flops,
+        layer_linear_flops,
+        lm_head_flops_per_token,
+        part_flops,
+    )
+
+    spec = ModelSpec.from_preset("qwen3-30b-a3b")
+    sizes = [1, 100, 4096]
+    assert part_flops("attention", sizes, spec).tolist() == attention_core_flops(sizes, spec).tolist()
+    for moe in (False, True):
+        assert (part_flops("linear", sizes, spec, moe=moe).tolist()
+                == layer_linear_flops(sizes, spec, moe=moe).tolist())
+    assert part_flops("head", sizes, spec).tolist() == [
+        float(n * lm_head_flops_per_token(spec)) for n in sizes]
+    with pytest.raises(ValueError, match="no FLOPs count for part 'mlp'; parts: attention"):
+        part_flops("mlp", sizes, spec)

@@ -15,8 +15,6 @@ import math
 from collections import defaultdict
 from typing import Any
 
-import numpy as np
-
 from costmodel import flops
 from costmodel.calibration.fit import Record
 from costmodel.spec import ModelSpec
@@ -29,19 +27,17 @@ DEFAULT_TOLERANCE = 0.05
 def record_flops(r: Record, spec: ModelSpec) -> float:
     """Matmul FLOPs of one measured point (forward × 3 for train)."""
     passes = flops.pass_factor(r.mode)
-    L = np.asarray(r.lengths, dtype=np.int64)
-    T = r.tokens
+    tokens = [r.tokens]
     if r.kind == "attention":
-        work = float(flops.attention_core_flops(L, spec).sum())
-    elif r.kind == "linear":
-        work = float(flops.layer_linear_flops(T, spec, moe=r.moe))
-    elif r.kind == "head":
-        work = float(T * flops.lm_head_flops_per_token(spec))
+        work = flops.part_flops("attention", r.lengths, spec).sum()
+    elif r.kind in ("linear", "head"):
+        work = flops.part_flops(r.kind, tokens, spec, moe=r.moe)[0]
     elif r.kind == "layer":
-        work = float(flops.attention_core_flops(L, spec).sum() + flops.layer_linear_flops(T, spec, moe=r.moe))
+        work = (flops.part_flops("attention", r.lengths, spec).sum()
+                + flops.part_flops("linear", tokens, spec, moe=r.moe)[0])
     else:
         raise ValueError(f"no FLOPs count for point kind {r.kind!r}")
-    return passes * work
+    return passes * float(work)
 
 
 def flops_check(
