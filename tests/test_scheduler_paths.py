@@ -510,9 +510,69 @@ def test_cheapest_per_token_is_a_bound_past_the_exact_fills():
 
     fills = np.arange(1, 200_001, dtype=np.float64)
     exact = float(np.min(Stepped().token_costs(fills) / fills))
-    assert exact == 1.0
-    assert _cheapest_per_token(Stepped(), 200_000) <= exact
+    with_fixed = float(np.min((50_000 + Stepped().token_costs(fills)) / fills))
+    assert exact == 1.0 and with_fixed == pytest.approx(4 / 3)
+    per_token, per_token_with_fixed = _cheapest_per_token(Stepped(), 200_000, 50_000)
+    assert per_token <= exact and per_token_with_fixed <= with_fixed
+    assert per_token_with_fixed >= with_fixed * (1 - 2**-11)  # and close: the cells are fine
 
+
+class _DipModel:
+    """Separable (fixed 10 + a token curve, no sequence part) and cheapest per token at half
+    the cap (6 for 5 tokens, 16 for 10), so that fixed costs decide how to fill."""
+
+    def fixed_cost(self, mode="train"):
+        return 10.0
+
+    def sequence_costs(self, lengths, mode="train"):
+        return np.zeros(np.shape(lengths))
+
+    def token_costs(self, tokens, mode="train"):
+        t = np.asarray(tokens, dtype=np.float64)
+        return np.where(t < 5, 2 * t, 6 + 2 * (t - 5))
+
+    def microbatch_costs(self, lengths, offsets, mode="train"):
+        tokens = np.add.reduceat(lengths, offsets[:-1]) if lengths.size else np.zeros(0)
+        return self.fixed_cost() + self.token_costs(tokens)
+
+    def __call__(self, lengths):  # one micro-batch, for best_schedule
+        return float(self.microbatch_costs(np.asarray(lengths), np.array([0, len(lengths)]))[0])
+
+
+@pytest.mark.parametrize(("lengths", "dp"), [([5, 5], 1), ([2, 3, 5], 1), ([5, 5, 5, 5], 2),
+                                             ([1, 2, 3, 4, 5, 5], 2)])
+def test_the_separable_bound_spreads_each_fixed_cost_over_its_micro_batchs_tokens(lengths, dp):
+    """Mutant: the fixed costs of only the fewest micro-batches, every token at the curve's
+    cheapest rate (half the cap here): 22 for [5, 5], where no schedule costs less than 26
+    (one micro-batch of 10; two of 5 cost 32). Each micro-batch costs at least its tokens
+    at the cheapest (fixed + token curve) per token, 2.6 at the cap: the bound is the best
+    schedule's cost on these inputs, and never above it."""
+    model = _DipModel()
+    s = build_schedule(lengths, dp_size=dp, max_tokens_per_microbatch=10, cost=model)
+    best, _ = best_schedule(lengths, dp, 10, model)
+    assert s.lower_bound == pytest.approx(best, rel=1e-12)
+    assert s.makespan == pytest.approx(best, rel=1e-12)
+
+
+@pytest.mark.parametrize("mode", ["train", "forward"])
+def test_the_separable_bound_is_below_the_best_schedule_under_the_profile(mode):
+    """The bound of a calibrated model, against brute force on small random batches under
+    the shipped profile (its large fixed cost and stepped token curve; some samples over
+    the cap): never above the best makespan any schedule reaches."""
+    fn = as_cost("h200/qwen3-8b", "qwen3-8b", mode).microbatch_cost
+    rng = np.random.default_rng(7)
+    checked = 0
+    for _ in range(16):
+        n, dp, cap = int(rng.integers(3, 7)), int(rng.integers(1, 3)), int(rng.choice([4096, 16384]))
+        lengths = rng.integers(1, cap + cap // 4, n).tolist()
+        best, _ = best_schedule(lengths, dp, cap, fn)
+        if best is None:  # no count of micro-batches fits every rank
+            continue
+        s = build_schedule(lengths, dp_size=dp, max_tokens_per_microbatch=cap,
+                           cost="h200/qwen3-8b", mode=mode)
+        assert s.lower_bound <= best * (1 + 1e-12), (lengths, dp, cap)
+        checked += 1
+    assert checked >= 10
 
 def test_run_order_breaks_ties_by_position():
     """Mutant: ties broken by descending position. The module promises ties by position."""
