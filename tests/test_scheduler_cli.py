@@ -315,7 +315,8 @@ def test_simulate_does_not_call_a_sample_of_exactly_the_cap_longer(tmp_path, cap
 
 def test_schedule_flags_reach_the_scheduler(tmp_path, capsys):
     """--mode, --align and --order change the schedule as they say: a forward-only pass is
-    cheaper than a training step, --align 2 rounds 13 micro-batches per rank up to 14, and
+    cheaper than a training step, --align 2 makes 13 micro-batches per rank an even count
+    (here 20: at 14 or more, those that fill where the profile is cheaper per token win), and
     longest-first runs each rank's costliest micro-batch first (the default keeps the
     packer's order, which here is not sorted)."""
     def schedule(*flags):
@@ -327,7 +328,8 @@ def test_schedule_flags_reach_the_scheduler(tmp_path, capsys):
     train = schedule()
     assert train["num_microbatches"] == 13
     assert schedule("--mode", "forward")["makespan"] < 0.5 * train["makespan"]
-    assert schedule("--align", "2")["num_microbatches"] == 14
+    aligned = schedule("--align", "2")["num_microbatches"]
+    assert aligned % 2 == 0 and aligned >= 14
     assert not all(c == sorted(c, reverse=True) for c in train["microbatch_costs"])
     assert all(c == sorted(c, reverse=True)
                for c in schedule("--order", "longest-first")["microbatch_costs"])

@@ -12,6 +12,7 @@ from costmodel.scheduler.costs import Cost
 from costmodel.scheduler.sorting import longest_first, run_starts
 
 __all__ = [
+    "cheapest_fill",
     "lower_bound",
     "microbatch_range",
     "min_microbatches",
@@ -193,17 +194,33 @@ def _separable_lower_bound(
 
 def _cheapest_per_token(cost: Cost, top: int, fixed: float = 0.0) -> tuple[float, float]:
     """Lower bounds on token_costs(T) / T and on (fixed + token_costs(T)) / T over whole T
-    in 1..top: exact up to _EXACT_FILLS; above, token_costs does not fall as T grows (curves
-    are checked monotone), so on each cell [a, b] of a fine grid the time per token is at
-    least token_costs(a) / b (and (fixed + token_costs(a)) / b)."""
-    fill = np.arange(1, min(top, _EXACT_FILLS) + 1, dtype=np.float64)
-    fills, ends = [fill], [fill]
+    in 1..top (`_fill_rates`)."""
+    _, per_token, with_fixed = _fill_rates(cost, top, fixed)
+    return float(per_token.min()), float(with_fixed.min())
+
+
+def cheapest_fill(cost: Cost, top: int) -> tuple[int, float]:
+    """The fill T in 1..top whose micro-batch costs least per token, fixed cost included:
+    (T, (fixed + token_costs(T)) / T) of a separable cost (past _EXACT_FILLS, of the geometric
+    cell starting at T, a lower bound: `_fill_rates`). The cap where the curve has no steps;
+    below it where a fill under the cap is cheaper per token (GEMM waves)."""
+    fills, _, with_fixed = _fill_rates(cost, top, cost.fixed_cost())
+    best = int(np.argmin(with_fixed))
+    return int(fills[best]), float(with_fixed[best])
+
+
+def _fill_rates(cost: Cost, top: int, fixed: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(fills, token_costs per token, (fixed + token_costs) per token) over whole fills
+    1..top: exact up to _EXACT_FILLS; above, token_costs does not fall as T grows (curves are
+    checked monotone), so on each cell [a, b] of a fine grid the time per token is at least
+    token_costs(a) / b (and (fixed + token_costs(a)) / b), given at a."""
+    fills = np.arange(1, min(top, _EXACT_FILLS) + 1, dtype=np.float64)
+    ends = fills
     if top > _EXACT_FILLS:
         cells = math.ceil(math.log(top / _EXACT_FILLS) / math.log(_CELL_RATIO))
         edges = np.unique(np.floor(portable.geomspace(_EXACT_FILLS, top, cells + 1)))
         edges[-1] = top  # geomspace's last point can round below it
-        fills.append(edges[:-1])
-        ends.append(edges[1:])
-    costs = [cost.token_costs(f) for f in fills]
-    return (min(float(np.min(c / e)) for c, e in zip(costs, ends)),
-            min(float(np.min((fixed + c) / e)) for c, e in zip(costs, ends)))
+        fills = np.concatenate([fills, edges[:-1]])
+        ends = np.concatenate([ends, edges[1:]])
+    costs = cost.token_costs(fills)
+    return fills, costs / ends, (fixed + costs) / ends

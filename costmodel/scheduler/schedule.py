@@ -54,7 +54,7 @@ from numpy.typing import ArrayLike
 
 from costmodel.checks import positive_int, true_or_false
 from costmodel.flops import MAX_LENGTH, as_lengths
-from costmodel.scheduler.bounds import lower_bound, microbatch_range, round_up
+from costmodel.scheduler.bounds import cheapest_fill, lower_bound, microbatch_range, round_up
 from costmodel.scheduler.costs import Cost, as_cost, quantise
 from costmodel.scheduler.counts import bin_costs_of, level_layout, pack_and_assign, start_m
 from costmodel.scheduler.group_search import group_local_search
@@ -85,6 +85,10 @@ _EXTRA_SWEEPS = MAX_SWEEPS // 4
 # count, 1.0001 at one more, a 5.5% shorter step).
 _ROOM_IMBALANCE = 5e-3
 _ROOM_COUNTS = 2
+# Where a calibrated model's micro-batch is this much cheaper per token (fixed cost
+# included) at some fill below the schedule's mean fill, the count that fills there is
+# searched too (`_at_the_cheapest_fill`).
+_CHEAPER_FILL = 0.01
 
 
 @dataclass(frozen=True, repr=False)
@@ -434,6 +438,12 @@ def build_schedule(
                 best = ended
         assert best is not None
         state, greedy_imbalance, steps = best
+        above_bound = state.load.max() > lb * scale * (1 + _AT_THE_BOUND)
+        if not exact and cost_obj.separable and above_bound:
+            cheaper = _at_the_cheapest_fill(state, lens, by_length, (q, cost_obj, scale),
+                                            (align, m_max), roomier)
+            if cheaper is not None:
+                state, greedy_imbalance, steps = cheaper
 
     _check_invariants(state, align, groups)
     return _finish(
@@ -498,15 +508,59 @@ def _with_more_room(st: BinState, lens: np.ndarray, by_length: np.ndarray,
     return best
 
 
+def _at_the_cheapest_fill(st: BinState, lens: np.ndarray, by_length: np.ndarray,
+                          costs: tuple[np.ndarray, Cost, float], counts: tuple[int, int],
+                          searched: dict[int, tuple[BinState, float, int] | None]
+                          ) -> tuple[BinState, float, int] | None:
+    """The level start at the count whose micro-batches fill to where a separable cost is
+    cheapest per token, fixed cost included (`bounds.cheapest_fill`), searched as the
+    usual one; (state, its greedy imbalance, its steps) where it ends lower than ``st``,
+    else None. Tried only where that count is above ``st``'s and that fill _CHEAPER_FILL
+    cheaper per token than ``st``'s mean fill. ``searched``: as `_with_more_room`'s.
+
+    The count search looks for the fewest micro-batches, whose level fills land near the
+    cap. A GPU's token curve has steps (GEMM waves): under the shipped H200 profile a
+    micro-batch of 10.5k tokens costs 6% less per token than one of 16k (training), one of
+    30k 5% less than one of 32k (forward): of 32 RL batches (n 1,024-65,536, dp 8-64, caps
+    8k-32k, both passes) 14 schedule 0.05-3.5% shorter at the count that fills there, the
+    rest as before (the median schedule in 1.2x the time)."""
+    q, cost, scale = costs
+    align, m_max = counts
+    over = lens > st.cap
+    fits = int(lens[~over].sum())
+    if not fits:
+        return None
+    n_over = int(over.sum())
+    fill, rate = cheapest_fill(cost, min(st.cap, fits))
+    now = fits / max(1, st.dp * st.m - n_over)  # the mean fill beside the oversized samples
+    rate_now = (cost.fixed_cost() + float(cost.token_costs(np.array([now]))[0])) / now
+    m = round_up(-(-(n_over + -(-fits // fill)) // st.dp), align)
+    if rate > rate_now * (1 - _CHEAPER_FILL) or not st.m < m <= m_max:
+        return None
+    if m not in searched:
+        layout = level_layout(lens, by_length, bin_costs_of(lens, q, cost, scale), st.dp, m,
+                              st.cap)
+        # Its micro-batches may not fill where the curve is cheap (samples near the cap
+        # fill theirs whatever the count): search it only where its total is below what
+        # the step takes now, spread evenly.
+        if layout is None or int(layout[2].sum()) >= int(st.load.max()) * st.dp:
+            return None
+        searched[m] = _level_searched(lens, by_length, costs, st, m, layout)
+    found = searched[m]
+    return found if found is not None and int(found[0].load.max()) < int(st.load.max()) else None
+
+
 def _level_searched(lens: np.ndarray, by_length: np.ndarray,
                     costs: tuple[np.ndarray, Cost, float], like: BinState,
-                    m: int) -> tuple[BinState, float, int] | None:
-    """The level start at ``m`` micro-batches per rank (dp and cap as ``like``'s), searched
-    as the usual one: (state, its greedy imbalance, its steps), or None where levelling
-    cannot pack that many."""
+                    m: int, layout: tuple[np.ndarray, int, np.ndarray] | None = None
+                    ) -> tuple[BinState, float, int] | None:
+    """The level start at ``m`` micro-batches per rank (dp and cap as ``like``'s; ``layout``
+    where `level_layout` built it already), searched as the usual one: (state, its greedy
+    imbalance, its steps), or None where levelling cannot pack that many."""
     q, cost, scale = costs
-    layout = level_layout(lens, by_length, bin_costs_of(lens, q, cost, scale), like.dp, m,
-                          like.cap)
+    if layout is None:
+        layout = level_layout(lens, by_length, bin_costs_of(lens, q, cost, scale), like.dp,
+                              m, like.cap)
     if layout is None:
         return None
     st = BinState(lens, q, layout[0], like.dp, m, like.cap, cost, scale, layout[2])
