@@ -554,6 +554,25 @@ def test_the_separable_bound_spreads_each_fixed_cost_over_its_micro_batchs_token
     assert s.makespan == pytest.approx(best, rel=1e-12)
 
 
+
+def test_cheapest_fill_is_where_the_fixed_cost_and_the_curve_cost_least_per_token():
+    """`_DipModel`: 10 + 6 for 5 tokens (3.2 a token), 10 + 16 for 10 (2.6): the cap, not
+    the curve's own cheapest fill; with a cap of 9, 9 (10 + 14: 2.67 a token)."""
+    from costmodel.scheduler.bounds import cheapest_fill
+
+    assert cheapest_fill(_DipModel(), 10) == (10, pytest.approx(2.6))
+    assert cheapest_fill(_DipModel(), 9) == (9, pytest.approx(24 / 9))
+
+    class Waves(_DipModel):  # 20% dearer per token past 6 tokens: 6 is cheapest
+        def fixed_cost(self, mode="train"):
+            return 0.5
+
+        def token_costs(self, tokens, mode="train"):
+            t = np.asarray(tokens, dtype=np.float64)
+            return t * np.where(t > 6, 1.2, 1.0)
+
+    assert cheapest_fill(Waves(), 10) == (6, pytest.approx(6.5 / 6))
+
 @pytest.mark.parametrize("mode", ["train", "forward"])
 def test_the_separable_bound_is_below_the_best_schedule_under_the_profile(mode):
     """The bound of a calibrated model, against brute force on small random batches under
