@@ -44,6 +44,8 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 if TYPE_CHECKING:
     from costmodel.model import CostModel
 
@@ -230,6 +232,29 @@ def _profile_summary(model, shipped) -> list[str]:
                          "profile (costmodel/gpus.py names the variants)")
         for mode in MODES:
             lines.append(f"  shipped now: {shipped.validation_summary(mode) or f'{mode}: not validated'}")
+    return lines + _cheapest_fills(model, shipped)
+
+
+def _cheapest_fills(model, shipped) -> list[str]:
+    """Where each curve is cheapest per token, fixed cost included, at caps of 16k and 32k,
+    beside the shipped profile's: the scheduler fills micro-batches there where that beats
+    the cap (`schedule._at_the_cheapest_fill`). A step seen by two calibrations is the GPU's
+    (GEMM waves); one that moves or goes is noise, which that start then chases."""
+    from costmodel.scheduler.bounds import cheapest_fill
+    from costmodel.scheduler.costs import as_cost
+
+    lines = []
+    for mode in model.modes:
+        parts = []
+        for name, m in (("new", model), ("shipped", shipped)):
+            if m is None or mode not in m.modes:
+                continue
+            cost = as_cost(m, None, mode)
+            for cap in (16384, 32768):
+                fill, rate = cheapest_fill(cost, cap)
+                at_cap = (cost.fixed_cost() + float(cost.token_costs(np.array([float(cap)]))[0])) / cap
+                parts.append(f"{name} cap {cap // 1024}k: {fill} ({rate / at_cap - 1:+.1%})")
+        lines.append(f"  {mode}: cheapest fill per token (vs the cap's) " + ", ".join(parts))
     return lines
 
 

@@ -158,6 +158,9 @@ def test_a_second_session_shows_the_shipped_profile_and_keeps_the_first_log(
     text = capsys.readouterr().out
     assert "shipped now: validated (train, 120 micro-batches)" in text  # old next to new
     assert "POWER LIMIT 600 W, the shipped profile's GPU had 700 W" in text
+    # where each curve is cheapest per token, new beside shipped (the same file here)
+    assert ("train: cheapest fill per token (vs the cap's) new cap 16k: 10496 (-6.1%), new cap "
+            "32k: 17920 (-1.8%), shipped cap 16k: 10496 (-6.1%)") in text
     results = tmp_path / "repo" / "benchmarks" / "results"
     assert (results / "gpu_session_h200_2026-12-01.log").read_text().startswith(
         "== session start 2026-12-01T10:31")  # the first session's log stays
