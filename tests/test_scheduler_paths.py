@@ -518,8 +518,9 @@ def test_cheapest_per_token_is_a_bound_past_the_exact_fills():
 
 
 class _DipModel:
-    """Separable (fixed 10 + a token curve, no sequence part) and cheapest per token at half
-    the cap (6 for 5 tokens, 16 for 10), so that fixed costs decide how to fill."""
+    """Separable (fixed 10 + a token curve, no sequence part, never falling) and cheapest per
+    token at half the cap (6 for 4 or 5 tokens, 16 for 10), so that fixed costs decide how
+    to fill."""
 
     def fixed_cost(self, mode="train"):
         return 10.0
@@ -529,7 +530,7 @@ class _DipModel:
 
     def token_costs(self, tokens, mode="train"):
         t = np.asarray(tokens, dtype=np.float64)
-        return np.where(t < 5, 2 * t, 6 + 2 * (t - 5))
+        return np.where(t < 5, 1.5 * t, 6 + 2 * (t - 5))
 
     def microbatch_costs(self, lengths, offsets, mode="train"):
         tokens = np.add.reduceat(lengths, offsets[:-1]) if lengths.size else np.zeros(0)
@@ -572,6 +573,14 @@ def test_cheapest_fill_is_where_the_fixed_cost_and_the_curve_cost_least_per_toke
             return t * np.where(t > 6, 1.2, 1.0)
 
     assert cheapest_fill(Waves(), 10) == (6, pytest.approx(6.5 / 6))
+
+    class Flat(Waves):  # no fixed cost: every fill up to 6 costs the same per token
+        def fixed_cost(self, mode="train"):
+            return 0.0
+
+    # Mutant: the emptiest of equals (fill 1), whose count, one sample a micro-batch, is
+    # past what a batch allows, so the start was never tried.
+    assert cheapest_fill(Flat(), 10) == (6, 1.0)
 
 @pytest.mark.parametrize("mode", ["train", "forward"])
 def test_the_separable_bound_is_below_the_best_schedule_under_the_profile(mode):

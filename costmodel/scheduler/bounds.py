@@ -178,7 +178,9 @@ def _separable_lower_bound(
       charges each token the curve's cheapest rate, at a fill the fewest micro-batches do
       not have, and no fixed cost beyond theirs).
     Reported, and used only to stop trying starting layouts early (`build_schedule`), so
-    plain numpy sums.
+    plain numpy sums. Like the costliest sample alone, a true bound for a token curve that
+    does not fall as tokens grow (calibrated curves are checked monotone; a hand-made model
+    whose curve falls can be beaten: alone, a sample may cost more than beside another).
     """
     over = desc > cap
     fits = int(desc[~over].sum())
@@ -205,7 +207,7 @@ def cheapest_fill(cost: Cost, top: int) -> tuple[int, float]:
     cell starting at T, a lower bound: `_fill_rates`). The cap where the curve has no steps;
     below it where a fill under the cap is cheaper per token (GEMM waves)."""
     fills, _, with_fixed = _fill_rates(cost, top, cost.fixed_cost())
-    best = int(np.argmin(with_fixed))
+    best = with_fixed.size - 1 - int(np.argmin(with_fixed[::-1]))  # of equals, the fullest
     return int(fills[best]), float(with_fixed[best])
 
 

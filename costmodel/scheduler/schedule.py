@@ -528,7 +528,10 @@ def _at_the_cheapest_fill(st: BinState, lens: np.ndarray, by_length: np.ndarray,
         # the step takes now, spread evenly.
         if layout is None or int(layout[2].sum()) >= int(st.load.max()) * st.dp:
             return None
-        searched[m] = _level_searched(lens, by_length, costs, st, m, layout)
+        # Its mean fill sits on the step the curve is cheap under: micro-batches on either
+        # side of it give the search little to gain per sweep (a curve with a sharp step
+        # took all 64, 20x the time; 16 still gain most of it).
+        searched[m] = _level_searched(lens, by_length, costs, st, m, layout, _EXTRA_SWEEPS)
     found = searched[m]
     return found if found is not None and int(found[0].load.max()) < int(st.load.max()) else None
 
@@ -560,11 +563,12 @@ def _cheapest_fill_count(cost: Cost, lens: np.ndarray, cap: int, dp: int, m: int
 
 def _level_searched(lens: np.ndarray, by_length: np.ndarray,
                     costs: tuple[np.ndarray, Cost, float], like: BinState,
-                    m: int, layout: tuple[np.ndarray, int, np.ndarray] | None = None
-                    ) -> tuple[BinState, float, int] | None:
+                    m: int, layout: tuple[np.ndarray, int, np.ndarray] | None = None,
+                    max_sweeps: int = MAX_SWEEPS) -> tuple[BinState, float, int] | None:
     """The level start at ``m`` micro-batches per rank (dp and cap as ``like``'s; ``layout``
-    where `level_layout` built it already), searched as the usual one: (state, its greedy
-    imbalance, its steps), or None where levelling cannot pack that many."""
+    where `level_layout` built it already), searched as the usual one (at most
+    ``max_sweeps`` sweeps of single moves): (state, its greedy imbalance, its steps), or None
+    where levelling cannot pack that many."""
     q, cost, scale = costs
     if layout is None:
         layout = level_layout(lens, by_length, bin_costs_of(lens, q, cost, scale), like.dp,
@@ -573,7 +577,7 @@ def _level_searched(lens: np.ndarray, by_length: np.ndarray,
         return None
     st = BinState(lens, q, layout[0], like.dp, m, like.cap, cost, scale, layout[2])
     imbalance = _imbalance(st.load)
-    steps = local_search(st)
+    steps = local_search(st, max_sweeps=max_sweeps)
     steps += batch_search(st)
     return st, imbalance, steps
 
