@@ -13,6 +13,7 @@ from costmodel.scheduler.sorting import longest_first, run_starts
 
 __all__ = [
     "cheapest_fill",
+    "cost_per_token",
     "lower_bound",
     "microbatch_range",
     "min_microbatches",
@@ -173,8 +174,8 @@ def _separable_lower_bound(
       steps: on an H200 it can be cheapest per token well below the cap, so the cap-filled
       reference is not a bound there);
     - every token at the cheapest (fixed cost + token curve) per token at any fill: each
-      micro-batch's fixed cost spread over its own tokens, since fuller micro-batches
-      cost fewer. Under the shipped H200 profile this one is 1-2% higher (the first
+      micro-batch's fixed cost spread over its own tokens. Under the shipped H200 profile
+      this one is 1-2.5% higher (the first
       charges each token the curve's cheapest rate, at a fill the fewest micro-batches do
       not have, and no fixed cost beyond theirs).
     Reported, and used only to stop trying starting layouts early (`build_schedule`), so
@@ -209,6 +210,13 @@ def cheapest_fill(cost: Cost, top: int) -> tuple[int, float]:
     fills, _, with_fixed = _fill_rates(cost, top, cost.fixed_cost())
     best = with_fixed.size - 1 - int(np.argmin(with_fixed[::-1]))  # of equals, the fullest
     return int(fills[best]), float(with_fixed[best])
+
+
+def cost_per_token(cost: Cost, fills: np.ndarray) -> np.ndarray:
+    """A separable cost's micro-batch per token at each fill, fixed cost included (its
+    sequences' own costs aside): (fixed + token_costs(T)) / T."""
+    fills = np.asarray(fills, dtype=np.float64)
+    return (cost.fixed_cost() + cost.token_costs(fills)) / fills
 
 
 def _fill_rates(cost: Cost, top: int, fixed: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

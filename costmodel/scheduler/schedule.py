@@ -54,7 +54,13 @@ from numpy.typing import ArrayLike
 
 from costmodel.checks import positive_int, true_or_false
 from costmodel.flops import MAX_LENGTH, as_lengths
-from costmodel.scheduler.bounds import cheapest_fill, lower_bound, microbatch_range, round_up
+from costmodel.scheduler.bounds import (
+    cheapest_fill,
+    cost_per_token,
+    lower_bound,
+    microbatch_range,
+    round_up,
+)
 from costmodel.scheduler.costs import Cost, as_cost, quantise
 from costmodel.scheduler.counts import bin_costs_of, level_layout, pack_and_assign, start_m
 from costmodel.scheduler.group_search import group_local_search
@@ -556,7 +562,7 @@ def _cheapest_fill_count(cost: Cost, lens: np.ndarray, cap: int, dp: int, m: int
     n_over = int(over.sum())
     fill, rate = cheapest_fill(cost, min(cap, fits))
     now = fits / max(1, dp * m - n_over)  # the mean fill beside the oversized samples
-    rate_now = (cost.fixed_cost() + float(cost.token_costs(np.array([now]))[0])) / now
+    rate_now = float(cost_per_token(cost, np.array([now]))[0])
     cheaper = round_up(-(-(n_over + -(-fits // fill)) // dp), align)
     return cheaper if rate <= rate_now * (1 - _CHEAPER_FILL) and cheaper > m else None
 
