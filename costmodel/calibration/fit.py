@@ -29,7 +29,7 @@ from costmodel.calibration.plan import KINDS, SWEEP_KINDS, point_ms
 from costmodel.curves import MODES, AttentionCurve, ModeCurves, TokenCurve
 from costmodel.flops import MAX_LENGTH
 
-__all__ = ["Record", "fit_attention", "fit_mode", "fit_token_curve", "residuals"]
+__all__ = ["Record", "fit_attention", "fit_mode", "fit_token_curve", "residuals", "token_knots"]
 
 logger = logging.getLogger(__name__)
 
@@ -189,17 +189,26 @@ def fit_attention(records: list[Record]) -> tuple[AttentionCurve, float, dict[st
 
 def fit_token_curve(records: list[Record], what: str) -> TokenCurve:
     """Monotone piecewise-linear curve through the medians at each token count."""
+    tokens, _, mono = token_knots(records, what)
+    return TokenCurve(tokens, mono, what=what)
+
+
+def token_knots(records: list[Record], what: str, *, warn: bool = True
+                ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(token counts, the median time measured at each, the monotone fit there) of one
+    token curve's records (a count measured again has several: `retake`); ``warn``: log
+    each knot taken as a slow measurement."""
     by_t: dict[int, list[Record]] = defaultdict(list)
     for r in records:
         by_t[r.tokens].append(r)
     if len(by_t) < 2:
         raise ValueError(f"{what} fit needs at least 2 token counts, got {sorted(by_t)}")
     tokens = np.array(sorted(by_t), dtype=np.float64)
-    ms = np.array([np.median([r.ms for r in by_t[int(t)]]) for t in tokens])
+    measured = np.array([np.median([r.ms for r in by_t[int(t)]]) for t in tokens])
     spreads = np.array([np.median([r.spread for r in by_t[int(t)]]) for t in tokens])
-    ms = _without_spikes(tokens, ms, what)
+    ms = _without_spikes(tokens, measured, what, warn)
     mono = isotonic_regression(np.maximum(ms, _MIN_MS), weights=_weights(spreads), increasing=True).x
-    return TokenCurve(tokens, mono, what=what)
+    return tokens, measured, mono
 
 
 # A knot this far above what its neighbours predict is a slow measurement (a clock dip, a
@@ -208,7 +217,7 @@ def fit_token_curve(records: list[Record], what: str) -> TokenCurve:
 _SPIKE = 1.5
 
 
-def _without_spikes(tokens: np.ndarray, ms: np.ndarray, what: str) -> np.ndarray:
+def _without_spikes(tokens: np.ndarray, ms: np.ndarray, what: str, warn: bool = True) -> np.ndarray:
     """``ms`` with each knot far above its neighbours' line replaced by that line: between
     the two neighbours inside the grid, extrapolated from the two before it at the end
     (one spike at the last knot set the whole tail: 10x slow made the curve 10x too high
@@ -224,9 +233,10 @@ def _without_spikes(tokens: np.ndarray, ms: np.ndarray, what: str) -> np.ndarray
         slope = max((out[hi] - out[lo]) / (tokens[hi] - tokens[lo]), 0.0)
         expected = out[lo] + slope * (tokens[i] - tokens[lo])
         if expected > 0 and out[i] > _SPIKE * expected:
-            logger.warning("%s: the point at %d tokens (%.4g ms) is %.1fx its neighbours' line; "
-                           "taken as a slow measurement and replaced by that line",
-                           what, int(tokens[i]), out[i], out[i] / expected)
+            if warn:
+                logger.warning("%s: the point at %d tokens (%.4g ms) is %.1fx its neighbours' "
+                               "line; taken as a slow measurement and replaced by that line",
+                               what, int(tokens[i]), out[i], out[i] / expected)
             out[i] = expected
     return out
 

@@ -5,6 +5,8 @@ The GPU run passes a `KernelTimer` (costmodel.calibration.workloads), tests a
 before and after the sweep) warns when the two differ by more than 5% (clocks throttling,
 another process on the GPU), and is recorded in the file. Past the plan's deadline the
 sweep skips the refinement points it has not reached (see costmodel.calibration.plan).
+Before the deadline, and within RETAKE_SHARE more of its time, it measures again the
+token-curve points its monotone fit disagrees with (costmodel.calibration.retake).
 
 Measurements outlive failures: if the sweep is interrupted or the fit or the FLOPs check
 fails, `save_partial` receives a "partial" document with every point measured so far, and
@@ -22,6 +24,7 @@ from typing import Any
 from costmodel.calibration.check import flops_check
 from costmodel.calibration.fit import Record, check_time, fit_mode, residuals
 from costmodel.calibration.plan import SweepPlan, SweepPoint
+from costmodel.calibration.retake import RETAKE_OFF, RETAKE_SHARE, points_to_retake
 from costmodel.calibration.timer import Timer
 from costmodel.checks import positive_int
 from costmodel.curves import MODES
@@ -36,7 +39,7 @@ logger = logging.getLogger(__name__)
 
 DRIFT_WARNING = 0.05
 PARTIAL_SCHEMA = "costmodel-partial/1"
-_SWEEP_KEYS = ("plan", "sweep_seconds", "skipped_points", "drift_probe")
+_SWEEP_KEYS = ("plan", "sweep_seconds", "skipped_points", "retaken", "drift_probe")
 
 Progress = Callable[[int, int, SweepPoint, float], None]
 """progress(done, total, point, elapsed_s), called after each point."""
@@ -110,6 +113,39 @@ def _measure(timer: Timer, point, settings, what: str):
     return m
 
 
+def _record(timer: Timer, point: SweepPoint, settings) -> Record:
+    m = _measure(timer, point, settings, "the timer's result")
+    return Record(point.kind, point.mode, point.lengths, m.median_ms, m.spread, point.moe)
+
+
+def _retake(timer: Timer, plan: SweepPlan, records: list[Record], progress: Progress | None,
+            *, until: float) -> dict[str, Any]:
+    """Measure the points `points_to_retake` names ``plan.settings.retakes`` more times,
+    round by round (each point's measurements at different moments), until ``until``
+    (perf_counter seconds); their records join ``records`` (the fit takes each token
+    count's median). Returns what was done, for the file."""
+    rounds = plan.settings.retakes
+    chosen = points_to_retake(plan.points, records) if rounds > 0 else []
+    queue = [i for _ in range(rounds) for i in chosen]
+    start, done = time.perf_counter(), 0
+    if chosen:
+        logger.info("measuring %d points again (%d rounds): off their curve's monotone fit by "
+                    "more than %.0f%%", len(chosen), rounds, 100 * RETAKE_OFF)
+    for i in queue:
+        if time.perf_counter() >= until:
+            if progress is not None and done:
+                progress(done, done, plan.points[i], time.perf_counter() - start)  # ends the line
+            break
+        records.append(_record(timer, plan.points[i], plan.settings))
+        done += 1
+        if progress is not None:
+            progress(done, len(queue), plan.points[i], time.perf_counter() - start)
+    if done < len(queue):
+        logger.info("measured %d of %d retakes before the time limit", done, len(queue))
+    return {"points": len(chosen), "measurements": done, "off_by_more_than": RETAKE_OFF,
+            "seconds": round(time.perf_counter() - start, 2)}
+
+
 def _run_sweep(timer: Timer, plan: SweepPlan, records: list[Record], sweep: dict[str, Any],
                progress: Progress | None) -> None:
     """Measure the drift probe, the plan's points (up to its deadline), the probe again."""
@@ -130,10 +166,12 @@ def _run_sweep(timer: Timer, plan: SweepPlan, records: list[Record], sweep: dict
             if progress is not None:
                 progress(i, i, plan.points[i - 1], elapsed)  # ends the progress line
             break
-        m = _measure(timer, point, s, "the timer's result")
-        records.append(Record(point.kind, point.mode, point.lengths, m.median_ms, m.spread, point.moe))
+        records.append(_record(timer, point, s))
         if progress is not None:
             progress(i + 1, total, point, time.perf_counter() - t0)
+    swept = time.perf_counter() - t0
+    until = t0 + min(plan.deadline_s, (1 + RETAKE_SHARE) * swept)
+    sweep["retaken"] = _retake(timer, plan, records, progress, until=until)
     end = _measure(timer, plan.probe, s, "the drift probe's timer result")
     sweep_s = time.perf_counter() - t0
     drift = end.median_ms / start.median_ms - 1.0

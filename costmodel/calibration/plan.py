@@ -115,6 +115,9 @@ class PlanSettings:
     min_tokens: int = 16
     head_max_tokens: int = 16384
     """The LM head's fp32 logits grow as T × vocab; above this the head is extrapolated."""
+    retakes: int = 2
+    """Token-curve points the monotone fit disagrees with are measured this many more times
+    after the sweep, time allowing (`costmodel.calibration.retake`); 0: never."""
 
 
 DEFAULT_SETTINGS = PlanSettings()

@@ -131,6 +131,7 @@ def format_report(model: CostModel) -> str:
     _optional(out, "flops_check", lambda: _flops_check_lines(model.extra.get("flops_check")))
     _optional(out, "residuals", lambda: _residual_lines(model.extra.get("residuals")))
     _optional(out, "provenance.drift_probe", lambda: _drift_lines(model.provenance.get("drift_probe")))
+    _optional(out, "provenance.retaken", lambda: _retaken_lines(model.provenance.get("retaken")))
     val = model.extra.get("validation")
     if not val:
         out.append("\nvalidation: none (run `costmodel validate` on the GPU)")
@@ -225,6 +226,14 @@ def _drift_lines(drift: Any) -> list[str]:
         return []
     return [f"drift probe: {drift['relative_change']:+.2%} "
             f"({drift['start_ms']:.4g} -> {drift['end_ms']:.4g} ms)"]
+
+
+def _retaken_lines(retaken: Any) -> list[str]:
+    if not retaken:
+        return []
+    return [f"measured again: {retaken['points']} token-curve points off the monotone fit by "
+            f"more than {retaken['off_by_more_than']:.0%}, {retaken['measurements']} "
+            f"measurements in {retaken['seconds']:.1f} s (each count's median is fitted)"]
 
 
 def _measured(model: CostModel, kind: str, mode: str) -> list[Mapping[str, Any]]:

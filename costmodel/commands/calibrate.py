@@ -168,8 +168,12 @@ def run(args: argparse.Namespace) -> int:
             raise
     prov = model.provenance
     skipped = f", {prov['skipped_points']} refinement points skipped" if prov.get("skipped_points") else ""
-    print(f"wrote {output}: {len(model.extra['measurements'])} points in "
-          f"{prov['sweep_seconds']:.0f} s (plan estimate {plan.estimated_s:.0f} s){skipped}, "
+    retaken = prov.get("retaken") or {}
+    again = retaken.get("measurements", 0)
+    measured_again = (f", {again} measured again ({retaken['points']} points off the monotone "
+                      "fit)") if retaken.get("points") else ""
+    print(f"wrote {output}: {len(model.extra['measurements']) - again} points in "
+          f"{prov['sweep_seconds']:.0f} s (plan estimate {plan.estimated_s:.0f} s){measured_again}{skipped}, "
           f"drift {prov['drift_probe']['relative_change']:+.1%}")
     print_peak_memory()
     _print_summary(model)
