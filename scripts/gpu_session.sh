@@ -2,7 +2,8 @@
 # One GPU session on an H200 (torch 2.11, triton 3.6), from a checkout, in about 8 minutes
 # (LIMIT_S, default 460 s).
 # Most important first, so a short session still ships a measured cost model:
-#   1. costmodel calibrate qwen3-8b, torch-varlen, CUDA-graph timing  <= 170 s (~90 s)
+#   1. costmodel calibrate qwen3-8b, torch-varlen, CUDA-graph timing  <= 170 s (~90-110 s:
+#      the sweep, then the points off the monotone fit measured again, to its deadline)
 #      if it stops short: refit what it measured ($OUT/$MODEL.partial.json, seconds);
 #      if that cannot fit: calibrate again with --timing eager, and refit that one's
 #      partial measurements if it fails too
