@@ -205,6 +205,10 @@ def _profile_summary(model, shipped) -> list[str]:
     drift = model.provenance.get("drift_probe") or {}
     if drift.get("warning"):
         lines.append(f"  drift probe moved {drift.get('relative_change', 0):+.1%} during the sweep")
+    retaken = model.provenance.get("retaken") or {}
+    if retaken.get("points"):  # how noisy the sweep was between points (the shipped one: 197)
+        lines.append(f"  measured again: {retaken['points']} points off the monotone fit, "
+                     f"{retaken.get('measurements')} measurements in {retaken.get('seconds')} s")
     if validation.get("stopped_at_time_limit"):
         lines.append(f"  validation stopped at its time limit: {validation.get('count')} of "
                      f"{validation.get('requested_count')} micro-batches")
