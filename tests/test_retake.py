@@ -204,8 +204,9 @@ def test_calibrate_says_what_it_measured_again_and_report_shows_it(tmp_path, mon
     done = model.provenance["retaken"]
     assert done["points"] > 0 and done["measurements"] == 2 * done["points"]
     swept = len(model.extra["measurements"]) - done["measurements"]
-    said = capsys.readouterr().out
-    assert f"{swept} points in" in said
-    assert f"{done['measurements']} measured again ({done['points']} points off" in said
+    said = capsys.readouterr()
+    assert f"{swept} points in" in said.out
+    assert f"{done['measurements']} measured again ({done['points']} points off" in said.out
+    assert f"calibrate again [{done['measurements']:4d}/{done['measurements']}]" in said.err
     assert (f"measured again: {done['points']} token-curve points off the monotone fit by more "
             "than 1%") in format_report(model)

@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, Protocol
 
 from costmodel.calibration.check import flops_check
 from costmodel.calibration.fit import Record, check_time, fit_mode, residuals
@@ -41,8 +41,12 @@ DRIFT_WARNING = 0.05
 PARTIAL_SCHEMA = "costmodel-partial/1"
 _SWEEP_KEYS = ("plan", "sweep_seconds", "skipped_points", "retaken", "drift_probe")
 
-Progress = Callable[[int, int, SweepPoint, float], None]
-"""progress(done, total, point, elapsed_s), called after each point."""
+class Progress(Protocol):
+    """Called after each point: done of total, the point, seconds since the pass began;
+    ``again`` for the points measured again after the sweep (a pass of its own)."""
+
+    def __call__(self, done: int, total: int, point: SweepPoint, elapsed_s: float, *,
+                 again: bool = False) -> None: ...
 
 
 def calibrate(
@@ -134,12 +138,12 @@ def _retake(timer: Timer, plan: SweepPlan, records: list[Record], progress: Prog
     for i in queue:
         if time.perf_counter() >= until:
             if progress is not None and done:
-                progress(done, done, plan.points[i], time.perf_counter() - start)  # ends the line
+                progress(done, done, plan.points[i], time.perf_counter() - start, again=True)
             break
         records.append(_record(timer, plan.points[i], plan.settings))
         done += 1
         if progress is not None:
-            progress(done, len(queue), plan.points[i], time.perf_counter() - start)
+            progress(done, len(queue), plan.points[i], time.perf_counter() - start, again=True)
     if done < len(queue):
         logger.info("measured %d of %d retakes before the time limit", done, len(queue))
     return {"points": len(chosen), "measurements": done, "off_by_more_than": RETAKE_OFF,

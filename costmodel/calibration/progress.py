@@ -22,10 +22,12 @@ class ProgressLine:
         self._last = 0.0
         self._last_decile = -1
 
-    def __call__(self, done: int, total: int, point: SweepPoint, elapsed_s: float) -> None:
+    def __call__(self, done: int, total: int, point: SweepPoint, elapsed_s: float, *,
+                 again: bool = False) -> None:
         now = time.monotonic()
         left = elapsed_s / done * (total - done) if done else float("nan")
-        text = (f"{self.label} [{done:4d}/{total}] {point.describe():42.42s} "
+        label = f"{self.label} again" if again else self.label
+        text = (f"{label} [{done:4d}/{total}] {point.describe():42.42s} "
                 f"{elapsed_s:6.1f} s, ~{left:4.0f} s left")
         if self.tty:
             if now - self._last >= 0.2 or done == total:
