@@ -207,8 +207,11 @@ def _profile_summary(model, shipped) -> list[str]:
         lines.append(f"  drift probe moved {drift.get('relative_change', 0):+.1%} during the sweep")
     retaken = model.provenance.get("retaken") or {}
     if retaken.get("points"):  # how noisy the sweep was between points (the shipped one: 197)
+        scatter = (f"; one measurement scatters {retaken['scatter']:.1%} between runs"
+                   if isinstance(retaken.get("scatter"), (int, float)) else "")
         lines.append(f"  measured again: {retaken['points']} points off the monotone fit, "
-                     f"{retaken.get('measurements')} measurements in {retaken.get('seconds')} s")
+                     f"{retaken.get('measurements')} measurements in {retaken.get('seconds')} s"
+                     f"{scatter}")
     if validation.get("stopped_at_time_limit"):
         lines.append(f"  validation stopped at its time limit: {validation.get('count')} of "
                      f"{validation.get('requested_count')} micro-batches")

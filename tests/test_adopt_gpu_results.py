@@ -154,11 +154,12 @@ def test_a_second_session_shows_the_shipped_profile_and_keeps_the_first_log(
     doc = json.loads((out / "qwen3-8b.json").read_text())
     doc["device"]["power_limit_w"] = 600.0  # an NVL that reports the SXM's name
     doc["provenance"]["retaken"] = {"points": 41, "measurements": 82, "off_by_more_than": 0.01,
-                                    "seconds": 7.5}
+                                    "seconds": 7.5, "scatter": 0.0213, "scatter_pairs": 41}
     (out / "qwen3-8b.json").write_text(json.dumps(doc))
     assert adopt_script.main([str(out)]) == 0
     text = capsys.readouterr().out
-    assert "measured again: 41 points off the monotone fit, 82 measurements in 7.5 s" in text
+    assert ("measured again: 41 points off the monotone fit, 82 measurements in 7.5 s; one "
+            "measurement scatters 2.1% between runs") in text
     assert "shipped now: validated (train, 120 micro-batches)" in text  # old next to new
     assert "POWER LIMIT 600 W, the shipped profile's GPU had 700 W" in text
     # where each curve is cheapest per token, new beside shipped (the same file here)

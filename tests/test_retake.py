@@ -13,7 +13,8 @@ import costmodel.calibration.pipeline as pipeline
 from costmodel.calibration.fit import Record
 from costmodel.calibration.pipeline import calibrate, refit
 from costmodel.calibration.plan import SweepPoint, make_plan
-from costmodel.calibration.retake import points_to_retake
+from costmodel.calibration.report import format_report
+from costmodel.calibration.retake import points_to_retake, scatter_between_measurements
 from costmodel.calibration.timer import Measurement, SyntheticShape, SyntheticTimer
 from costmodel.gpus import lookup_gpu
 from costmodel.spec import ModelSpec
@@ -191,7 +192,6 @@ class _SlowSometimesTimer(SyntheticTimer):
 def test_calibrate_says_what_it_measured_again_and_report_shows_it(tmp_path, monkeypatch, capsys):
     from test_calibration_cli import _synthetic_device
 
-    from costmodel.calibration.report import format_report
     from costmodel.cli import main
     from costmodel.model import load_cost_model
 
@@ -210,3 +210,33 @@ def test_calibrate_says_what_it_measured_again_and_report_shows_it(tmp_path, mon
     assert f"calibrate again [{done['measurements']:4d}/{done['measurements']}]" in said.err
     assert (f"measured again: {done['points']} token-curve points off the monotone fit by more "
             "than 1%") in format_report(model)
+
+
+class _Scattered(_SometimesSlow):
+    """Every measurement off by its own lognormal factor of σ 3% (all its repeats)."""
+
+    def measure(self, point, **kw) -> Measurement:
+        self.clock.now += 1.0
+        m = self.timer.measure(point, **kw)
+        return dataclasses.replace(m, median_ms=m.median_ms * float(np.exp(self.rng.normal(0, 0.03))))
+
+
+def test_the_retakes_pairs_say_how_far_one_measurement_scatters(monkeypatch):
+    clock = _Clock()
+    monkeypatch.setattr(pipeline, "time", clock)
+    monkeypatch.setattr(pipeline, "RETAKE_SHARE", 10.0)
+    plan = make_plan(SPEC, max_len=16384, gpu="h200", budget_s=1e6)
+    timer = _Scattered(SyntheticTimer(SPEC, SHAPE, noise=0.005, seed=1), clock, chance=0, by=1)
+    model = calibrate(SPEC, timer=timer, plan=plan, gpu_key="h200", gpu_info=lookup_gpu("h200"),
+                      attention="torch-varlen")
+    done = model.provenance["retaken"]
+    assert done["scatter_pairs"] == done["points"] > 100
+    # 3% a measurement, of which the repeats' own 0.5% / sqrt(5) median noise is a little
+    assert done["scatter"] == pytest.approx(0.03, abs=0.005)
+    assert f"one measurement scatters {done['scatter']:.1%} between runs" in format_report(model)
+
+
+def test_no_pair_no_scatter():
+    assert scatter_between_measurements([[1.0], [], [2.0]]) == {}
+    assert scatter_between_measurements([[1.0, 1.0], [2.0, 2.0, 9.0]]) == {"scatter": 0.0,
+                                                                         "scatter_pairs": 2}

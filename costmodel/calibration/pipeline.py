@@ -24,7 +24,12 @@ from typing import Any, Protocol
 from costmodel.calibration.check import flops_check
 from costmodel.calibration.fit import Record, check_time, fit_mode, residuals
 from costmodel.calibration.plan import SweepPlan, SweepPoint
-from costmodel.calibration.retake import RETAKE_OFF, RETAKE_SHARE, points_to_retake
+from costmodel.calibration.retake import (
+    RETAKE_OFF,
+    RETAKE_SHARE,
+    points_to_retake,
+    scatter_between_measurements,
+)
 from costmodel.calibration.timer import Timer
 from costmodel.checks import positive_int
 from costmodel.curves import MODES
@@ -132,6 +137,7 @@ def _retake(timer: Timer, plan: SweepPlan, records: list[Record], progress: Prog
     chosen = points_to_retake(plan.points, records) if rounds > 0 else []
     queue = [i for _ in range(rounds) for i in chosen]
     start, done = time.perf_counter(), 0
+    again: dict[int, list[float]] = {i: [] for i in chosen}  # each point's retaken times
     if chosen:
         logger.info("measuring %d points again (%d rounds): off their curve's monotone fit by "
                     "more than %.0f%%", len(chosen), rounds, 100 * RETAKE_OFF)
@@ -141,13 +147,15 @@ def _retake(timer: Timer, plan: SweepPlan, records: list[Record], progress: Prog
                 progress(done, done, plan.points[i], time.perf_counter() - start, again=True)
             break
         records.append(_record(timer, plan.points[i], plan.settings))
+        again[i].append(records[-1].ms)
         done += 1
         if progress is not None:
             progress(done, len(queue), plan.points[i], time.perf_counter() - start, again=True)
     if done < len(queue):
         logger.info("measured %d of %d retakes before the time limit", done, len(queue))
     return {"points": len(chosen), "measurements": done, "off_by_more_than": RETAKE_OFF,
-            "seconds": round(time.perf_counter() - start, 2)}
+            "seconds": round(time.perf_counter() - start, 2),
+            **scatter_between_measurements(list(again.values()))}
 
 
 def _run_sweep(timer: Timer, plan: SweepPlan, records: list[Record], sweep: dict[str, Any],

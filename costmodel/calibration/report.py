@@ -231,9 +231,14 @@ def _drift_lines(drift: Any) -> list[str]:
 def _retaken_lines(retaken: Any) -> list[str]:
     if not retaken:
         return []
-    return [f"measured again: {retaken['points']} token-curve points off the monotone fit by "
-            f"more than {retaken['off_by_more_than']:.0%}, {retaken['measurements']} "
-            f"measurements in {retaken['seconds']:.1f} s (each count's median is fitted)"]
+    lines = [f"measured again: {retaken['points']} token-curve points off the monotone fit by "
+             f"more than {retaken['off_by_more_than']:.0%}, {retaken['measurements']} "
+             f"measurements in {retaken['seconds']:.1f} s (each count's median is fitted)"]
+    if retaken.get("scatter") is not None:
+        lines.append(f"  one measurement scatters {retaken['scatter']:.1%} between runs (from "
+                     f"{retaken['scatter_pairs']} pairs of retakes): steps smaller than that "
+                     "are not to be trusted")
+    return lines
 
 
 def _measured(model: CostModel, kind: str, mode: str) -> list[Mapping[str, Any]]:

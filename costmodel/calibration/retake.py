@@ -14,6 +14,7 @@ measures the same again, and is kept.
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from collections.abc import Sequence
 
@@ -22,7 +23,7 @@ import numpy as np
 from costmodel.calibration.fit import Record, token_knots
 from costmodel.calibration.plan import SweepPoint
 
-__all__ = ["RETAKE_OFF", "RETAKE_SHARE", "points_to_retake"]
+__all__ = ["RETAKE_OFF", "RETAKE_SHARE", "points_to_retake", "scatter_between_measurements"]
 
 RETAKE_OFF = 0.01
 """A token-curve point this far from its curve's monotone fit is measured again. The fit
@@ -61,3 +62,17 @@ def points_to_retake(points: Sequence[SweepPoint], records: Sequence[Record]) ->
         off.update((i, by_tokens[points[i].tokens]) for i in at
                    if by_tokens[points[i].tokens] > RETAKE_OFF)
     return sorted(off, key=lambda i: (-off[i], i))
+
+
+def scatter_between_measurements(retaken: Sequence[Sequence[float]]) -> dict[str, float | int]:
+    """How far two measurements of one point land apart: from each point's first two
+    retakes (ms), the relative scatter σ of one measurement, a lognormal's: log(a / b) of
+    two is N(0, 2σ²). The retakes, unlike the first measurement, were not chosen for being
+    off, so the estimate is not biased up by the choice. This is the noise that repeats
+    within one measurement cannot show, and that the fine structure of a curve (its steps,
+    the scheduler's cheapest fill) has to stand out of. {} where no point has two."""
+    logs = [math.log(ms[0] / ms[1]) for ms in retaken if len(ms) >= 2]
+    if not logs:
+        return {}
+    return {"scatter": round(math.sqrt(sum(x * x for x in logs) / (2 * len(logs))), 5),
+            "scatter_pairs": len(logs)}
