@@ -1,6 +1,6 @@
 """What measuring points again buys a calibration, on synthetic sweeps with the H200's noise.
 
-    PYTHONPATH=. python benchmarks/bench_retake.py [--seeds 20]
+    PYTHONPATH=. python benchmarks/bench_retake.py [--seeds 60]
         [--json benchmarks/results/bench_retake.json]
 
 The noise between points comes from the stored H200 sweep behind the shipped profile
@@ -14,7 +14,8 @@ overhead), so the retakes' share of the sweep and its deadline bind as on the H2
 sweep runs with and without retakes, on the same draws, for a shape with an 8% GEMM step
 at 12,288 tokens and one without. Judged against the truth (the same sweep without noise):
 
-- the training linear curve's worst and rms error on 1k-16k tokens;
+- the training linear curve's worst and rms error on 1k-16k tokens, and the fixed cost per
+  layer's (from the whole-layer probes);
 - the fill regret: the true cost per token, fixed cost included (the shipped profile's
   training 1.06 ms per layer and micro-batch), at the fill the scheduler's cheapest-fill
   start would take by the fitted model under a 16k cap (its cheapest fill where that is
@@ -114,7 +115,10 @@ def _judge(model, truth) -> dict[str, float]:
     best, best_rate = cheapest_fill(true_cost, CAP)
     true_rate = cost_per_token(true_cost, np.array([fill if chased else CAP, CAP]))
     retaken = model.provenance["retaken"]
+    overhead = (model.curves["train"].layer_overhead_ms / truth.curves["train"].layer_overhead_ms
+                - 1.0)
     return {"worst_error": float(np.abs(miss).max()), "rms_error": float(np.sqrt(np.mean(miss**2))),
+            "overhead_error": abs(overhead),
             "fill": fill, "chased": bool(chased), "true_fill": best,
             "fill_regret": float(true_rate[0]) / best_rate - 1.0,
             "cap_regret": float(true_rate[1]) / best_rate - 1.0,
@@ -129,7 +133,7 @@ def _median_p90(values: list[float]) -> dict[str, float]:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--seeds", type=int, default=20)
+    p.add_argument("--seeds", type=int, default=60)
     p.add_argument("--json", metavar="PATH", help="also write the table as JSON")
     args = p.parse_args(argv)
     logging.disable(logging.WARNING)  # drift and fit warnings: the noise is the point here
@@ -138,7 +142,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"synthetic qwen3-8b sweeps (training), {args.seeds} seeds; noise between points "
           f"lognormal + {SLOW_CHANCE:.0%} slowed {SLOW_BY[0]:.0%}-{SLOW_BY[1]:.0%}; cap {CAP}")
     print(f"{'shape':>18} {'noise':>6} {'retakes':>7} {'worst err':>16} {'rms err':>8} "
-          f"{'chased':>6} {'fill regret':>16} {'cap regret':>10} {'retake s / sweep s':>19}")
+          f"{'overhead err':>12} {'chased':>6} {'fill regret':>16} {'cap regret':>10} "
+          f"{'retake s / sweep s':>19}")
     try:
         for name, shape in SHAPES.items():
             truth = _calibrate(shape, 0.0, 0, 0)
@@ -147,14 +152,15 @@ def main(argv: list[str] | None = None) -> int:
                     cases = [_judge(_calibrate(shape, noise, seed, retakes), truth)
                              for seed in range(args.seeds)]
                     stats = {key: _median_p90([c[key] for c in cases])
-                             for key in ("worst_error", "rms_error", "fill_regret", "cap_regret",
-                                         "retake_s", "sweep_s")}
+                             for key in ("worst_error", "rms_error", "overhead_error",
+                                         "fill_regret", "cap_regret", "retake_s", "sweep_s")}
                     chased = sum(c["chased"] for c in cases) / len(cases)
                     rows.append({"shape": name, "noise": noise, "retakes": retakes,
                                  "chased": chased, **stats, "cases": cases})
                     print(f"{name:>18} {noise:>6.1%} {retakes:>7} "
                           f"{stats['worst_error']['median']:>6.1%} (p90 {stats['worst_error']['p90']:>5.1%})"
-                          f" {stats['rms_error']['median']:>8.2%} {chased:>6.0%} "
+                          f" {stats['rms_error']['median']:>8.2%}"
+                          f" {stats['overhead_error']['median']:>12.1%} {chased:>6.0%} "
                           f"{stats['fill_regret']['median']:>6.2%} (p90 {stats['fill_regret']['p90']:>5.2%})"
                           f" {stats['cap_regret']['median']:>10.2%}"
                           f" {stats['retake_s']['median']:>8.1f} / {stats['sweep_s']['median']:.1f}")

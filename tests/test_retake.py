@@ -66,6 +66,14 @@ def test_a_slow_last_point_is_judged_against_the_line_before_it():
     assert points_to_retake(points, records) == []
 
 
+def test_every_layer_probe_is_measured_again_first():
+    points, records = _linear(_with_slow({5: 1.10}))
+    probe = SweepPoint("layer", "train", (700, 300))
+    points.insert(3, probe)
+    records.insert(3, Record("layer", "train", (700, 300), 30.0, 0.05))
+    assert points_to_retake(points, records) == [3, 6, 7]  # GRID[5] and GRID[6] moved by one
+
+
 def test_curves_are_judged_apart_by_mode_kind_and_moe():
     train, train_records = _linear([(1024, 2.0), (2048, 4.0), (3072, 6.0)])
     # the same counts, twice as fast forward: together with train they would look a mess
@@ -85,8 +93,9 @@ def test_the_shipped_h200_sweep_names_the_pair_behind_its_10k_step():
     chosen = {(points[i].mode, points[i].tokens) for i in points_to_retake(points, records)
               if points[i].kind == "linear"}
     assert {("train", 10752), ("train", 11008)} <= chosen
-    assert not any(points[i].kind in ("attention", "layer")
-                   for i in points_to_retake(points, records))
+    kinds = [points[i].kind for i in points_to_retake(points, records)]
+    assert kinds[:16] == ["layer"] * 16 and "layer" not in kinds[16:]  # all 8 a pass, first
+    assert "attention" not in kinds
 
 
 class _Clock:

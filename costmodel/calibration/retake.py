@@ -34,16 +34,23 @@ by less."""
 RETAKE_SHARE = 0.4
 """Measuring again takes at most this share of the sweep's own time, and ends by the
 sweep's deadline: in the H200 sweep, 197 points lie off by more than 1%, and a round of
-them would take about 14 s (each point's time x 7 calls, plus 0.02 s a point) after the
-sweep's 61 s: the first round and the second's farthest-off points."""
+them and the 16 probes would take about 16 s (each point's time x 7 calls, plus 0.02 s a
+point) after the sweep's 61 s: the first round and the second's first points."""
 
 
 def points_to_retake(points: Sequence[SweepPoint], records: Sequence[Record]) -> list[int]:
-    """The indices of ``points`` (measured as ``records``, in order, one each) whose time
-    lies more than RETAKE_OFF from their token curve's monotone fit, farthest first.
+    """The indices of ``points`` (measured as ``records``, in order, one each) to measure
+    again: every whole-layer probe, then the token-curve points whose time lies more than
+    RETAKE_OFF from their curve's monotone fit, farthest first.
+
+    The probes give the fixed cost per layer as a small difference of large times, so the
+    noise between runs is all of it: in the H200 sweep the eight training probes put it at
+    0.35-2.03 ms (fitted: 1.06 ms, the weighted mean), and a micro-batch's fixed cost decides
+    how many the scheduler packs. They are few, and first.
 
     A curve's last point is also judged against the line through the fit at the two before
     it: no later point shows a slow last point as a fall, which is all the fit sees."""
+    probes = [i for i, (point, _) in enumerate(zip(points, records)) if point.kind == "layer"]
     curves: dict[tuple[str, str, bool], list[int]] = defaultdict(list)
     for i, (point, _) in enumerate(zip(points, records)):
         if point.kind in ("linear", "head"):
@@ -61,7 +68,7 @@ def points_to_retake(points: Sequence[SweepPoint], records: Sequence[Record]) ->
         by_tokens = dict(zip(tokens.astype(np.int64).tolist(), miss.tolist()))
         off.update((i, by_tokens[points[i].tokens]) for i in at
                    if by_tokens[points[i].tokens] > RETAKE_OFF)
-    return sorted(off, key=lambda i: (-off[i], i))
+    return probes + sorted(off, key=lambda i: (-off[i], i))
 
 
 def scatter_between_measurements(retaken: Sequence[Sequence[float]]) -> dict[str, float | int]:
