@@ -249,3 +249,13 @@ def test_no_pair_no_scatter():
     assert scatter_between_measurements([[1.0], [], [2.0]]) == {}
     assert scatter_between_measurements([[1.0, 1.0], [2.0, 2.0, 9.0]]) == {"scatter": 0.0,
                                                                          "scatter_pairs": 2}
+
+
+def test_a_round_cut_short_still_reads_the_scatter_from_the_probes(monkeypatch):
+    plan, _ = _calibrate(monkeypatch, retakes=2)
+    probes = sum(p.kind == "layer" for p in plan.points)
+    # the sweep took len(plan.points) + 1 fake seconds: time for the probes alone, once
+    plan, cut = _calibrate(monkeypatch, retakes=2, share=(probes - 0.5) / (len(plan.points) + 1))
+    done = cut.provenance["retaken"]
+    assert done["measurements"] == probes and done["scatter_pairs"] == probes
+    assert 0 < done["scatter"] < 0.05

@@ -137,7 +137,10 @@ def _retake(timer: Timer, plan: SweepPlan, records: list[Record], progress: Prog
     chosen = points_to_retake(plan.points, records) if rounds > 0 else []
     queue = [i for _ in range(rounds) for i in chosen]
     start, done = time.perf_counter(), 0
-    again: dict[int, list[float]] = {i: [] for i in chosen}  # each point's retaken times
+    # Each point's times that were not chosen for being off: every retake, and a probe's
+    # first measurement too (all probes are measured again).
+    unchosen: dict[int, list[float]] = {
+        i: [records[i].ms] if plan.points[i].kind == "layer" else [] for i in chosen}
     if chosen:
         logger.info("measuring %d points again (%d rounds): off their curve's monotone fit by "
                     "more than %.0f%%", len(chosen), rounds, 100 * RETAKE_OFF)
@@ -147,7 +150,7 @@ def _retake(timer: Timer, plan: SweepPlan, records: list[Record], progress: Prog
                 progress(done, done, plan.points[i], time.perf_counter() - start, again=True)
             break
         records.append(_record(timer, plan.points[i], plan.settings))
-        again[i].append(records[-1].ms)
+        unchosen[i].append(records[-1].ms)
         done += 1
         if progress is not None:
             progress(done, len(queue), plan.points[i], time.perf_counter() - start, again=True)
@@ -155,7 +158,7 @@ def _retake(timer: Timer, plan: SweepPlan, records: list[Record], progress: Prog
         logger.info("measured %d of %d retakes before the time limit", done, len(queue))
     return {"points": len(chosen), "measurements": done, "off_by_more_than": RETAKE_OFF,
             "seconds": round(time.perf_counter() - start, 2),
-            **scatter_between_measurements(list(again.values()))}
+            **scatter_between_measurements(list(unchosen.values()))}
 
 
 def _run_sweep(timer: Timer, plan: SweepPlan, records: list[Record], sweep: dict[str, Any],

@@ -71,14 +71,16 @@ def points_to_retake(points: Sequence[SweepPoint], records: Sequence[Record]) ->
     return probes + sorted(off, key=lambda i: (-off[i], i))
 
 
-def scatter_between_measurements(retaken: Sequence[Sequence[float]]) -> dict[str, float | int]:
-    """How far two measurements of one point land apart: from each point's first two
-    retakes (ms), the relative scatter σ of one measurement, a lognormal's: log(a / b) of
-    two is N(0, 2σ²). The retakes, unlike the first measurement, were not chosen for being
-    off, so the estimate is not biased up by the choice. This is the noise that repeats
-    within one measurement cannot show, and that the fine structure of a curve (its steps,
-    the scheduler's cheapest fill) has to stand out of. {} where no point has two."""
-    logs = [math.log(ms[0] / ms[1]) for ms in retaken if len(ms) >= 2]
+def scatter_between_measurements(unchosen: Sequence[Sequence[float]]) -> dict[str, float | int]:
+    """How far two measurements of one point land apart: from the first two of each point's
+    times that were not chosen for being off (ms: every retake, and a probe's first
+    measurement, since all probes are measured again), the relative scatter σ of one
+    measurement, a lognormal's: log(a / b) of two is N(0, 2σ²). A token point's first
+    measurement is left out: chosen for being off, it would bias the estimate up. This is
+    the noise that repeats within one measurement cannot show, and that the fine structure
+    of a curve (its steps, the scheduler's cheapest fill) has to stand out of. {} where no
+    point has two (the probes' pairs come first, in a round the time limit may cut)."""
+    logs = [math.log(ms[0] / ms[1]) for ms in unchosen if len(ms) >= 2]
     if not logs:
         return {}
     return {"scatter": round(math.sqrt(sum(x * x for x in logs) / (2 * len(logs))), 5),
