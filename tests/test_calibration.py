@@ -837,6 +837,25 @@ def test_validation_shows_where_the_error_sits_by_size():
         {"tokens": 5}]}}})  # points without figures: no line, no error
 
 
+def test_validation_shows_how_far_identical_micro_batches_scatter():
+    """The shipped H200 validation drew single samples at a cap more than once: their times
+    say what error the measurement alone gives (its points keep no lengths: n = 1's are
+    its tokens). A block that keeps lengths groups several-sample micro-batches too."""
+    from costmodel.model import load_cost_model
+
+    text = format_validation(load_cost_model("h200/qwen3-8b").extra["validation"])
+    line = next(x for x in text.splitlines() if x.startswith("  train: identical"))
+    assert "< 1k 7.2% (15 in 1 group; alone, ~5.7% error)" in line
+    assert ">= 1k 2.3% (22 in 3 groups; alone, ~1.8% error)" in line
+    points = [{"tokens": 3000, "n": 2, "lengths": [1000, 2000], "measured_ms": ms}
+              for ms in (9.0, 11.0)] + [{"tokens": 3000, "n": 2, "lengths": [1500, 1500],
+                                         "measured_ms": 30.0}]
+    line = format_validation({"modes": {"train": {"summary": {}, "points": points}}})
+    assert "train: identical micro-batches measured apart scatter: >= 1k 14.1% (2 in 1 group" in line
+    assert "identical" not in format_validation({"modes": {"train": {"summary": {}, "points": [
+        {"tokens": 5, "n": 1, "measured_ms": 1.0}]}}})  # no size measured twice: no line
+
+
 def test_a_fit_that_floors_short_attention_still_loads(tmp_path):
     """The fit floors a short length's per-sequence attention at 10 ns where the packs'
     times are all per-call cost (a split of the time, not a speed: 10x the H200's peak at
