@@ -190,6 +190,33 @@ def test_a_file_with_retakes_refits_to_the_same_curves(monkeypatch):
     assert again.provenance["retaken"] == model.provenance["retaken"]
 
 
+def test_a_run_stopped_while_measuring_again_says_so_in_its_partial_file(monkeypatch):
+    """A review found: Ctrl-C during the retakes saved a partial file with no record of
+    them, whose refit (and report) took its retakes for sweep points."""
+    clock = _Clock()
+    monkeypatch.setattr(pipeline, "time", clock)
+    plan = make_plan(SPEC, modes=("train",), max_len=16384, gpu="h200", budget_s=1e6)
+
+    class StoppedAgain(_SometimesSlow):
+        def measure(self, point, **kw):
+            if self.clock.now == len(plan.points) + 4:  # the probe, the sweep, 3 retakes
+                raise KeyboardInterrupt
+            return super().measure(point, **kw)
+
+    timer = StoppedAgain(SyntheticTimer(SPEC, SHAPE, noise=0.005, seed=1), clock,
+                         chance=0.06, by=1.25)
+    saved: list[dict] = []
+    with pytest.raises(KeyboardInterrupt):
+        calibrate(SPEC, timer=timer, plan=plan, gpu_key="h200", gpu_info=lookup_gpu("h200"),
+                  attention="torch-varlen", save_partial=saved.append)
+    doc = json.loads(json.dumps(saved[0]))
+    done = doc["sweep"]["retaken"]
+    assert len(doc["measurements"]) == len(plan.points) + 3
+    assert done["measurements"] == 3 and done["points"] >= 2 and done["seconds"] == 3.0
+    assert doc["sweep"]["skipped_points"] == 0
+    assert refit(doc, source="partial").provenance["retaken"] == done
+
+
 class _SlowSometimesTimer(SyntheticTimer):
     """The synthetic timer with one measurement in ten 30% slow as a whole."""
 

@@ -128,11 +128,13 @@ def _record(timer: Timer, point: SweepPoint, settings) -> Record:
 
 
 def _retake(timer: Timer, plan: SweepPlan, records: list[Record], progress: Progress | None,
-            *, until: float) -> dict[str, Any]:
+            sweep: dict[str, Any], *, until: float) -> None:
     """Measure the points `points_to_retake` names ``plan.settings.retakes`` more times,
     round by round (each point's measurements at different moments), until ``until``
     (perf_counter seconds); their records join ``records`` (the fit takes each token
-    count's median). Returns what was done, for the file."""
+    count's median). What was done goes to ``sweep["retaken"]``, for the file, after each
+    measurement: a partial file saved mid-pass says how many of its measurements are
+    retakes (it said nothing, and read as that many more sweep points)."""
     rounds = plan.settings.retakes
     chosen = points_to_retake(plan.points, records) if rounds > 0 else []
     queue = [i for _ in range(rounds) for i in chosen]
@@ -141,6 +143,8 @@ def _retake(timer: Timer, plan: SweepPlan, records: list[Record], progress: Prog
     # first measurement too (all probes are measured again).
     unchosen: dict[int, list[float]] = {
         i: [records[i].ms] if plan.points[i].kind == "layer" else [] for i in chosen}
+    retaken = sweep["retaken"] = {"points": len(chosen), "measurements": 0,
+                                  "off_by_more_than": RETAKE_OFF, "seconds": 0.0}
     if chosen:
         logger.info("measuring %d points again (%d rounds): off their curve's monotone fit by "
                     "more than %.0f%%", len(chosen), rounds, 100 * RETAKE_OFF)
@@ -152,13 +156,13 @@ def _retake(timer: Timer, plan: SweepPlan, records: list[Record], progress: Prog
         records.append(_record(timer, plan.points[i], plan.settings))
         unchosen[i].append(records[-1].ms)
         done += 1
+        retaken.update(measurements=done, seconds=round(time.perf_counter() - start, 2),
+                       **scatter_between_measurements(list(unchosen.values())))
         if progress is not None:
             progress(done, len(queue), plan.points[i], time.perf_counter() - start, again=True)
     if done < len(queue):
         logger.info("measured %d of %d retakes before the time limit", done, len(queue))
-    return {"points": len(chosen), "measurements": done, "off_by_more_than": RETAKE_OFF,
-            "seconds": round(time.perf_counter() - start, 2),
-            **scatter_between_measurements(list(unchosen.values()))}
+    retaken["seconds"] = round(time.perf_counter() - start, 2)
 
 
 def _run_sweep(timer: Timer, plan: SweepPlan, records: list[Record], sweep: dict[str, Any],
@@ -186,7 +190,8 @@ def _run_sweep(timer: Timer, plan: SweepPlan, records: list[Record], sweep: dict
             progress(i + 1, total, point, time.perf_counter() - t0)
     swept = time.perf_counter() - t0
     until = t0 + min(plan.deadline_s, (1 + RETAKE_SHARE) * swept)
-    sweep["retaken"] = _retake(timer, plan, records, progress, until=until)
+    sweep["skipped_points"] = skipped  # for a partial file saved while measuring again
+    _retake(timer, plan, records, progress, sweep, until=until)
     end = _measure(timer, plan.probe, s, "the drift probe's timer result")
     sweep_s = time.perf_counter() - t0
     drift = end.median_ms / start.median_ms - 1.0
