@@ -200,7 +200,11 @@ def _profile_summary(model, shipped) -> list[str]:
     planned = (f" (planned {plan['estimated_s']} s for {plan.get('points', '?')} points: the plan's "
                "per-point overhead, PER_POINT_OVERHEAD_S, is sized from this)"
                if isinstance(plan, dict) and "estimated_s" in plan else "")
-    lines = [f"  timing {timing}; sweep {model.provenance.get('sweep_seconds', '?')} s{planned}"
+    sweep_s = model.provenance.get("sweep_seconds", "?")
+    again_s = (model.provenance.get("retaken") or {}).get("seconds")
+    if isinstance(sweep_s, (int, float)) and isinstance(again_s, (int, float)):
+        sweep_s = round(sweep_s - again_s, 2)  # the plan's points alone; the retakes' below
+    lines = [f"  timing {timing}; sweep {sweep_s} s{planned}"
              + ("; REFIT from measurements" if model.provenance.get("refit") else "")]
     drift = model.provenance.get("drift_probe") or {}
     if drift.get("warning"):

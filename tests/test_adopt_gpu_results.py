@@ -160,6 +160,8 @@ def test_a_second_session_shows_the_shipped_profile_and_keeps_the_first_log(
     text = capsys.readouterr().out
     assert ("measured again: 41 points off the monotone fit, 82 measurements in 7.5 s; one "
             "measurement scatters 2.1% between runs") in text
+    # beside the plan's estimate, the sweep's own seconds (60.82 with the retakes)
+    assert "sweep 53.32 s (planned 55.86 s for 668 points" in text
     assert "shipped now: validated (train, 120 micro-batches)" in text  # old next to new
     assert "POWER LIMIT 600 W, the shipped profile's GPU had 700 W" in text
     # where each curve is cheapest per token, new beside shipped (the same file here)

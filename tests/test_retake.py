@@ -242,7 +242,8 @@ def test_calibrate_says_what_it_measured_again_and_report_shows_it(tmp_path, mon
     swept = len(model.extra["measurements"]) - done["measurements"]
     said = capsys.readouterr()
     assert f"{swept} points in" in said.out
-    assert f"{done['measurements']} measured again ({done['points']} points off" in said.out
+    assert f"{done['measurements']} measured again in " in said.out
+    assert f"({done['points']} points off the monotone fit)" in said.out
     assert f"calibrate again [{done['measurements']:4d}/{done['measurements']}]" in said.err
     assert (f"measured again: {done['points']} token-curve points off the monotone fit by more "
             "than 1%") in format_report(model)
@@ -286,3 +287,33 @@ def test_a_round_cut_short_still_reads_the_scatter_from_the_probes(monkeypatch):
     done = cut.provenance["retaken"]
     assert done["measurements"] == probes and done["scatter_pairs"] == probes
     assert 0 < done["scatter"] < 0.05
+
+
+def test_calibrate_gives_the_sweeps_seconds_apart_from_the_retakes(tmp_path, monkeypatch, capsys):
+    """A review found: 'N points in S s (plan estimate E s)' counted the retakes' seconds in
+    S (up to 40% more), the comparison PER_POINT_OVERHEAD_S is sized from."""
+    from test_calibration_cli import _synthetic_device
+
+    from costmodel.cli import main
+    from costmodel.model import load_cost_model
+
+    clock = _Clock()
+    monkeypatch.setattr(pipeline, "time", clock)
+    monkeypatch.setattr(pipeline, "RETAKE_SHARE", 10.0)
+
+    class OneSecondEach(_SlowSometimesTimer):
+        def measure(self, point, **kw) -> Measurement:
+            clock.now += 1.0
+            return super().measure(point, **kw)
+
+    _synthetic_device(monkeypatch, OneSecondEach)
+    out = tmp_path / "cal.json"
+    assert main(["calibrate", "--gpu", "h200", "--model", "qwen3-0.6b", "--quick", "--max-len",
+                 "4096", "--budget-s", "1000", "-o", str(out)]) == 0  # 1 s a point: no deadline
+    model = load_cost_model(out)
+    done = model.provenance["retaken"]
+    swept = len(model.extra["measurements"]) - done["measurements"]
+    assert done["measurements"] > 0 and done["seconds"] == done["measurements"]
+    said = capsys.readouterr().out
+    assert f"{swept} points in {swept + 2} s (plan estimate" in said  # and the drift probes
+    assert f"{done['measurements']} measured again in {done['measurements']} s" in said

@@ -201,8 +201,10 @@ def _run_sweep(timer: Timer, plan: SweepPlan, records: list[Record], sweep: dict
             "(%.4g -> %.4g ms): clocks throttled or the GPU was shared; the curves may be off",
             plan.probe.describe(), 100 * drift, start.median_ms, end.median_ms,
         )
-    logger.info("sweep: %d points in %.1f s (plan estimate %.1f s)", len(records), sweep_s,
-                plan.estimated_s)
+    again = sweep["retaken"]  # the plan's estimate is of the sweep alone
+    logger.info("sweep: %d points in %.1f s (plan estimate %.1f s), %d measured again in %.1f s",
+                len(records) - again["measurements"], sweep_s - again["seconds"],
+                plan.estimated_s, again["measurements"], again["seconds"])
     sweep["drift_probe"].update(end_ms=end.median_ms, relative_change=drift,
                                 warning=abs(drift) > DRIFT_WARNING)
     sweep.update(sweep_seconds=round(sweep_s, 2), skipped_points=skipped)
