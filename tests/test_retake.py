@@ -317,3 +317,38 @@ def test_calibrate_gives_the_sweeps_seconds_apart_from_the_retakes(tmp_path, mon
     said = capsys.readouterr().out
     assert f"{swept} points in {swept + 2} s (plan estimate" in said  # and the drift probes
     assert f"{done['measurements']} measured again in {done['measurements']} s" in said
+
+
+def test_the_retake_pass_has_progress_lines_of_its_own(monkeypatch):
+    """A review found: off a terminal, a retake pass of one measurement wrote no line (the
+    sweep's last decile hid it), and the line that ends a pass cut at its time limit named
+    the next point, not measured, where the sweep's names the last one measured."""
+    import io
+
+    from costmodel.calibration.progress import ProgressLine
+
+    buf = io.StringIO()
+    line = ProgressLine(buf, "calibrate")
+    point = SweepPoint("linear", "train", (1024,))
+    for done in range(1, 21):
+        line(done, 20, point, done * 0.5)
+    line(1, 1, point, 0.5, again=True)
+    assert buf.getvalue().splitlines()[-1].startswith("calibrate again [   1/1]")
+
+    calls = []
+
+    def progress(done, total, point, elapsed_s, *, again=False):
+        calls.append((done, total, point, again))
+
+    clock = _Clock()
+    monkeypatch.setattr(pipeline, "time", clock)
+    plan = make_plan(SPEC, modes=("train",), max_len=16384, gpu="h200", budget_s=1e6)
+    timer = _SometimesSlow(SyntheticTimer(SPEC, SHAPE, noise=0.005, seed=1), clock,
+                           chance=0.06, by=1.25)
+    records = [pipeline._record(timer, p, plan.settings) for p in plan.points]
+    chosen = points_to_retake(plan.points, records)
+    sweep: dict = {}
+    pipeline._retake(timer, plan, records, progress, sweep, until=clock.now + 2.5)
+    assert sweep["retaken"]["measurements"] == 3
+    assert [c[0] for c in calls] == [1, 2, 3, 3] and calls[-1][1] == 3
+    assert calls[-1][2] == plan.points[chosen[2]] and all(c[3] for c in calls)

@@ -150,8 +150,9 @@ def _retake(timer: Timer, plan: SweepPlan, records: list[Record], progress: Prog
                     "more than %.0f%%", len(chosen), rounds, 100 * RETAKE_OFF)
     for i in queue:
         if time.perf_counter() >= until:
-            if progress is not None and done:
-                progress(done, done, plan.points[i], time.perf_counter() - start, again=True)
+            if progress is not None and done:  # ends the progress line at the last point measured
+                progress(done, done, plan.points[queue[done - 1]], time.perf_counter() - start,
+                         again=True)
             break
         records.append(_record(timer, plan.points[i], plan.settings))
         unchosen[i].append(records[-1].ms)

@@ -21,10 +21,13 @@ class ProgressLine:
         self.tty = bool(getattr(stream, "isatty", lambda: False)())
         self._last = 0.0
         self._last_decile = -1
+        self._again = False
 
     def __call__(self, done: int, total: int, point: SweepPoint, elapsed_s: float, *,
                  again: bool = False) -> None:
         now = time.monotonic()
+        if again != self._again:  # a pass of its own: the sweep's last decile (10) hid a
+            self._again, self._last_decile = again, -1  # retake pass of one measurement
         left = elapsed_s / done * (total - done) if done else float("nan")
         label = f"{self.label} again" if again else self.label
         text = (f"{label} [{done:4d}/{total}] {point.describe():42.42s} "
