@@ -28,9 +28,9 @@ __all__ = ["RETAKE_OFF", "RETAKE_SHARE", "points_to_retake", "scatter_between_me
 RETAKE_OFF = 0.01
 """A token-curve point this far from its curve's monotone fit is measured again. The fit
 pools a slow point with the points after it that it rose above, so its own miss is a share
-of how slow it was: on a 256-token grid at 10k tokens, a point measured 6% slow is 1.2% off
-the fit (and the fit 4.7% above the truth there); 4% slow is not seen, and moves the fit
-by less."""
+of how slow it was: on a 256-token grid at 10k tokens, a point measured 6% slow is 1.7% off
+the fit that pooled it with the next one (and the fit 4.25% above the truth there); 4% slow
+is 0.7% off, not seen, and moves the fit by less (3.25%)."""
 RETAKE_SHARE = 0.4
 """Measuring again takes at most this share of the sweep's own time, and ends by the
 sweep's deadline: in the H200 sweep, 197 points lie off by more than 1%, and a round of
