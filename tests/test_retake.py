@@ -161,6 +161,7 @@ def _worst_linear_miss(model) -> float:
 
 def test_retakes_undo_slow_points_and_keep_the_gemm_step(monkeypatch):
     _, without = _calibrate(monkeypatch, retakes=0)
+    assert "measured again: nothing (the plan's retakes were 0)" in format_report(without)
     plan, model = _calibrate(monkeypatch, retakes=2, share=10.0)  # time for every retake
     done = model.provenance["retaken"]
     assert done["points"] > 0 and done["measurements"] == 2 * done["points"]

@@ -143,7 +143,7 @@ def _retake(timer: Timer, plan: SweepPlan, records: list[Record], progress: Prog
     # first measurement too (all probes are measured again).
     unchosen: dict[int, list[float]] = {
         i: [records[i].ms] if plan.points[i].kind == "layer" else [] for i in chosen}
-    retaken = sweep["retaken"] = {"points": len(chosen), "measurements": 0,
+    retaken = sweep["retaken"] = {"rounds": rounds, "points": len(chosen), "measurements": 0,
                                   "off_by_more_than": RETAKE_OFF, "seconds": 0.0}
     if chosen:
         logger.info("measuring %d points again (%d rounds): off their curve's monotone fit by "

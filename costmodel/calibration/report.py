@@ -231,6 +231,8 @@ def _drift_lines(drift: Any) -> list[str]:
 def _retaken_lines(retaken: Any) -> list[str]:
     if not retaken:
         return []
+    if retaken.get("rounds") == 0:
+        return ["measured again: nothing (the plan's retakes were 0)"]
     lines = [f"measured again: {retaken['points']} token-curve points off the monotone fit by "
              f"more than {retaken['off_by_more_than']:.0%}, {retaken['measurements']} "
              f"measurements in {retaken['seconds']:.1f} s (each count's median is fitted)"]
