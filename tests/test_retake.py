@@ -364,3 +364,31 @@ def test_the_retake_pass_has_progress_lines_of_its_own(monkeypatch):
     assert sweep["retaken"]["measurements"] == 3
     assert [c[0] for c in calls] == [1, 2, 3, 3] and calls[-1][1] == 3
     assert calls[-1][2] == plan.points[chosen[2]] and all(c[3] for c in calls)
+
+
+def test_calibrate_retakes_flag_reaches_the_plan_and_bad_values_are_refused(
+        tmp_path, monkeypatch, capsys):
+    from test_calibration_cli import _synthetic_device
+
+    from costmodel.cli import main
+    from costmodel.model import load_cost_model
+
+    _synthetic_device(monkeypatch, _SlowSometimesTimer)
+    out = tmp_path / "cal.json"
+    args = ["calibrate", "--gpu", "h200", "--model", "qwen3-0.6b", "--quick", "--max-len", "4096",
+            "-o", str(out)]
+    assert main([*args, "--retakes", "0"]) == 0
+    model = load_cost_model(out)
+    assert model.provenance["plan"]["settings"]["retakes"] == 0
+    assert model.provenance["retaken"] == {"rounds": 0, "points": 0, "measurements": 0,
+                                           "off_by_more_than": 0.01, "seconds": 0.0}
+    capsys.readouterr()
+    for bad in ("-1", "11", "two"):
+        with pytest.raises(SystemExit):
+            main([*args, "--retakes", bad])
+        assert "expected an integer from 0 to 10" in capsys.readouterr().err
+    assert main(["calibrate", "--refit", str(out), "-o", str(tmp_path / "again.json"),
+                 "--retakes", "1"]) == 2
+    assert "--retakes would be ignored" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="retakes must be a whole number >= 0"):
+        make_plan(SPEC, retakes=-1)

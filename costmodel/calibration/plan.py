@@ -338,9 +338,11 @@ def make_plan(
     settings: PlanSettings | None = None,
     seed: int = 0,
     timing: str = "graph",
+    retakes: int | None = None,
 ) -> SweepPlan:
     """A sweep for `spec` that fits the time budget on `gpu` (a registry key or name), timed
-    as `timing` says (see `plan_seconds`)."""
+    as `timing` says (see `plan_seconds`); ``retakes`` overrides the settings' rounds of
+    measuring points again (`PlanSettings.retakes`)."""
     from costmodel.estimate import estimate_cost_model
     from costmodel.gpus import lookup_gpu
 
@@ -350,6 +352,10 @@ def make_plan(
     check_sweep_sizes(max_len, max_tokens)
     max_tokens = int(max_tokens or max(max_len, 16384))
     s = settings or (QUICK_SETTINGS if quick else DEFAULT_SETTINGS)
+    if retakes is not None:
+        if isinstance(retakes, bool) or not isinstance(retakes, int) or retakes < 0:
+            raise ValueError(f"retakes must be a whole number >= 0, got {retakes!r}")
+        s = _replace(s, retakes=retakes)
     budget = float(budget_s if budget_s is not None else (24.0 if quick else 75.0))
     if not budget > 0:
         raise ValueError(f"the time budget must be > 0 seconds, got {budget_s}")

@@ -29,8 +29,19 @@ def parse_modes(text: str) -> tuple[str, ...]:
 _SWEEP_DEFAULTS = {
     "gpu": "auto", "attention": "torch-varlen", "dtype": "bf16", "modes": "train,forward",
     "max_len": 32768, "max_tokens": None, "quick": False, "timing": "graph", "budget_s": None,
-    "settle_s": None, "tensor_parallel": 1, "expert_tensor_parallel": None,
+    "settle_s": None, "tensor_parallel": 1, "expert_tensor_parallel": None, "retakes": 2,
 }
+
+
+def _rounds(text: str) -> int:
+    """argparse type: retake rounds, 0..10 (each takes a round of the points chosen)."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if not 0 <= value <= 10:
+        raise argparse.ArgumentTypeError(f"expected an integer from 0 to 10, got {text!r}")
+    return value
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -80,6 +91,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    "warning, and the file says so")
     p.add_argument("--budget-s", type=positive_seconds, default=None,
                    help="time budget of the sweep in seconds (default 75, --quick 24)")
+    p.add_argument("--retakes", type=_rounds, default=_SWEEP_DEFAULTS["retakes"], metavar="N",
+                   help="after the sweep, measure the whole-layer probes and the token-curve "
+                   "points over 1%% off their monotone fit N more times, round by round, within "
+                   "40%% more of the sweep's time and before its deadline; the fit takes each "
+                   "point's median (a point's repeats run back to back and miss the noise "
+                   "between runs). 0: never (default 2)")
     add_settle_argument(p, default="10, --quick 3")
     p.add_argument("-o", "--output", required=True,
                    help="where to write the cost model (JSON). If the run fails or is interrupted "
@@ -123,7 +140,8 @@ def run(args: argparse.Namespace) -> int:
 
     def plan_for(gpu: str, timing: str):
         return make_plan(rank, modes=modes, max_len=args.max_len, max_tokens=args.max_tokens,
-                         quick=args.quick, gpu=gpu, budget_s=args.budget_s, timing=timing)
+                         quick=args.quick, gpu=gpu, budget_s=args.budget_s, timing=timing,
+                         retakes=args.retakes)
 
     # The flags that need no GPU are checked before CUDA starts: a known --gpu name, and
     # the sweep's (the plan is made again below for the GPU found).
