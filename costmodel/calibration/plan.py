@@ -116,8 +116,9 @@ class PlanSettings:
     head_max_tokens: int = 16384
     """The LM head's fp32 logits grow as T × vocab; above this the head is extrapolated."""
     retakes: int = 2
-    """Token-curve points the monotone fit disagrees with are measured this many more times
-    after the sweep, time allowing (`costmodel.calibration.retake`); 0: never."""
+    """The whole-layer probes and the token-curve points the monotone fit disagrees with are
+    measured this many more times after the sweep, time allowing
+    (`costmodel.calibration.retake`); 0: never."""
 
 
 DEFAULT_SETTINGS = PlanSettings()

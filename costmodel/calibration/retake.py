@@ -9,7 +9,9 @@ Isotonic regression pools such a pair into a flat run and a jump: a step the GPU
 have, and the scheduler fills micro-batches to the end of such a run, where the cost per
 token looks lowest. Measured twice more, at other moments, such a point's median of three
 is wrong only where two of its three measurements are; a real step (a new GEMM wave)
-measures the same again, and is kept.
+measures the same again, and is kept. The whole-layer probes are measured again too (see
+`points_to_retake`), and the measurements not chosen for being off say how far one
+measurement scatters between runs (`scatter_between_measurements`).
 """
 
 from __future__ import annotations
