@@ -44,8 +44,6 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import numpy as np
-
 if TYPE_CHECKING:
     from costmodel.model import CostModel
 
@@ -251,7 +249,7 @@ def _cheapest_fills(model, shipped) -> list[str]:
     beside the shipped profile's: the scheduler fills micro-batches there where that beats
     the cap (`schedule._at_the_cheapest_fill`). A step seen by two calibrations is the GPU's
     (GEMM waves); one that moves or goes is noise, which that start then chases."""
-    from costmodel.scheduler.bounds import cheapest_fill, cost_per_token
+    from costmodel.scheduler.bounds import cheapest_fill_below
     from costmodel.scheduler.costs import as_cost
 
     lines = []
@@ -262,9 +260,8 @@ def _cheapest_fills(model, shipped) -> list[str]:
                 continue
             cost = as_cost(m, None, mode)
             for cap in (16384, 32768):
-                fill, rate = cheapest_fill(cost, cap)
-                at_cap = float(cost_per_token(cost, np.array([cap]))[0])
-                parts.append(f"{name} cap {cap // 1024}k: {fill} ({rate / at_cap - 1:+.1%})")
+                fill, cheaper = cheapest_fill_below(cost, cap)
+                parts.append(f"{name} cap {cap // 1024}k: {fill} ({cheaper:+.1%})")
         lines.append(f"  {mode}: cheapest fill per token (vs the cap's) " + ", ".join(parts))
     return lines
 

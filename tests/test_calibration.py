@@ -318,6 +318,25 @@ def test_report_and_plot(tmp_path, fitted):
     assert (tmp_path / "plot.png").stat().st_size > 10_000 and png.endswith(".png")
 
 
+def test_report_says_where_a_micro_batch_is_cheapest_per_token(fitted):
+    """The fill the scheduler's cheapest-fill start aims at: below the cap where the curve
+    steps (the shipped profile's training: 10.5k of 16k; the synthetic shape's 8% step at
+    12,288 tokens), the cap itself where it does not (the registry estimate)."""
+    from costmodel.model import load_cost_model
+
+    lines = [x for x in format_report(load_cost_model("h200/qwen3-8b")).splitlines()
+             if "cheapest per token" in x]
+    assert lines[0] == ("  cheapest per token, fixed cost included: 10,496 tokens under a 16k cap "
+                        "(-6.1% per token), 17,920 tokens under a 32k cap (-1.8% per token)")
+    assert len(lines) == 2  # a line a pass
+    synthetic = next(x for x in format_report(fitted).splitlines() if "cheapest per token" in x)
+    # below the step (where within it, the fit's 0.3% noise decides: 11,264 here)
+    assert re.search(r"1[12],\d{3} tokens under a 16k cap \(-[4-8]\.\d% per token\)", synthetic)
+    estimate = next(x for x in format_report(load_cost_model("h100/qwen3-8b")).splitlines()
+                    if "cheapest per token" in x)
+    assert "16,384 tokens under a 16k cap (full)" in estimate
+
+
 def test_validation_with_synthetic_timer(fitted):
     timer = SyntheticTimer(SPEC, SHAPE, noise=0.005, seed=7)
     block = run_validation(fitted, timer, count=60, num_layers=2, modes=["train"])

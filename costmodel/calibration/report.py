@@ -125,6 +125,7 @@ def format_report(model: CostModel) -> str:
                 f"    {desc:>10}: {b['total']:9.2f}  (overhead {b['overhead']:.2f}, attention "
                 f"{b['attention']:.2f}, linear {b['linear']:.2f}, head {b['head']:.2f})"
             )
+        _optional(out, f"{mode} cheapest fill", functools.partial(_fill_lines, model, mode))
         sc = model.sample_cost(np.array([128, 1024, 4096, 16384]), mode)
         out.append(f"  sample_cost at reference {model.reference_tokens} tokens: " + ", ".join(
             f"L={L}: {v:.3f} ms" for L, v in zip((128, 1024, 4096, 16384), sc)))
@@ -226,6 +227,23 @@ def _drift_lines(drift: Any) -> list[str]:
         return []
     return [f"drift probe: {drift['relative_change']:+.2%} "
             f"({drift['start_ms']:.4g} -> {drift['end_ms']:.4g} ms)"]
+
+
+def _fill_lines(model: CostModel, mode: str) -> list[str]:
+    """Where a micro-batch is cheapest per token, fixed cost included, under caps of 16k and
+    32k: the scheduler fills micro-batches there where that beats its mean fill by 1%
+    (`schedule._cheapest_fill_count`). A step is the GPU's only where it stands out of the
+    noise between runs ("measured again" below) and a second calibration shows it too."""
+    from costmodel.scheduler.bounds import cheapest_fill_below
+    from costmodel.scheduler.costs import as_cost
+
+    cost = as_cost(model, None, mode)
+    parts = []
+    for cap in (16384, 32768):
+        fill, cheaper = cheapest_fill_below(cost, cap)
+        parts.append(f"{fill:,} tokens under a {cap // 1024}k cap"
+                     + (f" ({cheaper:+.1%} per token)" if fill < cap else " (full)"))
+    return ["  cheapest per token, fixed cost included: " + ", ".join(parts)]
 
 
 def _retaken_lines(retaken: Any) -> list[str]:

@@ -13,6 +13,7 @@ from costmodel.scheduler.sorting import longest_first, run_starts
 
 __all__ = [
     "cheapest_fill",
+    "cheapest_fill_below",
     "cost_per_token",
     "lower_bound",
     "microbatch_range",
@@ -210,6 +211,14 @@ def cheapest_fill(cost: Cost, top: int) -> tuple[int, float]:
     fills, _, with_fixed = _fill_rates(cost, top, cost.fixed_cost())
     best = with_fixed.size - 1 - int(np.argmin(with_fixed[::-1]))  # of equals, the fullest
     return int(fills[best]), float(with_fixed[best])
+
+
+def cheapest_fill_below(cost: Cost, cap: int) -> tuple[int, float]:
+    """`cheapest_fill` under ``cap``, and how much cheaper per token than a full micro-batch
+    of ``cap`` tokens it is (a fraction, <= 0): where the scheduler may fill micro-batches
+    (`schedule._cheapest_fill_count`), for `report` and a GPU session's summary."""
+    fill, rate = cheapest_fill(cost, cap)
+    return fill, rate / float(cost_per_token(cost, np.array([cap]))[0]) - 1.0
 
 
 def cost_per_token(cost: Cost, fills: np.ndarray) -> np.ndarray:
