@@ -50,7 +50,7 @@ from costmodel.scheduler.schedule import _CHEAPER_FILL  # noqa: E402
 from costmodel.spec import ModelSpec  # noqa: E402
 
 SPEC = ModelSpec.from_preset("qwen3-8b")
-NOISE = (0.028, 0.052)  # the H200 sweep's scatter between points: training, forward
+NOISE = (0.005, 0.028, 0.052)  # a quiet GPU; the H200 sweep's scatter: training, forward
 SLOW_CHANCE, SLOW_BY = 0.05, (0.05, 0.25)
 # The fixed cost per layer and micro-batch of the shipped profile's training pass (1.06 ms):
 # what a fill below the cap pays for in more micro-batches.
