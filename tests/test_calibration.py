@@ -875,6 +875,21 @@ def test_validation_shows_how_far_identical_micro_batches_scatter():
         {"tokens": 5, "n": 1, "measured_ms": 1.0}]}}})  # no size measured twice: no line
 
 
+def test_a_hand_edited_validation_point_skips_the_scatter_not_the_table():
+    """A review found: a point that is not an object raised an AttributeError the scatter
+    did not catch (`report` then hid the whole validation), and a time of 0 ms printed a
+    scatter of "nan%" (a negative one, a scatter of times no GPU measured)."""
+    block = json.loads(json.dumps(load_cost_model("h200/qwen3-8b").extra["validation"]))
+    block["modes"]["train"]["points"].append(5)
+    text = format_validation(block)
+    assert "  train    all     cost_model   13.20%" in text and "  train: identical" not in text
+    assert "  forward: identical micro-batches measured apart scatter: < 1k 15.3%" in text
+    for bad in (0.0, -1.0):
+        points = [{"tokens": 768, "n": 1, "measured_ms": ms} for ms in (1.0, 1.1, bad)]
+        assert "identical" not in format_validation({"modes": {"train": {"summary": {},
+                                                                         "points": points}}})
+
+
 def test_a_fit_that_floors_short_attention_still_loads(tmp_path):
     """The fit floors a short length's per-sequence attention at 10 ns where the packs'
     times are all per-call cost (a split of the time, not a speed: 10x the H200's peak at

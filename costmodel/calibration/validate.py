@@ -387,13 +387,16 @@ def _repeat_scatter(block: dict[str, Any]) -> list[str]:
     for mode, res in block.get("modes", {}).items():
         groups: dict[tuple[int, ...], list[float]] = {}
         try:
-            for p in res["points"]:
+            for i, p in enumerate(res["points"]):
+                # a time no GPU measured (hand-edited: 0 ms printed "nan%", a negative one a
+                # scatter) skips the mode, as does a point that is not an object (an
+                # AttributeError hid the whole validation from `report`)
+                ms = _measured_ms(p, mode, i)
                 # files validated before 2026-11-30 keep no lengths: a single sample's are its tokens
                 lengths = p.get("lengths") or ([p["tokens"]] if p["n"] == 1 else None)
                 if lengths:
-                    groups.setdefault(tuple(int(x) for x in lengths), []).append(
-                        float(p["measured_ms"]))
-        except (KeyError, TypeError, ValueError):
+                    groups.setdefault(tuple(int(x) for x in lengths), []).append(ms)
+        except (AttributeError, KeyError, TypeError, ValueError):
             continue
         cells = []
         for name, small in ((f"< {SPLIT_TOKENS // 1024}k", True), (f">= {SPLIT_TOKENS // 1024}k", False)):
