@@ -208,10 +208,13 @@ def _profile_summary(model, shipped) -> list[str]:
     if drift.get("warning"):
         lines.append(f"  drift probe moved {drift.get('relative_change', 0):+.1%} during the sweep")
     retaken = model.provenance.get("retaken") or {}
-    if retaken.get("points"):  # how noisy the sweep was between points (the shipped one: 197)
+    # how noisy the sweep was between points (the shipped one: 197 off the fit, and its 16
+    # probes, which are all measured again: 213)
+    if retaken.get("points"):
         scatter = (f"; one measurement scatters {retaken['scatter']:.1%} between runs"
                    if isinstance(retaken.get("scatter"), (int, float)) else "")
-        lines.append(f"  measured again: {retaken['points']} points off the monotone fit, "
+        lines.append(f"  measured again: {retaken['points']} points (the whole-layer probes "
+                     "and those off the monotone fit), "
                      f"{retaken.get('measurements')} measurements in {retaken.get('seconds')} s"
                      f"{scatter}")
     if validation.get("stopped_at_time_limit"):

@@ -158,7 +158,8 @@ def test_a_second_session_shows_the_shipped_profile_and_keeps_the_first_log(
     (out / "qwen3-8b.json").write_text(json.dumps(doc))
     assert adopt_script.main([str(out)]) == 0
     text = capsys.readouterr().out
-    assert ("measured again: 41 points off the monotone fit, 82 measurements in 7.5 s; one "
+    assert ("measured again: 41 points (the whole-layer probes and those off the monotone "
+            "fit), 82 measurements in 7.5 s; one "
             "measurement scatters 2.1% between runs") in text
     # beside the plan's estimate, the sweep's own seconds (60.82 with the retakes)
     assert "sweep 53.32 s (planned 55.86 s for 668 points" in text

@@ -255,10 +255,11 @@ def test_calibrate_says_what_it_measured_again_and_report_shows_it(tmp_path, mon
     said = capsys.readouterr()
     assert f"{swept} points in" in said.out
     assert f"{done['measurements']} measured again in " in said.out
-    assert f"({done['points']} points off the monotone fit)" in said.out
+    assert (f"({done['points']} points: the whole-layer probes and those off the monotone "
+            "fit)") in said.out
     assert f"calibrate again [{done['measurements']:4d}/{done['measurements']}]" in said.err
-    assert (f"measured again: {done['points']} token-curve points off the monotone fit by more "
-            "than 1%") in format_report(model)
+    assert (f"measured again: {done['points']} points (every whole-layer probe, and the "
+            "token-curve points off the monotone fit by more than 1%)") in format_report(model)
 
 
 class _Scattered(_SometimesSlow):
@@ -392,3 +393,20 @@ def test_calibrate_retakes_flag_reaches_the_plan_and_bad_values_are_refused(
     assert "--retakes would be ignored" in capsys.readouterr().err
     with pytest.raises(ValueError, match="retakes must be a whole number >= 0"):
         make_plan(SPEC, retakes=-1)
+
+
+def test_the_probes_measured_again_are_not_called_points_off_the_fit(monkeypatch):
+    """A review found: 'points' counts every whole-layer probe (all are measured again), and
+    report called them all 'token-curve points off the monotone fit': a quiet synthetic
+    sweep with none off read '8 token-curve points off the monotone fit'."""
+    clock = _Clock()
+    monkeypatch.setattr(pipeline, "time", clock)
+    monkeypatch.setattr(pipeline, "RETAKE_SHARE", 10.0)
+    plan = make_plan(SPEC, modes=("train",), max_len=16384, gpu="h200", budget_s=1e6)
+    model = calibrate(SPEC, timer=SyntheticTimer(SPEC, SHAPE, noise=0.005, seed=1), plan=plan,
+                      gpu_key="h200", gpu_info=lookup_gpu("h200"), attention="torch-varlen")
+    probes = sum(p.kind == "layer" for p in plan.points)
+    assert model.provenance["retaken"]["points"] == probes == 8  # no token point off the fit
+    text = format_report(model)
+    assert "8 token-curve points" not in text
+    assert "measured again: 8 points (every whole-layer probe, and the token-curve" in text

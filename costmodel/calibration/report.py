@@ -251,13 +251,16 @@ def _retaken_lines(retaken: Any) -> list[str]:
         return []
     if retaken.get("rounds") == 0:
         return ["measured again: nothing (the plan's retakes were 0)"]
-    lines = [f"measured again: {retaken['points']} token-curve points off the monotone fit by "
-             f"more than {retaken['off_by_more_than']:.0%}, {retaken['measurements']} "
+    # 'points' counts every whole-layer probe too (all are measured again): they are not
+    # off the fit (a retaken H200 sweep: 197 token-curve points and 16 probes, 213)
+    lines = [f"measured again: {retaken['points']} points (every whole-layer probe, and the "
+             f"token-curve points off the monotone fit by more than "
+             f"{retaken['off_by_more_than']:.0%}), {retaken['measurements']} "
              f"measurements in {retaken['seconds']:.1f} s (each count's median is fitted)"]
     if retaken.get("scatter") is not None:
         lines.append(f"  one measurement scatters {retaken['scatter']:.1%} between runs (from "
-                     f"{retaken['scatter_pairs']} pairs of retakes): steps smaller than that "
-                     "are not to be trusted")
+                     f"{retaken['scatter_pairs']} pairs of measurements not chosen for being "
+                     "off): steps smaller than that are not to be trusted")
     return lines
 
 

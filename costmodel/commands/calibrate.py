@@ -189,8 +189,9 @@ def run(args: argparse.Namespace) -> int:
     retaken = prov.get("retaken") or {}
     # sweep_seconds includes the retakes; the plan's estimate is of the sweep's points alone
     again, again_s = retaken.get("measurements", 0), retaken.get("seconds", 0.0)
-    measured_again = (f", {again} measured again in {again_s:.0f} s ({retaken['points']} points "
-                      "off the monotone fit)") if retaken.get("points") else ""
+    measured_again = (f", {again} measured again in {again_s:.0f} s ({retaken['points']} points: "
+                      "the whole-layer probes and those off the monotone fit)"
+                      ) if retaken.get("points") else ""
     print(f"wrote {output}: {len(model.extra['measurements']) - again} points in "
           f"{prov['sweep_seconds'] - again_s:.0f} s (plan estimate {plan.estimated_s:.0f} s){measured_again}{skipped}, "
           f"drift {prov['drift_probe']['relative_change']:+.1%}")
