@@ -52,10 +52,12 @@ def points_to_retake(points: Sequence[SweepPoint], records: Sequence[Record]) ->
 
     A curve's last point is also judged against the line through the fit at the two before
     it: no later point shows a slow last point as a fall, which is all the fit sees."""
-    probes = [i for i, (point, _) in enumerate(zip(points, records)) if point.kind == "layer"]
+    probes: list[int] = []
     curves: dict[tuple[str, str, bool], list[int]] = defaultdict(list)
-    for i, (point, _) in enumerate(zip(points, records)):
-        if point.kind in ("linear", "head"):
+    for i, (point, _) in enumerate(zip(points, records)):  # the points measured
+        if point.kind == "layer":
+            probes.append(i)
+        elif point.kind in ("linear", "head"):
             curves[(point.mode, point.kind, point.moe)].append(i)
     off: dict[int, float] = {}
     for at in curves.values():
