@@ -6,7 +6,8 @@ before and after the sweep) warns when the two differ by more than 5% (clocks th
 another process on the GPU), and is recorded in the file. Past the plan's deadline the
 sweep skips the refinement points it has not reached (see costmodel.calibration.plan).
 Before the deadline, and within RETAKE_SHARE more of its time, it measures again the
-token-curve points its monotone fit disagrees with (costmodel.calibration.retake).
+whole-layer probes and the token-curve points its monotone fit disagrees with
+(costmodel.calibration.retake).
 
 Measurements outlive failures: if the sweep is interrupted or the fit or the FLOPs check
 fails, `save_partial` receives a "partial" document with every point measured so far, and
