@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import math
 import os
 import re
 from collections.abc import Callable, Mapping
@@ -80,8 +81,20 @@ class _Tables:
 
     attn_table: np.ndarray  # Σ over layers of attention for one sequence of length L, index L
     overhead: float
+    # Σ weight × curve(T) over linear_terms for every whole token count T below its size
+    # (`token_costs`): a scheduler prices the same fills many times a step, a lookup instead
+    # of an interpolation per curve. Grown to the largest count asked, up to _MAX_TABLE.
+    token_table: np.ndarray
     linear_terms: list[tuple[float, TokenCurve]] = field(default_factory=list)
     per_token_marginal: float = 0.0
+
+
+def _linear_sum(terms: list[tuple[float, TokenCurve]], tokens: np.ndarray) -> np.ndarray:
+    """Σ weight × curve(tokens) over a mode's token-linear terms (layers' parts and head)."""
+    out = np.zeros(tokens.shape)
+    for weight, curve in terms:
+        out += weight * curve(tokens)
+    return out
 
 
 class CostModel:
@@ -241,6 +254,7 @@ class CostModel:
             overhead=spec.num_layers * c.layer_overhead_ms + c.microbatch_overhead_ms,
             linear_terms=terms,
             per_token_marginal=marginal,
+            token_table=_linear_sum(terms, np.arange(_MIN_TABLE + 1.0)),
         )
         self._tables[mode] = tables
         return tables
@@ -280,10 +294,22 @@ class CostModel:
     def token_costs(self, tokens: ArrayLike, mode: str = "train") -> np.ndarray:
         """Token-linear time (ms: every layer's projections and MLP, plus the head) of
         micro-batches of `tokens` tokens in all."""
+        t = self._tables_for(mode)
         tokens = np.asarray(tokens, dtype=np.float64)
-        out = np.zeros(tokens.shape)
-        for weight, curve in self._tables_for(mode).linear_terms:
-            out += weight * curve(tokens)
+        most = float(tokens.max()) if tokens.size else 0.0  # NaN: not compared true below
+        if t.token_table.size <= most <= _MAX_TABLE:
+            size = min(_MAX_TABLE, 1 << math.ceil(math.log2(most + 1)))
+            t.token_table = _linear_sum(t.linear_terms, np.arange(size + 1.0))
+        # Whole counts in the table are looked up (the same numbers: the table is this sum at
+        # each count); anything else (fractions under context parallelism, past the table,
+        # negative, NaN) is evaluated.
+        table = t.token_table
+        looked_up = np.where((tokens >= 0) & (tokens < table.size), tokens, 0.5)
+        whole = looked_up.astype(np.int64)
+        exact = whole == looked_up
+        out = table[whole]
+        if not exact.all():
+            out[~exact] = _linear_sum(t.linear_terms, tokens[~exact])
         return out
 
     def microbatch_cost(self, lengths: ArrayLike, mode: str = "train") -> float:

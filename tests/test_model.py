@@ -89,6 +89,25 @@ def test_microbatch_costs_matches_loop(model):
         assert np.all(vec[sizes == 0] == 0)
 
 
+def test_token_costs_are_the_curves_sum_at_every_count_looked_up_or_not():
+    """Whole counts come from a table grown on demand: the same numbers as the curves give
+    (schedules stay bit for bit what they were), and counts it does not hold (fractions,
+    past its largest size, below 0, NaN) are the curves' too."""
+    m = _toy()
+    c = m.curves["train"]
+
+    def by_hand(tokens):
+        return 36 * c.linear["dense"](tokens) + c.head(tokens)
+
+    first = np.array([0, 1, 15, 16, 1000, 8192, 8193, 16384, 16385, 7.5, -3.0, np.nan])
+    np.testing.assert_array_equal(m.token_costs(first), by_hand(first))
+    grows = np.array([1.0, 16385, 100_000, 2**18, 2**18 + 1, 1e9, 131_071.5])
+    np.testing.assert_array_equal(m.token_costs(grows), by_hand(grows))
+    every = np.arange(2**18 + 2, dtype=np.float64)
+    np.testing.assert_array_equal(m.token_costs(every), by_hand(every))
+    assert m.token_costs([]).shape == (0,)
+
+
 def test_a_microbatch_costs_the_same_whatever_comes_before_it(model):
     """Each micro-batch is summed on its own: as differences of running sums, the costs after
     a 2^31-token sample carried its rounding (2e-5 relative, a fuzzer found)."""
