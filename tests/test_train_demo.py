@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -472,6 +473,29 @@ def test_a_rank_that_fails_its_checks_alone_stops_the_others_without_a_launcher(
     assert "step 1/" not in out0 + out1
 
 
+def test_a_rank_whose_peer_never_starts_stops_after_the_group_timeout_saying_so():
+    """Regression: rank 0 started by hand (MASTER_ADDR/MASTER_PORT, no torchrun) whose rank 1
+    never started waited in the rendezvous for gloo's 30 minutes, then said "Wait timeout"."""
+    import socket
+
+    with socket.socket() as probe:  # a free port for the rendezvous rank 0 hosts
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    env = {**_env(), "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "2",
+           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+    started = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, str(REPO / "examples" / "train_varlen.py"), *FAST, "--steps", "1",
+         "--device", "cpu", "--use-dynamic-batch-size", "--max-tokens-per-gpu", "512",
+         "--group-timeout-s", "2"],
+        capture_output=True, text=True, timeout=90, env=env)
+    assert done.returncode == 2, done.stderr
+    assert time.monotonic() - started < 60
+    assert ("error (rank 0): could not meet the other 1 rank(s) of the process group within "
+            "2 s") in done.stderr
+    assert "raise --group-timeout-s" in done.stderr and "step 1/" not in done.stdout
+
+
 @pytest.mark.parametrize("flag", ["--log-json", "--record-runs"])
 def test_log_json_that_cannot_be_written_stops_before_any_process_starts(tmp_path, capsys, flag):
     """Regression: rank 0 failed to open it after the process group started."""
@@ -782,6 +806,8 @@ def _trainer_args(*argv: str):
     (["--lr", "0"], "--lr must be a positive finite number"),  # trained with frozen weights
     (["--max-len", "-1"], "--max-len must be 0 (no clip) or positive"),  # read as "no clip"
     (["--head-dim", "3"], "--head-dim must be even"),  # failed in every worker's first forward
+    (["--group-timeout-s", "0"], "--group-timeout-s must be in (0, 604800] seconds"),
+    (["--group-timeout-s", "nan"], "--group-timeout-s must be in (0, 604800] seconds"),
 ])
 def test_flag_values_that_cannot_train_are_refused_before_any_step(argv, needle):
     from costmodel.training.config import prepare

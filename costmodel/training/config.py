@@ -33,6 +33,11 @@ logger = logging.getLogger(__name__)
 # median 1500, clipped so a sample stays under 16384) times this scale: 1/32 gives ~100-token samples, so a CPU
 # step of a tiny model takes tens of milliseconds while keeping the long tail.
 _DEFAULT_SCALE = 1 / 32
+# A rank waits this long for the others (seconds): to join the group, and in a collective.
+# torch's default for gloo is 30 minutes, which a rank started by hand waited for a peer that
+# died before joining; the demo's slowest wait is a peer's first Triton compile (seconds).
+DEFAULT_GROUP_TIMEOUT_S = 300.0
+_MOST_GROUP_TIMEOUT_S = 7 * 24 * 3600.0  # a week: past it, timedelta arithmetic in torch is no help
 
 
 def add_trainer_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -65,6 +70,12 @@ def add_trainer_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentP
     g.add_argument(
         "--attention", default=None,
         help="varlen attention backend (default: sdpa on CPU, torch-varlen on CUDA)",
+    )
+    g.add_argument(
+        "--group-timeout-s", type=float, default=DEFAULT_GROUP_TIMEOUT_S, metavar="SECONDS",
+        help="how long a rank waits for the others, to join the process group and in each "
+        f"collective, before it stops with an error (default: {DEFAULT_GROUP_TIMEOUT_S:.0f}; "
+        "torch's own for gloo is 30 minutes)",
     )
     g.add_argument("--log-json", default=None, metavar="PATH",
                    help="write per-step records (JSON lines) here when the run ends")
@@ -153,6 +164,10 @@ def _check_run_flags(args: argparse.Namespace, dp_size: int) -> None:
         raise ValueError(f"--length-scale must be in (0, 1000], got {args.length_scale}")
     if args.max_len < 0:
         raise ValueError(f"--max-len must be 0 (no clip) or positive, got {args.max_len}")
+    timeout = getattr(args, "group_timeout_s", DEFAULT_GROUP_TIMEOUT_S)  # a script's own parser
+    if not 0 < timeout <= _MOST_GROUP_TIMEOUT_S:
+        raise ValueError(f"--group-timeout-s must be in (0, {_MOST_GROUP_TIMEOUT_S:.0f}] "
+                         f"seconds, got {timeout}")
     if dp_size < 1:
         raise ValueError(f"the data-parallel size must be at least 1, got {dp_size}")
     if dp_size > args.samples_per_step:

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import datetime
 import hashlib
 import json
 import logging
@@ -40,7 +41,7 @@ import numpy as np
 from costmodel.calibration.runs_file import run_line
 from costmodel.flops import sequence_fwd_flops
 from costmodel.model_file import atomic_output
-from costmodel.training.config import Plan, prepare
+from costmodel.training.config import DEFAULT_GROUP_TIMEOUT_S, Plan, prepare
 from costmodel.training.data import sample_tokens
 
 __all__ = [
@@ -256,7 +257,8 @@ def train(args: argparse.Namespace) -> TrainResult:
             # A lone process meets no one: an in-memory store, no port to pick or lose.
             dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
         else:
-            dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=world)
+            _join_group(backend, init_method, rank, world,
+                        getattr(args, "group_timeout_s", DEFAULT_GROUP_TIMEOUT_S))
     try:
         # Every check, before any training; a rank that fails tells the others (they would
         # wait for it in the group's first collective, or in its rendezvous had it stopped
@@ -275,6 +277,25 @@ def train(args: argparse.Namespace) -> TrainResult:
     finally:
         if own_group and dist.is_initialized():
             dist.destroy_process_group()
+
+
+def _join_group(backend: str, init_method: str | None, rank: int, world: int,
+                timeout_s: float) -> None:
+    """Join the ranks' process group, or say which rank gave up on whom and what to do: a
+    peer that never joins (it died at start, or was never started where ranks start by
+    hand) ends the wait after ``timeout_s`` with torch's "Wait timeout" alone."""
+    import torch.distributed as dist
+
+    try:
+        dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=world,
+                                timeout=datetime.timedelta(seconds=timeout_s))
+    except Exception as exc:  # a timeout, a refused address, a port in use: all said the same way
+        raise RuntimeError(
+            f"could not meet the other {world - 1} rank(s) of the process group "
+            f"within {timeout_s:g} s ({type(exc).__name__}: {_one_line(exc)}): start every rank "
+            "with the same MASTER_ADDR and MASTER_PORT (torchrun starts them together), or "
+            "raise --group-timeout-s if they start far apart"
+        ) from exc
 
 
 def exit_rank(code: int) -> NoReturn:
@@ -297,8 +318,8 @@ def _prepare_on_every_rank(args: argparse.Namespace, world: int, *, dtype_name: 
     """`config.prepare` and the attention backend's check on this rank, then one all-gather
     of how they went. A rank that failed raises its own error; the others a RuntimeError
     naming it and its error, so every rank stops before training with the reason (a rank
-    that stopped before joining the group left the others waiting for it: 30 minutes, gloo's
-    default timeout, where no launcher stopped them)."""
+    that stopped before joining the group leaves the others waiting for it in the rendezvous
+    until --group-timeout-s, where no launcher stops them)."""
     import torch.distributed as dist
 
     from costmodel.kernels.attention import get_attention
