@@ -296,15 +296,18 @@ class CostModel:
         micro-batches of `tokens` tokens in all."""
         t = self._tables_for(mode)
         tokens = np.asarray(tokens, dtype=np.float64)
-        most = float(tokens.max()) if tokens.size else 0.0  # NaN: not compared true below
+        valid = (tokens >= 0) & (tokens < np.inf)  # a curve read below 0 as its floor
+        if not valid.all():
+            raise ValueError(f"token counts must be finite and >= 0, got {float(tokens[~valid][0])!r}")
+        most = float(tokens.max()) if tokens.size else 0.0
         if t.token_table.size <= most <= _MAX_TABLE:
             size = min(_MAX_TABLE, 1 << math.ceil(math.log2(most + 1)))
             t.token_table = _linear_sum(t.linear_terms, np.arange(size + 1.0))
         # Whole counts in the table are looked up (the same numbers: the table is this sum at
-        # each count); anything else (fractions under context parallelism, past the table,
-        # negative, NaN) is evaluated.
+        # each count); the rest (fractions under context parallelism, past the table) is
+        # evaluated.
         table = t.token_table
-        looked_up = np.where((tokens >= 0) & (tokens < table.size), tokens, 0.5)
+        looked_up = np.where(tokens < table.size, tokens, 0.5)
         whole = looked_up.astype(np.int64)
         exact = whole == looked_up
         out = table[whole]

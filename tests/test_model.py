@@ -92,20 +92,24 @@ def test_microbatch_costs_matches_loop(model):
 def test_token_costs_are_the_curves_sum_at_every_count_looked_up_or_not():
     """Whole counts come from a table grown on demand: the same numbers as the curves give
     (schedules stay bit for bit what they were), and counts it does not hold (fractions,
-    past its largest size, below 0, NaN) are the curves' too."""
+    past its largest size) are the curves' too. A count below 0, NaN or inf is an error (the
+    curve read -3 tokens as its floor)."""
     m = _toy()
     c = m.curves["train"]
 
     def by_hand(tokens):
         return 36 * c.linear["dense"](tokens) + c.head(tokens)
 
-    first = np.array([0, 1, 15, 16, 1000, 8192, 8193, 16384, 16385, 7.5, -3.0, np.nan])
+    first = np.array([0, 1, 15, 16, 1000, 8192, 8193, 16384, 16385, 7.5])
     np.testing.assert_array_equal(m.token_costs(first), by_hand(first))
     grows = np.array([1.0, 16385, 100_000, 2**18, 2**18 + 1, 1e9, 131_071.5])
     np.testing.assert_array_equal(m.token_costs(grows), by_hand(grows))
     every = np.arange(2**18 + 2, dtype=np.float64)
     np.testing.assert_array_equal(m.token_costs(every), by_hand(every))
     assert m.token_costs([]).shape == (0,)
+    for bad in (-3.0, np.nan, np.inf):
+        with pytest.raises(ValueError, match="token counts must be finite and >= 0"):
+            m.token_costs([100, bad])
 
 
 def test_a_microbatch_costs_the_same_whatever_comes_before_it(model):
