@@ -923,7 +923,9 @@ def test_one_micro_batch_packs_at_once():
 def test_a_tight_grouped_try_packs_as_its_feasibility_check_judged():
     """The shared round budget made the tight retry's feasibility check (full rounds) and
     its packing (fewer) disagree: a count asked for with min_num_microbatches, 2, came out
-    3 and the makespan +50% (an outside review's fuzz)."""
+    3 and the makespan +50% (an outside review's fuzz). 592 tokens in 4 micro-batches of
+    149: with groups spread by smoothed marginal costs it came out 3 again, until a count
+    asked for is also tried spread by tokens."""
     lens = [11, 18, 47, 61, 23, 25, 5, 39, 15, 14, 54, 5, 34, 33, 7, 61, 11, 2, 37, 45, 43, 2]
     groups = [5, 2, 1, 7, 4, 4, 6, 1, 8, 1, 0, 4, 8, 4, 5, 6, 6, 7, 3, 8, 5, 6]
     s = build_schedule(lens, dp_size=2, max_tokens_per_microbatch=149, cost="h200/qwen3-8b",
@@ -1212,11 +1214,35 @@ def test_pair_repack_keeps_groups_whole_and_books_exact(cost_name):
     assert st_.load.max() < 0.8 * before
 
 
+def test_groups_are_spread_by_the_curves_slope_around_the_fill_not_its_rise_there():
+    """Regression: whole groups were spread over ranks by each sample's exact rise of the
+    token curve from fill - L to fill; on the H200 profile's forward curve, jagged by the
+    noise between its points, that weighed near lengths far apart, and 16,384 RL samples in
+    groups of 8 ended 5.4% over the bound with max/mean 1.011 (now 1.018 and 1.001)."""
+    from costmodel.scheduler.costs import as_cost
+
+    cost = as_cost(_shipped_profile(), None, "forward")
+    lens = np.array([100, 1000, 3000])
+    around = cost.marginal_costs(lens, 16384, around=True)
+    low, high = cost.token_costs(np.array([8192.0, 24576.0]))
+    np.testing.assert_allclose(around, cost.sequence_costs(lens) + lens * (high - low) / 16384)
+    rise = cost.marginal_costs(lens, 16384)  # single samples keep the exact rise
+    np.testing.assert_allclose(rise, cost.sequence_costs(lens) + cost.token_costs(16384.0 + 0 * lens)
+                               - cost.token_costs(16384.0 - lens))
+    lengths = generate_lengths(16384, "rl", seed=0)
+    ids = np.arange(lengths.size) // 8
+    s = build_schedule(lengths, dp_size=64, max_tokens_per_microbatch=32768, cost=cost.model,
+                       mode="forward", group_ids=ids)
+    check_schedule(s, lengths, dp=64, cap=32768, group_ids=ids)
+    assert s.makespan_over_lower_bound < 1.03 and s.imbalance < 1.005
+
+
 @pytest.mark.parametrize("dist", ["rl", "bimodal"])
 def test_few_large_groups_per_rank_balance(dist, monkeypatch):
     """Groups of 16 samples, four per rank: piece-by-piece group moves stopped 1.4-2.2%
-    apart (no micro-batch had room for another piece); re-splitting pairs of ranks and
-    packing them again brings them within 0.5%."""
+    apart (no micro-batch had room for another piece; 0.8-1.0% since groups are placed by
+    smoothed marginal costs); re-splitting pairs of ranks and packing them again brings
+    them within 0.5%."""
     from costmodel.scheduler import schedule as schedule_module
 
     cost = _shipped_profile()
@@ -1231,7 +1257,7 @@ def test_few_large_groups_per_rank_balance(dist, monkeypatch):
 
     assert imbalance() <= 1.005
     monkeypatch.setattr(schedule_module, "pair_repack", lambda st_, groups: 0)
-    assert imbalance() > 1.01
+    assert imbalance() > 1.0075
 
 
 @pytest.mark.parametrize("seed", [1, 2])

@@ -368,7 +368,7 @@ def build_schedule(
     if exact and groups is None:
         m_start = m_lb
     fill_tokens = min(cap, max(1, int(lens.sum()) // (dp * m_start)))
-    s = cost_obj.marginal_costs(lens, fill_tokens)
+    s = cost_obj.marginal_costs(lens, fill_tokens, around=groups is not None)
     # The scale comes from an upper bound of every schedule's total cost: the marginal
     # costs plus a fixed cost for each of at most n micro-batches. From the marginal costs
     # alone, a few short samples under a model with a large fixed cost (the measured
