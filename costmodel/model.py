@@ -298,7 +298,8 @@ class CostModel:
         tokens = np.asarray(tokens, dtype=np.float64)
         valid = (tokens >= 0) & (tokens < np.inf)  # a curve read below 0 as its floor
         if not valid.all():
-            raise ValueError(f"token counts must be finite and >= 0, got {float(tokens[~valid][0])!r}")
+            bad = float(tokens[~valid][0])
+            raise ValueError(f"token counts must be finite and >= 0, got {bad!r}")
         most = float(tokens.max()) if tokens.size else 0.0
         if t.token_table.size <= most <= _MAX_TABLE:
             size = min(_MAX_TABLE, 1 << math.ceil(math.log2(most + 1)))

@@ -37,7 +37,7 @@ _DEFAULT_SCALE = 1 / 32
 # torch's default for gloo is 30 minutes, which a rank started by hand waited for a peer that
 # died before joining; the demo's slowest wait is a peer's first Triton compile (seconds).
 DEFAULT_GROUP_TIMEOUT_S = 300.0
-_MOST_GROUP_TIMEOUT_S = 7 * 24 * 3600.0  # a week: past it, timedelta arithmetic in torch is no help
+_MOST_GROUP_TIMEOUT_S = 7 * 24 * 3600.0  # a week; more is a typo (timedelta overflows past ~1e14 s)
 
 
 def add_trainer_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:

@@ -281,9 +281,9 @@ def train(args: argparse.Namespace) -> TrainResult:
 
 def _join_group(backend: str, init_method: str | None, rank: int, world: int,
                 timeout_s: float) -> None:
-    """Join the ranks' process group, or say which rank gave up on whom and what to do: a
-    peer that never joins (it died at start, or was never started where ranks start by
-    hand) ends the wait after ``timeout_s`` with torch's "Wait timeout" alone."""
+    """Join the ranks' process group, or stop saying what to do: a peer that never joins (it
+    died at start, or was never started where ranks start by hand) ends the wait after
+    ``timeout_s``, where torch says "Wait timeout" alone."""
     import torch.distributed as dist
 
     try:
