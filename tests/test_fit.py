@@ -142,3 +142,26 @@ def test_a_stack_measurement_is_not_a_sweep_point():
     with pytest.raises(ValueError, match="kind 'stack' is not measured by a calibration sweep"):
         Record.from_dict(d)
     assert Record.from_dict({**d, "kind": "layer"}).tokens == 300
+
+
+def test_token_fits_benchmark_on_the_stored_h200_runs(tmp_path, load_benchmark):
+    """benchmarks/bench_token_fits.py end to end (2 synthetic seeds): on runs the fit never
+    saw, a smooth linear curve predicts the stored H200 times better than the monotone fit
+    through the points, and the training curve's cheapest fill under 16k moves to the cap;
+    on synthetic sweeps the smooth fit's error is lower and it keeps less of a real step."""
+    import json
+
+    bench = load_benchmark("bench_token_fits")
+    out = tmp_path / "fits.json"
+    assert bench.main(["--bench-schedule", str(bench.ROOT / "benchmarks/results/bench_schedule_h200.json"),
+                       "--seeds", "2", "--json", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    fits = {row["fit"]: row for row in doc["cases"]}
+    shipped, smooth = fits["isotonic"], fits["spline"]
+    for held_out in ("validation train >= 1k", "validation forward >= 1k", "bench-schedule train"):
+        assert smooth["mape"][held_out] < shipped["mape"][held_out]
+    assert shipped["cheapest_fill_16k"]["train"][0] == 10496
+    assert smooth["cheapest_fill_16k"]["train"][0] == 16384
+    six = {row["fit"]: row for row in doc["synthetic"] if row["step"] == 0.06}
+    assert six["spline"]["rms_error_median"] < six["isotonic"]["rms_error_median"]
+    assert six["spline"]["per_token_step_median"] < six["isotonic"]["per_token_step_median"]
