@@ -24,7 +24,8 @@ How (each step justified by ``benchmarks/bench_scheduler.py``):
    from the bound), the same at up to two more micro-batches per rank, kept where shorter
    (more samples over the cap than ranks can leave the fewest no room to balance). With
    groups (`groups`): balance whole groups over
-   ranks (marginal costs, within a token budget per rank), pack each rank, then
+   ranks (marginal costs, a calibrated curve's slope around the fill: `Cost.marginal_costs`'
+   ``around``; within a token budget per rank), pack each rank, then
    (`group_search`) move and swap whole groups between paired ranks on true costs, each
    piece of a group into a micro-batch with room; where two ranks hold few groups,
    (`pair_repack`) split the most loaded one's groups again with a light rank's and pack
