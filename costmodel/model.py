@@ -307,6 +307,9 @@ class CostModel:
         # Whole counts in the table are looked up (the same numbers: the table is this sum at
         # each count); the rest (fractions under context parallelism, past the table) is
         # evaluated.
+        # One dimension while looking up: indexing with a 0-d array gives a numpy scalar,
+        # which takes no assignment (a single fraction or count past the table failed).
+        shape, tokens = tokens.shape, tokens.reshape(-1)
         table = t.token_table
         looked_up = np.where(tokens < table.size, tokens, 0.5)
         whole = looked_up.astype(np.int64)
@@ -314,7 +317,7 @@ class CostModel:
         out = table[whole]
         if not exact.all():
             out[~exact] = _linear_sum(t.linear_terms, tokens[~exact])
-        return out
+        return out.reshape(shape)
 
     def microbatch_cost(self, lengths: ArrayLike, mode: str = "train") -> float:
         """Cost (ms) of one micro-batch: these sequences packed and run through the model."""

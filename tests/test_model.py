@@ -112,6 +112,22 @@ def test_token_costs_are_the_curves_sum_at_every_count_looked_up_or_not():
             m.token_costs([100, bad])
 
 
+def test_token_costs_of_one_count_is_a_0d_array_whatever_the_count():
+    """Regression: a single count (a Python or numpy scalar) that the table does not hold,
+    a fraction (every odd count under context parallelism 2) or one past the table, was a
+    TypeError ('numpy.float64' object does not support item assignment), and a whole one
+    came back as a numpy scalar, not the 0-d array of before."""
+    m = _toy()
+    c = m.curves["train"]
+    for count in (0, 100, 100.0, 7.5, 16385, 300_000.0, 1e9, np.float64(7.5)):
+        got = m.token_costs(count)
+        assert isinstance(got, np.ndarray) and got.shape == ()
+        np.testing.assert_array_equal(got, 36 * c.linear["dense"](count) + c.head(count))
+    cp = m.for_context_parallel(2)
+    np.testing.assert_array_equal(cp.token_costs(101), m.token_costs([50.5])[0])
+    assert m.token_costs([[3, 4.5], [5, 1e6]]).shape == (2, 2)
+
+
 def test_a_microbatch_costs_the_same_whatever_comes_before_it(model):
     """Each micro-batch is summed on its own: as differences of running sums, the costs after
     a 2^31-token sample carried its rounding (2e-5 relative, a fuzzer found)."""
