@@ -496,6 +496,28 @@ def test_a_rank_whose_peer_never_starts_stops_after_the_group_timeout_saying_so(
     assert "raise --group-timeout-s" in done.stderr and "step 1/" not in done.stdout
 
 
+@pytest.mark.parametrize("value", ["nan", "0", "-1", "1e20"])
+def test_a_group_timeout_out_of_range_is_refused_before_the_rank_joins(value):
+    """Regression: ranks started by hand or by torchrun join the group before `prepare`
+    checks the flags, so --group-timeout-s nan, 0, -1 or 1e20 reached the rendezvous and
+    every rank said it "could not meet the other 1 rank(s) ... within nan s" and to raise
+    the flag, not that the value is out of range."""
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    env = {**_env(), "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "2",
+           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+    done = subprocess.run(
+        [sys.executable, str(REPO / "examples" / "train_varlen.py"), *FAST, "--steps", "1",
+         "--device", "cpu", "--group-timeout-s", value],
+        capture_output=True, text=True, timeout=90, env=env)
+    assert done.returncode == 2, done.stderr
+    assert "--group-timeout-s must be in (0, 604800] seconds" in done.stderr, done.stderr
+    assert "could not meet" not in done.stderr
+
+
 @pytest.mark.parametrize("flag", ["--log-json", "--record-runs"])
 def test_log_json_that_cannot_be_written_stops_before_any_process_starts(tmp_path, capsys, flag):
     """Regression: rank 0 failed to open it after the process group started."""

@@ -149,6 +149,16 @@ class Plan:
         return "cost-model" + (" (estimate)" if getattr(cost, "is_estimate", False) else "")
 
 
+def group_timeout_s(args: argparse.Namespace) -> float:
+    """--group-timeout-s, checked: the trainer's ranks use it to join the process group,
+    before `prepare` checks the other flags (ranks started by hand or by torchrun)."""
+    timeout = getattr(args, "group_timeout_s", DEFAULT_GROUP_TIMEOUT_S)  # a script's own parser
+    if not 0 < timeout <= _MOST_GROUP_TIMEOUT_S:
+        raise ValueError(f"--group-timeout-s must be in (0, {_MOST_GROUP_TIMEOUT_S:.0f}] "
+                         f"seconds, got {timeout}")
+    return float(timeout)
+
+
 def _check_run_flags(args: argparse.Namespace, dp_size: int) -> None:
     if args.steps < 1:
         raise ValueError(f"--steps must be at least 1, got {args.steps}")
@@ -164,10 +174,7 @@ def _check_run_flags(args: argparse.Namespace, dp_size: int) -> None:
         raise ValueError(f"--length-scale must be in (0, 1000], got {args.length_scale}")
     if args.max_len < 0:
         raise ValueError(f"--max-len must be 0 (no clip) or positive, got {args.max_len}")
-    timeout = getattr(args, "group_timeout_s", DEFAULT_GROUP_TIMEOUT_S)  # a script's own parser
-    if not 0 < timeout <= _MOST_GROUP_TIMEOUT_S:
-        raise ValueError(f"--group-timeout-s must be in (0, {_MOST_GROUP_TIMEOUT_S:.0f}] "
-                         f"seconds, got {timeout}")
+    group_timeout_s(args)
     if dp_size < 1:
         raise ValueError(f"the data-parallel size must be at least 1, got {dp_size}")
     if dp_size > args.samples_per_step:

@@ -41,7 +41,7 @@ import numpy as np
 from costmodel.calibration.runs_file import run_line
 from costmodel.flops import sequence_fwd_flops
 from costmodel.model_file import atomic_output
-from costmodel.training.config import DEFAULT_GROUP_TIMEOUT_S, Plan, prepare
+from costmodel.training.config import Plan, group_timeout_s, prepare
 from costmodel.training.data import sample_tokens
 
 __all__ = [
@@ -257,8 +257,7 @@ def train(args: argparse.Namespace) -> TrainResult:
             # A lone process meets no one: an in-memory store, no port to pick or lose.
             dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
         else:
-            _join_group(backend, init_method, rank, world,
-                        getattr(args, "group_timeout_s", DEFAULT_GROUP_TIMEOUT_S))
+            _join_group(backend, init_method, rank, world, group_timeout_s(args))
     try:
         # Every check, before any training; a rank that fails tells the others (they would
         # wait for it in the group's first collective, or in its rendezvous had it stopped
