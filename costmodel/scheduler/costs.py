@@ -150,10 +150,10 @@ class Cost:
         fill only. Whole groups are spread over ranks by these weights before anything is
         packed, so fills land all around it; on a measured curve, jagged by the noise
         between its points (the H200 profile's forward pass: 5.2%), the exact rise weighed
-        samples of near lengths far apart, and RL prompts in groups of 8 ended up to 3.7%
-        longer (16,384 samples, dp 64, forward). Single samples keep the exact rise: there
-        the local search prices every move exactly, and the weights changed little either
-        way (28 of the 48 bench_scheduler batches moved, by -0.10% to +0.56%).
+        samples of near lengths far apart, and RL prompts in groups of 8 ended 3.3-4.8%
+        longer (16,384 samples, dp 64, forward, seeds 0-2). Single samples keep the exact
+        rise: there the local search prices every move exactly, and the weights changed
+        little either way (28 of the 48 bench_scheduler batches moved, by -0.10% to +0.56%).
         """
         lengths = np.asarray(lengths, dtype=np.int64)
         if self.additive or (around and self.separable):
