@@ -7,6 +7,7 @@ CPU run independent of which test module happens to import triton first.
 """
 
 import importlib.util
+import logging
 import os
 from pathlib import Path
 
@@ -33,3 +34,12 @@ def load_benchmark():
         return module
 
     return load
+
+
+@pytest.fixture(autouse=True)
+def _logging_enabled_after_each_test():
+    """A benchmark's or script's main() run by a test may turn warnings off for the whole
+    process (`logging.disable`, as bench_fill_shapes does): the tests after it in the same
+    worker then read no warning, and fail by the order they were dealt in."""
+    yield
+    logging.disable(logging.NOTSET)

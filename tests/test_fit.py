@@ -150,11 +150,13 @@ def test_token_fits_benchmark_on_the_stored_h200_runs(tmp_path, load_benchmark):
     through the points, and the training curve's cheapest fill under 16k moves to the cap;
     on synthetic sweeps the smooth fit's error is lower and it keeps less of a real step."""
     import json
+    import logging
 
     bench = load_benchmark("bench_token_fits")
     out = tmp_path / "fits.json"
     assert bench.main(["--bench-schedule", str(bench.ROOT / "benchmarks/results/bench_schedule_h200.json"),
                        "--seeds", "2", "--json", str(out)]) == 0
+    assert logging.root.manager.disable == logging.NOTSET  # the tests after it log again
     doc = json.loads(out.read_text())
     fits = {row["fit"]: row for row in doc["cases"]}
     shipped, smooth = fits["isotonic"], fits["spline"]
