@@ -70,7 +70,8 @@ DEFAULT_REFERENCE_TOKENS = 8192
 # The parts of a micro-batch's cost, as `breakdown` and `microbatch_parts` name them.
 PARTS = ("overhead", "attention", "linear", "head")
 # Attention is tabulated per integer length up to this (or the longest knot, if longer,
-# up to _MAX_TABLE); longer lengths are evaluated directly.
+# up to _MAX_TABLE), token costs per whole count from this up to the largest count asked
+# (at most _MAX_TABLE); longer lengths and counts are evaluated directly.
 _MIN_TABLE = 16384
 _MAX_TABLE = 1 << 18
 
@@ -83,8 +84,9 @@ class _Tables:
     overhead: float
     # Σ weight × curve(T) over linear_terms for every whole token count T below its size
     # (`token_costs`): a scheduler prices the same fills many times a step, a lookup instead
-    # of an interpolation per curve. Grown to the largest count asked, up to _MAX_TABLE.
-    token_table: np.ndarray
+    # of an interpolation per curve. Built at the first count asked, grown to the largest,
+    # from _MIN_TABLE up to _MAX_TABLE.
+    token_table: np.ndarray = field(default_factory=lambda: np.zeros(0))
     linear_terms: list[tuple[float, TokenCurve]] = field(default_factory=list)
     per_token_marginal: float = 0.0
 
@@ -254,7 +256,6 @@ class CostModel:
             overhead=spec.num_layers * c.layer_overhead_ms + c.microbatch_overhead_ms,
             linear_terms=terms,
             per_token_marginal=marginal,
-            token_table=_linear_sum(terms, np.arange(_MIN_TABLE + 1.0)),
         )
         self._tables[mode] = tables
         return tables
@@ -304,7 +305,7 @@ class CostModel:
             bad = float(tokens[~valid][0])
             raise ValueError(f"token counts must be finite and >= 0, got {bad!r}")
         if t.token_table.size <= most <= _MAX_TABLE:
-            size = min(_MAX_TABLE, 1 << math.ceil(math.log2(most + 1)))
+            size = min(_MAX_TABLE, max(_MIN_TABLE, 1 << math.ceil(math.log2(most + 1))))
             t.token_table = _linear_sum(t.linear_terms, np.arange(size + 1.0))
         # Whole counts in the table are looked up (the same numbers: the table is this sum at
         # each count). Where any is not (fractions under context parallelism, past the
